@@ -1,0 +1,127 @@
+"""The great-expectations suites of every stage output, built from the release's public parameters.
+
+A `Contract` holds two suites: `rows`, validated on each Parquet file of the output (row-wise
+expectations, valid partition by partition), and `table`, validated on the whole output when it is small
+(`partitioned=False`) or, for partitioned outputs, on a one-row frame of aggregates (`row_count`).
+`derive` adds computed columns before validation (e.g. the L1 norm of every row).
+
+great_expectations is imported lazily: it costs ~3.6 s, and only the contract step needs it.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+import pandas as pd
+
+FLOAT_MAX = sys.float_info.max
+#: Slack allowed on the L1 norm for floating-point rounding of the projection.
+L1_TOLERANCE = 1e-9
+L1_NORM = "l1_norm"
+
+
+@dataclass
+class Contract:
+    stage: str
+    rows: list
+    table: list = field(default_factory=list)
+    partitioned: bool = True
+    derive: Callable[[pd.DataFrame], pd.DataFrame] | None = None
+
+    def suites(self) -> dict:
+        """The suites as JSON-able dicts (written next to the validation results)."""
+        import great_expectations as gx
+
+        return {part: gx.ExpectationSuite(name=f"{self.stage}.{part}", expectations=list(exps)).to_json_dict()
+                for part, exps in (("rows", self.rows), ("table", self.table))}
+
+
+def _finite(gxe, columns: Sequence[str]) -> list:
+    out = []
+    for c in columns:
+        out.append(gxe.ExpectColumnValuesToNotBeNull(column=c))
+        # Between +-max float rejects +-inf (and NaN is caught above).
+        out.append(gxe.ExpectColumnValuesToBeBetween(column=c, min_value=-FLOAT_MAX, max_value=FLOAT_MAX))
+    return out
+
+
+def _float64(gxe, columns: Sequence[str]) -> list:
+    return [gxe.ExpectColumnValuesToBeOfType(column=c, type_="float64") for c in columns]
+
+
+def _in_unit_l1_ball(gxe, columns: Sequence[str]) -> list:
+    return ([gxe.ExpectColumnValuesToBeBetween(column=c, min_value=-1.0, max_value=1.0) for c in columns]
+            + [gxe.ExpectColumnValuesToBeBetween(column=L1_NORM, min_value=0.0, max_value=1.0 + L1_TOLERANCE)])
+
+
+def _add_l1_norm(columns: Sequence[str]) -> Callable[[pd.DataFrame], pd.DataFrame]:
+    cols = list(columns)
+
+    def derive(frame: pd.DataFrame) -> pd.DataFrame:
+        present = [c for c in cols if c in frame.columns]
+        return frame.assign(**{L1_NORM: frame[present].abs().sum(axis=1)})
+    return derive
+
+
+def _row_count_at_least(gxe, n: int) -> list:
+    return [gxe.ExpectColumnValuesToBeBetween(column="row_count", min_value=n)]
+
+
+def ingested(columns: Sequence[str]) -> Contract:
+    """Ingested points: exactly the spec's columns, float64, no NaN or inf, at least one row."""
+    import great_expectations.expectations as gxe
+
+    cols = list(columns)
+    return Contract("ingested",
+                    rows=[gxe.ExpectTableColumnsToMatchOrderedList(column_list=cols)]
+                    + _float64(gxe, cols) + _finite(gxe, cols),
+                    table=_row_count_at_least(gxe, 1))
+
+
+def normalised(columns: Sequence[str]) -> Contract:
+    """Normalised points: as ingested, plus every value in [-1, 1] and every row in the unit L1 ball."""
+    import great_expectations.expectations as gxe
+
+    cols = list(columns)
+    return Contract("normalised",
+                    rows=[gxe.ExpectTableColumnsToMatchOrderedList(column_list=cols + [L1_NORM])]
+                    + _float64(gxe, cols) + _finite(gxe, cols) + _in_unit_l1_ball(gxe, cols),
+                    table=_row_count_at_least(gxe, 1),
+                    derive=_add_l1_norm(cols))
+
+
+def kmeans_trajectory_columns(d: int) -> list[str]:
+    return (["iteration", "cluster", "noisy_count"] + [f"noisy_sum_{j}" for j in range(d)]
+            + [f"centroid_{j}" for j in range(d)])
+
+
+def kmeans_measurements(k: int, iterations: int, d: int) -> Contract:
+    """DP k-means measurements: T*K rows, iterations 1..T, clusters 0..K-1, finite noisy statistics,
+    centroids in the unit L1 ball."""
+    import great_expectations.expectations as gxe
+
+    cols = kmeans_trajectory_columns(d)
+    centroid_cols = [f"centroid_{j}" for j in range(d)]
+    return Contract("measurements", partitioned=False,
+                    rows=[gxe.ExpectTableColumnsToMatchOrderedList(column_list=cols + [L1_NORM])]
+                    + _finite(gxe, cols) + _in_unit_l1_ball(gxe, centroid_cols),
+                    table=[gxe.ExpectTableRowCountToEqual(value=k * iterations),
+                           gxe.ExpectColumnDistinctValuesToEqualSet(column="iteration",
+                                                                     value_set=list(range(1, iterations + 1))),
+                           gxe.ExpectColumnDistinctValuesToEqualSet(column="cluster", value_set=list(range(k)))],
+                    derive=_add_l1_norm(centroid_cols))
+
+
+def kmeans_release(k: int, columns: Sequence[str]) -> Contract:
+    """Released centroids: K rows, clusters 0..K-1, coordinates (normalised space) in the unit L1 ball."""
+    import great_expectations.expectations as gxe
+
+    cols = list(columns)
+    return Contract("release", partitioned=False,
+                    rows=[gxe.ExpectTableColumnsToMatchOrderedList(column_list=["cluster"] + cols + [L1_NORM])]
+                    + _float64(gxe, cols) + _finite(gxe, cols) + _in_unit_l1_ball(gxe, cols),
+                    table=[gxe.ExpectTableRowCountToEqual(value=k),
+                           gxe.ExpectColumnDistinctValuesToEqualSet(column="cluster", value_set=list(range(k)))],
+                    derive=_add_l1_norm(cols))

@@ -1,0 +1,123 @@
+"""Validate a Parquet stage output (one file or a folder of partitions) against its `Contract`."""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import pandas as pd
+import pyarrow.parquet as pq
+
+from data_contracts.suites import Contract
+
+
+@dataclass(frozen=True)
+class Failure:
+    stage: str
+    file: str
+    column: str | None
+    expectation: str
+    detail: str
+
+    def __str__(self) -> str:
+        where = f"column '{self.column}'" if self.column else "table"
+        return f"{where}: {self.expectation} failed ({self.detail}) in {self.file}"
+
+
+class ContractViolation(Exception):
+    """A stage output broke its data contract; the message names the stage, column and expectation."""
+
+    def __init__(self, stage: str, failures: list[Failure]):
+        self.stage = stage
+        self.failures = failures
+        shown = "\n  ".join(str(f) for f in failures[:10])
+        more = f"\n  ... and {len(failures) - 10} more" if len(failures) > 10 else ""
+        super().__init__(f"stage '{stage}' broke its data contract:\n  {shown}{more}")
+
+
+@functools.lru_cache(maxsize=1)
+def _batch_definition():
+    import great_expectations as gx
+    from great_expectations.data_context.types.base import ProgressBarsConfig
+
+    ctx = gx.get_context(mode="ephemeral")
+    ctx.variables.progress_bars = ProgressBarsConfig(globally=False)
+    return ctx.data_sources.add_pandas("stage").add_dataframe_asset("frame").add_batch_definition_whole_dataframe("whole")
+
+
+def parquet_files(path: str | Path) -> list[Path]:
+    """The Parquet files of an output: the file itself, or a folder's *.parquet in partition order."""
+    path = Path(path)
+    if path.is_dir():
+        files = sorted(path.glob("*.parquet"), key=_partition_order)
+        if not files:
+            raise FileNotFoundError(f"no Parquet files in {path}")
+        return files
+    if not path.exists():
+        raise FileNotFoundError(f"{path} does not exist")
+    return [path]
+
+
+def _partition_order(p: Path):
+    digits = "".join(ch for ch in p.stem if ch.isdigit())
+    return (int(digits) if digits else -1, p.name)
+
+
+def _describe(result) -> str:
+    r = result.result or {}
+    if "unexpected_count" in r:
+        sample = [v for v in r.get("partial_unexpected_list", [])[:3]]
+        return f"{r['unexpected_count']} unexpected values, e.g. {sample}"
+    if "observed_value" in r:
+        return f"observed {r['observed_value']!r}"
+    info = result.exception_info or {}
+    return str(info.get("exception_message") or "expectation could not be evaluated")
+
+
+def _validate(frame: pd.DataFrame, expectations: list, contract: Contract, file: str) -> list[Failure]:
+    import great_expectations as gx
+
+    if not expectations:
+        return []
+    suite = gx.ExpectationSuite(name=f"{contract.stage}", expectations=list(expectations))
+    res = _batch_definition().get_batch(batch_parameters={"dataframe": frame}).validate(suite)
+    return [Failure(contract.stage, file, r.expectation_config.kwargs.get("column"),
+                    r.expectation_config.type, _describe(r))
+            for r in res.results if not r.success]
+
+
+def validate_parquet(path: str | Path, contract: Contract) -> dict:
+    """Validate every file of `path` against `contract.rows`, then the table-level suite.
+
+    Returns a JSON-able report; raises ContractViolation listing every failed expectation.
+    """
+    failures: list[Failure] = []
+    frames, row_count = [], 0
+    files = parquet_files(path)
+    for f in files:
+        try:
+            frame = pq.read_table(f).to_pandas()
+        except Exception as exc:  # a corrupt file is a contract failure of the stage that wrote it
+            failures.append(Failure(contract.stage, f.name, None, "readable_parquet", str(exc)))
+            continue
+        row_count += len(frame)
+        if contract.derive is not None:
+            frame = contract.derive(frame)
+        if contract.partitioned:
+            failures += _validate(frame, contract.rows, contract, f.name)
+        else:
+            frames.append(frame)
+    if not contract.partitioned and frames:
+        whole = pd.concat(frames, ignore_index=True)
+        failures += _validate(whole, contract.rows + contract.table, contract, Path(path).name)
+    elif contract.partitioned:
+        failures += _validate(pd.DataFrame({"row_count": [row_count]}), contract.table, contract, Path(path).name)
+    if failures:
+        raise ContractViolation(contract.stage, failures)
+    return {"stage": contract.stage, "path": str(path), "files": len(files), "rows": row_count,
+            "success": True, "suites": contract.suites()}
+
+
+def failure_report(error: ContractViolation) -> dict:
+    return {"stage": error.stage, "success": False, "failures": [asdict(f) for f in error.failures]}

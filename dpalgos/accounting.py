@@ -1,0 +1,118 @@
+"""Privacy accounting with Google's `dp_accounting`, kept apart from the mechanics (as Opacus does).
+
+Every mechanism in `dpalgos` has a function that describes its privacy as a `dp_accounting.DpEvent`;
+this module composes events into an (epsilon, delta) guarantee and (de)serialises them so the ledger can
+store them. The neighbouring relation throughout is add-or-remove one privacy unit.
+
+Composition takes the smallest of several valid upper bounds at the requested delta:
+  * basic composition of pure-DP events (the sum of their epsilons; the only bound valid at delta = 0),
+  * the privacy-loss-distribution accountant (pessimistic discretisation, so an upper bound),
+  * the Renyi-DP accountant (needed for zCDP events, which PLD does not support).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Iterable
+
+import attr
+import dp_accounting
+from dp_accounting import dp_event as dpe
+from dp_accounting.pld import PLDAccountant
+from dp_accounting.rdp import RdpAccountant
+
+_EVENT_TYPES = {name: getattr(dpe, name) for name in dir(dpe)
+                if isinstance(getattr(dpe, name), type) and issubclass(getattr(dpe, name), dpe.DpEvent)}
+
+
+@dataclass(frozen=True)
+class Guarantee:
+    """An (epsilon, delta)-DP guarantee and the accountant that proved it."""
+    epsilon: float
+    delta: float
+    method: str
+
+
+def laplace_event(*, sensitivity: float, epsilon: float) -> dpe.DpEvent:
+    """Laplace noise of scale sensitivity/epsilon on an L1-sensitivity-`sensitivity` query."""
+    scale = sensitivity / epsilon
+    return dpe.LaplaceDpEvent(noise_multiplier=scale / sensitivity)
+
+
+def gaussian_event(*, noise_multiplier: float) -> dpe.DpEvent:
+    """Gaussian noise of std noise_multiplier * (L2 sensitivity)."""
+    return dpe.GaussianDpEvent(noise_multiplier=noise_multiplier)
+
+
+def compose_events(events: Iterable[dpe.DpEvent]) -> dpe.DpEvent:
+    events = list(events)
+    return events[0] if len(events) == 1 else dpe.ComposedDpEvent(events)
+
+
+def pure_epsilon(event: dpe.DpEvent) -> float:
+    """Epsilon of `event` by basic composition if every part is pure DP, else inf."""
+    if isinstance(event, (dpe.NoOpDpEvent,)):
+        return 0.0
+    if isinstance(event, dpe.LaplaceDpEvent):
+        return 1.0 / event.noise_multiplier
+    if isinstance(event, dpe.ComposedDpEvent):
+        return math.fsum(pure_epsilon(e) for e in event.events)
+    if isinstance(event, dpe.SelfComposedDpEvent):
+        return event.count * pure_epsilon(event.event)
+    return math.inf
+
+
+def _accountant_epsilon(accountant, event: dpe.DpEvent, delta: float) -> float:
+    try:
+        accountant.compose(event)
+    except dp_accounting.UnsupportedEventError:
+        return math.inf
+    return float(accountant.get_epsilon(delta))
+
+
+def epsilon_at(event: dpe.DpEvent, delta: float) -> Guarantee:
+    """The smallest epsilon any of our accountants proves for `event` at `delta`."""
+    if not 0.0 <= delta < 1.0:
+        raise ValueError(f"delta must be in [0, 1), got {delta}")
+    candidates = [(pure_epsilon(event), "basic composition (pure DP)")]
+    if delta > 0:
+        candidates.append((_accountant_epsilon(PLDAccountant(), event, delta), "dp_accounting PLD"))
+        candidates.append((_accountant_epsilon(RdpAccountant(), event, delta), "dp_accounting RDP"))
+    eps, method = min(candidates, key=lambda c: c[0])
+    return Guarantee(epsilon=eps, delta=0.0 if method.startswith("basic") else delta, method=method)
+
+
+def release_guarantee(event: dpe.DpEvent, delta: float) -> Guarantee:
+    """The guarantee to state for one release: pure (epsilon, 0) when every part is pure DP (the plainest
+    true statement), else the best (epsilon, delta) at `delta`."""
+    pure = pure_epsilon(event)
+    if math.isfinite(pure):
+        return Guarantee(epsilon=pure, delta=0.0, method="basic composition (pure DP)")
+    return epsilon_at(event, delta)
+
+
+def event_to_json(event: dpe.DpEvent) -> dict:
+    """A JSON-able dict {"type": ClassName, field: value, ...}; nested events are dicts too."""
+    def convert(value):
+        if isinstance(value, dpe.DpEvent):
+            return event_to_json(value)
+        if isinstance(value, (list, tuple)):
+            return [convert(v) for v in value]
+        return value
+    fields = attr.asdict(event, recurse=False)
+    return {"type": type(event).__name__, **{k: convert(v) for k, v in fields.items()}}
+
+
+def event_from_json(data: dict) -> dpe.DpEvent:
+    def convert(value):
+        if isinstance(value, dict) and "type" in value:
+            return event_from_json(value)
+        if isinstance(value, list):
+            return [convert(v) for v in value]
+        return value
+    data = dict(data)
+    kind = data.pop("type")
+    if kind not in _EVENT_TYPES:
+        raise ValueError(f"unknown dp_accounting event type {kind!r}")
+    return _EVENT_TYPES[kind](**{k: convert(v) for k, v in data.items()})

@@ -1,0 +1,208 @@
+"""DP k-means (DP-KMEANS, Algorithm 1 of Lee & Kifer, "Postprocessing for Iterative Differentially Private
+Algorithms"; originally Blum et al. 2005 / McSherry 2009).
+
+Data live in the unit L1 ball (see `dpalgos.domain`). Each of T iterations assigns the points to their
+nearest current centroid, releases
+
+    n~_j = |B_j| + Lap(2T/eps)          and          s~_j = sum_{x in B_j} x + Lap(2T/eps)^d,
+
+and moves the centroids to c_j = s~_j / n~_j. The whole noisy trajectory theta~_1..theta~_T is returned,
+because the postprocessing of Lee & Kifer (§3.2-3.3) uses every iteration, not only the last.
+
+The algorithm never touches the data directly: it takes a sufficient-statistics callable
+`stats(centroids) -> (sums (K, d), counts (K,))`, so the same code runs on an in-memory array
+(`array_stats`) or on partitions reduced by dask.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+from dpalgos.accounting import laplace_event
+from dp_accounting import dp_event as dpe
+from dpalgos.domain import project_l1_ball
+from dpalgos.mechanisms import laplace_mechanism
+
+Stats = Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]]
+
+#: A cluster whose noisy count is below this keeps its previous centroid (see `update_centroids`).
+MIN_NOISY_COUNT = 1.0
+CHUNK_ROWS = 1 << 17
+
+
+@dataclass(frozen=True)
+class Trajectory:
+    """The noisy trajectory of DP k-means: everything it released, and the public values it used.
+
+    initial_centroids : (K, d) c^(0), data-independent.
+    noisy_counts      : (T, K) n~^(t).
+    noisy_sums        : (T, K, d) s~^(t).
+    centroids         : (T, K, d) c^(t), derived from the noisy statistics by `update_centroids`;
+                        iteration t assigns points with centroids[t-2] (initial_centroids for t = 1).
+    noise_scale       : the Laplace scale b = 2T/eps used for every count and every sum coordinate.
+    epsilon           : total privacy budget of the run (pure DP).
+    """
+    initial_centroids: np.ndarray
+    noisy_counts: np.ndarray
+    noisy_sums: np.ndarray
+    centroids: np.ndarray
+    noise_scale: float
+    epsilon: float
+
+    @property
+    def iterations(self) -> int:
+        return self.noisy_counts.shape[0]
+
+    @property
+    def final_centroids(self) -> np.ndarray:
+        return self.centroids[-1]
+
+    def assignment_centroids(self) -> np.ndarray:
+        """(T, K, d): the centroids theta~_{t-1} each iteration t assigned points with."""
+        return np.concatenate([self.initial_centroids[None], self.centroids[:-1]], axis=0)
+
+
+def assign(X: np.ndarray, centroids: np.ndarray) -> np.ndarray:
+    """Index of the nearest centroid (squared Euclidean) of every row of X (n, d) -> int64 (n,)."""
+    X = np.asarray(X, dtype=np.float64)
+    C = np.asarray(centroids, dtype=np.float64)
+    c2 = np.einsum("kd,kd->k", C, C)
+    labels = np.empty(X.shape[0], dtype=np.int64)
+    for start in range(0, X.shape[0], CHUNK_ROWS):
+        block = X[start:start + CHUNK_ROWS]
+        # ||x - c||^2 = ||x||^2 - 2 x.c + ||c||^2; ||x||^2 does not change the argmin.
+        labels[start:start + CHUNK_ROWS] = np.argmin(c2 - 2.0 * block @ C.T, axis=1)
+    return labels
+
+
+def cluster_stats(X: np.ndarray, centroids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Exact (non-private) sufficient statistics of one Lloyd step on X (n, d).
+
+    Returns sums (K, d) float64 and counts (K,) float64 of the points nearest to each centroid.
+    Additive over disjoint parts of the data, so per-partition results can simply be summed.
+    """
+    X = np.asarray(X, dtype=np.float64)
+    K, d = np.shape(centroids)
+    labels = assign(X, centroids)
+    counts = np.bincount(labels, minlength=K).astype(np.float64)
+    sums = np.empty((K, d), dtype=np.float64)
+    for j in range(d):
+        sums[:, j] = np.bincount(labels, weights=X[:, j], minlength=K)
+    return sums, counts
+
+
+def array_stats(X: np.ndarray) -> Stats:
+    """The sufficient-statistics callable of an in-memory dataset X (n, d)."""
+    X = np.asarray(X, dtype=np.float64)
+    return lambda centroids: cluster_stats(X, centroids)
+
+
+def update_centroids(noisy_sums: np.ndarray, noisy_counts: np.ndarray, previous: np.ndarray) -> np.ndarray:
+    """c_j = s~_j / n~_j, with the rule for small noisy counts.
+
+    A noisy count below MIN_NOISY_COUNT (in particular n~_j <= 0) carries no usable estimate of the
+    cluster's size, and dividing by it would throw the centroid arbitrarily far: such a cluster keeps its
+    previous centroid. Every other centroid is projected onto the unit L1 ball, where the true mean of
+    points of the ball must lie (the ball is convex). The rule reads only noisy values and public
+    constants, so it is postprocessing and costs no privacy.
+    """
+    counts = np.asarray(noisy_counts, dtype=np.float64)
+    ok = counts >= MIN_NOISY_COUNT
+    out = np.array(previous, dtype=np.float64, copy=True)
+    if np.any(ok):
+        out[ok] = project_l1_ball(noisy_sums[ok] / counts[ok, None])
+    return out
+
+
+def dp_kmeans(stats: Stats, initial_centroids: np.ndarray, *, epsilon: float, iterations: int,
+              rng: np.random.Generator,
+              on_iteration: Callable[[int, np.ndarray], None] | None = None) -> Trajectory:
+    """Run Algorithm 1 for `iterations` (T) steps with total budget `epsilon` (pure DP).
+
+    stats : sufficient-statistics callable on data inside the unit L1 ball.
+    initial_centroids : (K, d), chosen without looking at the data (`data_independent_centroids`).
+    on_iteration : called as on_iteration(t, centroids) after each iteration (progress reporting).
+    """
+    if not np.isfinite(epsilon) or epsilon <= 0:
+        raise ValueError(f"epsilon must be positive and finite, got {epsilon}")
+    if iterations < 1:
+        raise ValueError(f"iterations must be >= 1, got {iterations}")
+    C = np.array(initial_centroids, dtype=np.float64)
+    K, d = C.shape
+    # The budget eps is split evenly over the T iterations and, within one, between counts and sums:
+    # eps / (2T) each, hence the Laplace scale 2T / eps for both (their sensitivities are 1, below).
+    per_query_epsilon = epsilon / (2.0 * iterations)
+    counts_t = np.empty((iterations, K))
+    sums_t = np.empty((iterations, K, d))
+    cents_t = np.empty((iterations, K, d))
+    for t in range(iterations):
+        sums, counts = stats(C)
+        # Sensitivity of the count vector (n_1..n_K): adding or removing one point changes exactly one
+        # cluster's count by 1 (the centroids C are fixed, public or noisy), so the L1 sensitivity is 1.
+        counts_t[t] = laplace_mechanism(counts, sensitivity=1.0, epsilon=per_query_epsilon, rng=rng)
+        # Sensitivity of the sum vectors (s_1..s_K): adding or removing x changes one cluster's sum by x,
+        # and ||x||_1 <= 1 on the unit L1 ball, so the L1 sensitivity of the K*d vector is 1.
+        sums_t[t] = laplace_mechanism(sums, sensitivity=1.0, epsilon=per_query_epsilon, rng=rng)
+        C = update_centroids(sums_t[t], counts_t[t], C)
+        cents_t[t] = C
+        if on_iteration is not None:
+            on_iteration(t + 1, C)
+    return Trajectory(initial_centroids=np.array(initial_centroids, dtype=np.float64),
+                      noisy_counts=counts_t, noisy_sums=sums_t, centroids=cents_t,
+                      noise_scale=1.0 / per_query_epsilon, epsilon=float(epsilon))
+
+
+def privacy_event(*, epsilon: float, iterations: int) -> dpe.DpEvent:
+    """The dp_accounting description of `dp_kmeans`: 2T Laplace queries of sensitivity 1, scale 2T/eps."""
+    per_query = laplace_event(sensitivity=1.0, epsilon=epsilon / (2.0 * iterations))
+    return dpe.SelfComposedDpEvent(per_query, 2 * iterations)
+
+
+def _uniform_l1_ball(n: int, d: int, rng: np.random.Generator) -> np.ndarray:
+    # The first d coordinates of a uniform point of the (d+1)-simplex, with random signs, are uniform
+    # in the d-dimensional L1 ball.
+    e = rng.exponential(size=(n, d + 1))
+    return (e[:, :d] / e.sum(axis=1, keepdims=True)) * rng.choice([-1.0, 1.0], size=(n, d))
+
+
+def data_independent_centroids(k: int, d: int, rng: np.random.Generator, *,
+                               min_distance: float | None = None,
+                               attempts: int = 20) -> tuple[np.ndarray, float]:
+    """K initial centroids in the unit L1 ball, chosen without looking at the data.
+
+    Sphere packing as in Su et al. ("Differentially Private k-Means Clustering", 2015): centroids at
+    Euclidean distance >= a from the domain's boundary and >= 2a from each other. With `min_distance`
+    given, 2a = min_distance (a public constant); otherwise a starts at half the ball's inradius, 1/(2 sqrt(d)), and
+    shrinks by 10% until K centroids fit. Returns (centroids (K, d), the pairwise minimum 2a used).
+    """
+    if k < 1 or d < 1:
+        raise ValueError(f"need k >= 1 and d >= 1, got k={k}, d={d}")
+    a = (min_distance / 2.0) if min_distance is not None else 0.5 / np.sqrt(d)
+    while a > 1e-9:
+        # Euclidean distance from c to the boundary of the L1 ball is (1 - ||c||_1) / sqrt(d).
+        shrink = 1.0 - a * np.sqrt(d)
+        if shrink > 0:
+            found = _pack(k, d, a, shrink, rng, attempts)
+            if found is not None:
+                return found, 2.0 * a
+        if min_distance is not None:
+            raise ValueError(f"cannot place {k} centroids at pairwise distance >= {min_distance} "
+                             f"inside the {d}-dimensional unit L1 ball")
+        a *= 0.9
+    raise ValueError(f"cannot place {k} distinct initial centroids in dimension {d}")
+
+
+def _pack(k, d, a, shrink, rng, attempts):
+    # Random greedy packing: take a random candidate, drop every candidate closer than 2a to it, repeat.
+    for _ in range(attempts):
+        cands = shrink * _uniform_l1_ball(200 * k, d, rng)
+        chosen = []
+        while cands.shape[0] and len(chosen) < k:
+            chosen.append(cands[0])
+            cands = cands[np.linalg.norm(cands - cands[0], axis=1) >= 2.0 * a]
+        if len(chosen) == k:
+            return np.asarray(chosen)
+    return None

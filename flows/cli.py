@@ -1,0 +1,177 @@
+"""`dprelease`: run releases, inspect and set privacy budgets, check specs.
+
+Exit codes: 0 success; 1 the release failed (bad input, broken contract, over budget...); 2 bad usage or
+an invalid spec. Prefect and dask are imported only by the commands that need them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import secrets
+import sys
+from datetime import datetime, timezone
+from pathlib import Path
+
+import tasks  # noqa: F401  (sets the Prefect/dask environment defaults before they are imported)
+from tasks.errors import ReleaseError
+from tasks.spec import SpecError, load_spec
+
+DEFAULT_OUTPUT = "dprelease-runs"
+DEFAULT_LEDGER = f"{DEFAULT_OUTPUT}/privacy-ledger.sqlite"
+
+
+def _new_release_id(dataset_id: str) -> str:
+    return f"{dataset_id}-{datetime.now(timezone.utc):%Y%m%dT%H%M%SZ}-{secrets.token_hex(2)}"
+
+
+def cmd_run(args) -> int:
+    overrides = {"release_id": args.release_id, "output_dir": args.output_dir}
+    if args.no_evaluate:
+        overrides["evaluate"] = False
+    if args.example:
+        from flows.example import example_spec
+
+        spec = example_spec(**{"output_dir": args.output_dir or DEFAULT_OUTPUT,
+                               **{k: v for k, v in overrides.items() if k != "output_dir"}})
+    else:
+        spec = load_spec(args.spec, **overrides)
+    if spec.release_id is None:
+        spec = spec.model_copy(update={"release_id": _new_release_id(spec.dataset.id)})
+    print(f"release id: {spec.release_id}  (to resume after a failure: --release-id {spec.release_id})",
+          flush=True)
+    from data_contracts import ContractViolation
+    from flows.release import release
+
+    try:
+        summary = release(spec=spec)
+    except (ReleaseError, ContractViolation) as exc:
+        print(f"\nerror: {exc}", file=sys.stderr)
+        return 1
+    print(format_summary(summary))
+    return 0
+
+
+def format_summary(s: dict) -> str:
+    budget = s["dataset_budget"]
+    lines = [
+        "",
+        f"Release {s['release_id']} ({s['kind']} on dataset '{s['dataset_id']}'): {s['status']}",
+        f"  release/   {s['release_dir']}   (safe to publish)",
+        f"  internal/  {s['internal_dir']}   (raw-derived: never publish)",
+        f"  privacy    epsilon={s['epsilon']:.4g}, delta={s['delta']:.3g} ({s['accounting']})",
+        f"  budget     dataset spent epsilon={budget['spent_epsilon']:.4g} of {budget['epsilon']:.4g}, "
+        f"remaining {budget['remaining_epsilon']:.4g}",
+    ]
+    ev = s.get("evaluation")
+    if ev:
+        lines.append(f"  utility    WCSS={ev['wcss']:.5g}, WCSS / k-means++ = {ev['wcss_ratio_to_kmeanspp']:.3f} "
+                     f"(internal evaluation)")
+    if s.get("timings"):
+        lines.append("  stages     " + ", ".join(f"{k} {v:.1f}s" for k, v in s["timings"].items()))
+    return "\n".join(lines)
+
+
+def cmd_budget_show(args) -> int:
+    from tasks.ledger import PrivacyLedger
+
+    if not Path(args.ledger).exists():
+        print(f"error: no privacy ledger at {args.ledger}", file=sys.stderr)
+        return 1
+    ledger = PrivacyLedger(args.ledger)
+    budget = ledger.budget(args.dataset)
+    if budget is None:
+        print(f"error: dataset '{args.dataset}' has no budget in {args.ledger}", file=sys.stderr)
+        return 1
+    spent = ledger.spent(args.dataset)
+    rows = ledger.releases(args.dataset)
+    if args.json:
+        print(json.dumps({"dataset_id": args.dataset, "budget": {"epsilon": budget[0], "delta": budget[1]},
+                          "spent": spent.__dict__, "releases": rows}, indent=2))
+        return 0
+    print(f"dataset '{args.dataset}'  ledger {args.ledger}")
+    print(f"  lifetime budget  epsilon={budget[0]:g}  delta={budget[1]:g}")
+    print(f"  spent            epsilon={spent.epsilon:.6g}  delta={spent.delta:g}  ({spent.method})")
+    print(f"  remaining        epsilon={max(budget[0] - spent.epsilon, 0.0):.6g}")
+    print(f"  {'release id':<44} {'kind':<10} {'epsilon':>9} {'delta':>8}  {'status':<10} created")
+    for r in rows:
+        print(f"  {r['release_id']:<44} {r['kind']:<10} {r['epsilon']:>9.4g} {r['delta']:>8.2g}  "
+              f"{r['status']:<10} {r['created_at']}")
+    return 0
+
+
+def cmd_budget_set(args) -> int:
+    from tasks.ledger import PrivacyLedger
+
+    PrivacyLedger(args.ledger).set_budget(args.dataset, args.epsilon, args.delta)
+    print(f"dataset '{args.dataset}': lifetime budget set to epsilon={args.epsilon:g}, delta={args.delta:g}")
+    return 0
+
+
+def cmd_spec_check(args) -> int:
+    spec = load_spec(args.spec)
+    print(f"{args.spec}: valid {spec.release.kind} release of dataset '{spec.dataset.id}' "
+          f"(columns {spec.dataset.columns}, epsilon={spec.release.epsilon:g})")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="dprelease", description=__doc__.split("\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    run = sub.add_parser("run", help="run a release flow (Prefect, local dask cluster by default)",
+                         description="Run one differentially private release: ingest -> normalise -> DP "
+                                     "measurement -> postprocess -> publish -> evaluate. Outputs go to "
+                                     "<output_dir>/<release_id>/{release,internal,measurements}.")
+    src = run.add_mutually_exclusive_group(required=True)
+    src.add_argument("spec", nargs="?", help="release spec file (YAML or JSON)")
+    src.add_argument("--example", action="store_true",
+                     help="the built-in default release on generated data (no spec, no server needed)")
+    run.add_argument("--release-id", help="resume or name a release (a failed release keeps its "
+                                          "measurements: rerunning its id spends no budget again)")
+    run.add_argument("--output-dir", help=f"override the spec's output_dir (default {DEFAULT_OUTPUT})")
+    run.add_argument("--no-evaluate", action="store_true", help="skip the internal utility evaluation")
+    run.set_defaults(func=cmd_run)
+
+    budget = sub.add_parser("budget", help="inspect or set a dataset's privacy budget",
+                            description="The privacy ledger keeps every release's spend per dataset.")
+    bsub = budget.add_subparsers(dest="budget_command", required=True)
+    show = bsub.add_parser("show", help="print a dataset's budget, spend and releases",
+                           description="Print the lifetime budget, the composed spend and every release "
+                                       "of a dataset.")
+    show.add_argument("dataset", help="dataset id")
+    show.add_argument("--ledger", default=DEFAULT_LEDGER, help=f"ledger file (default {DEFAULT_LEDGER})")
+    show.add_argument("--json", action="store_true", help="machine-readable output")
+    show.set_defaults(func=cmd_budget_show)
+    setb = bsub.add_parser("set", help="set or change a dataset's lifetime budget",
+                           description="Set a dataset's lifetime (epsilon, delta) budget. Releases whose "
+                                       "spec states another budget are refused until the two agree.")
+    setb.add_argument("dataset", help="dataset id")
+    setb.add_argument("--epsilon", type=float, required=True, help="lifetime epsilon (> 0)")
+    setb.add_argument("--delta", type=float, default=0.0, help="lifetime delta (default 0)")
+    setb.add_argument("--ledger", default=DEFAULT_LEDGER, help=f"ledger file (default {DEFAULT_LEDGER})")
+    setb.set_defaults(func=cmd_budget_set)
+
+    spec = sub.add_parser("spec", help="work with release spec files")
+    ssub = spec.add_subparsers(dest="spec_command", required=True)
+    check = ssub.add_parser("check", help="validate a spec file without running anything",
+                            description="Validate a release spec: schema, bounds, budget, seed mode.")
+    check.add_argument("spec", help="release spec file (YAML or JSON)")
+    check.set_defaults(func=cmd_spec_check)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except SpecError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except (ReleaseError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,100 @@
+"""The `release` flow: ingest -> normalise -> DP measurement -> postprocessing -> publish -> evaluation,
+with a data contract between every two stages (DESIGN.md, "The data path of one release")."""
+
+from __future__ import annotations
+
+import json
+import time
+from contextlib import contextmanager
+from datetime import datetime, timezone
+
+from prefect import flow, get_run_logger
+from prefect.runtime import flow_run
+
+from data_contracts import suites
+from tasks.contracts import check_contract
+from tasks.ingest import ingest, normalise
+from tasks.kmeans import evaluate_kmeans, mechanisms, measure_kmeans, postprocess_kmeans, CENTROIDS, TRAJECTORY
+from tasks.manifest import publish_release
+from tasks.partitions import dask_client
+from tasks.run import RunPaths, discard_failed, open_run
+from tasks.spec import ReleaseSpec
+
+
+def default_release_id(spec: ReleaseSpec) -> str:
+    """<dataset>-<UTC date>-<flow run id prefix>: stable when Prefect retries the same flow run."""
+    run_id = str(flow_run.get_id() or "local")[:8]
+    return f"{spec.dataset.id}-{datetime.now(timezone.utc):%Y%m%d}-{run_id}"
+
+
+class _Timer:
+    def __init__(self):
+        self.seconds: dict[str, float] = {}
+
+    @contextmanager
+    def stage(self, name: str):
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[name] = round(time.perf_counter() - start, 3)
+
+
+@flow(name="release", flow_run_name="{spec.dataset.id}-{spec.release.kind}")
+def release(spec: ReleaseSpec) -> dict:
+    """Make one DP release described by `spec`; returns a summary (paths, privacy spend, evaluation)."""
+    log = get_run_logger()
+    release_id = spec.release_id or default_release_id(spec)
+    run = open_run(spec.output_dir, release_id)
+    if run.published():
+        log.info("release %s is already published at %s; nothing to do", release_id, run.release)
+        return _summary(spec, release_id, run, json.loads(run.manifest.read_text()), None, {}, "already published")
+    log.info("release %s (%s on dataset '%s') -> %s", release_id, spec.release.kind, spec.dataset.id, run.root)
+    timer = _Timer()
+    try:
+        with dask_client(spec.dask) as client:
+            log.info("dask scheduler: %s", client.scheduler.address)
+            manifest, evaluation = _stages(spec, release_id, run, timer)
+    except BaseException:
+        log.error("release %s failed: %s", release_id, discard_failed(run))
+        raise
+    (run.internal / "timings.json").write_text(json.dumps(timer.seconds, indent=2))
+    summary = _summary(spec, release_id, run, manifest, evaluation, timer.seconds, "published")
+    (run.internal / "summary.json").write_text(json.dumps(summary, indent=2))
+    return summary
+
+
+def _stages(spec: ReleaseSpec, release_id: str, run: RunPaths, timer: _Timer):
+    cols = spec.dataset.columns
+    contracts_dir = run.internal / "contracts"
+    with timer.stage("ingest"):
+        ingested = ingest(spec.dataset, run.internal / "ingested")
+        check_contract("ingested", ingested.path, suites.ingested(cols), contracts_dir)
+    with timer.stage("normalise"):
+        normalised = normalise(ingested, spec.dataset, run.internal / "normalised",
+                               run.internal / "normalisation.json")
+        check_contract("normalised", normalised.path, suites.normalised(cols), contracts_dir)
+    with timer.stage("dp measurement"):
+        measured = measure_kmeans(spec, release_id, run, normalised)
+        check_contract("measurements", f"{measured.path}/{TRAJECTORY}",
+                       suites.kmeans_measurements(spec.release.k, spec.release.iterations, len(cols)),
+                       contracts_dir)
+    with timer.stage("postprocess"):
+        staging = run.new_staging()
+        postprocess_kmeans(spec, measured, staging)
+        check_contract("release", staging / CENTROIDS, suites.kmeans_release(spec.release.k, cols), contracts_dir)
+    with timer.stage("publish"):
+        manifest = publish_release(spec, release_id, run, staging, measured, mechanisms(spec))
+    evaluation = None
+    if spec.evaluate:
+        with timer.stage("evaluate"):
+            evaluation = evaluate_kmeans(spec, run, normalised)
+    return manifest, evaluation
+
+
+def _summary(spec, release_id, run, manifest, evaluation, timings, status) -> dict:
+    privacy = manifest["privacy"]
+    return {"status": status, "release_id": release_id, "dataset_id": spec.dataset.id,
+            "kind": spec.release.kind, "release_dir": str(run.release), "internal_dir": str(run.internal),
+            "epsilon": privacy["epsilon"], "delta": privacy["delta"], "accounting": privacy["accounting"],
+            "dataset_budget": privacy["dataset_budget"], "evaluation": evaluation, "timings": timings}

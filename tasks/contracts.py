@@ -1,0 +1,32 @@
+"""The contract task: validate a stage output before the next stage may start."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from prefect import get_run_logger, task
+from prefect.cache_policies import NO_CACHE
+
+from data_contracts.suites import Contract
+from data_contracts.validate import ContractViolation, failure_report, validate_parquet
+
+
+@task(name="contract", task_run_name="contract-{stage}", cache_policy=NO_CACHE)
+def check_contract(stage: str, path: str | Path, contract: Contract, report_dir: Path) -> dict:
+    """Validate `path` against `contract`; the report goes to `report_dir`/<stage>.json (internal).
+
+    Raises ContractViolation (naming stage, column and expectation) when an expectation fails.
+    """
+    log = get_run_logger()
+    report_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        report = validate_parquet(path, contract)
+    except ContractViolation as exc:
+        (report_dir / f"{stage}.json").write_text(json.dumps(failure_report(exc), indent=2, default=str))
+        raise
+    (report_dir / f"{stage}.json").write_text(json.dumps(report, indent=2, default=str))
+    n = len(contract.rows) + len(contract.table)
+    log.info("contract '%s': %d expectations passed on %d rows in %d files", stage, n, report["rows"],
+             report["files"])
+    return {"stage": stage, "expectations": n, "rows": report["rows"], "files": report["files"], "success": True}

@@ -1,0 +1,17 @@
+"""Errors the pipeline raises on purpose: each carries a message a data engineer can act on."""
+
+
+class ReleaseError(Exception):
+    """Base class: the CLI prints these without a traceback and exits non-zero."""
+
+
+class InputError(ReleaseError):
+    """The sensitive input cannot be used as the spec describes it (missing, corrupt, wrong schema...)."""
+
+
+class BudgetExceeded(ReleaseError):
+    """The release would take the dataset past its lifetime privacy budget; no noise was drawn."""
+
+
+class ReleaseConflict(ReleaseError):
+    """A release id is being reused with different parameters, or its stored state is inconsistent."""

@@ -1,0 +1,151 @@
+"""Ingest (CSV / Parquet -> partitioned Parquet) and normalisation (-> unit L1 ball) tasks."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import re
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+from prefect import get_run_logger, task
+from prefect.cache_policies import NO_CACHE
+
+from data_contracts.validate import parquet_files
+from tasks.errors import InputError
+from tasks.partitions import normalise_partition
+from tasks.spec import DatasetSpec
+
+_NUMBER = re.compile(r"^[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?$|^[+-]?(nan|inf|infinity)$", re.IGNORECASE)
+_CSV_BLOCKSIZE = "64MB"
+
+
+@dataclass(frozen=True)
+class StageOutput:
+    path: str
+    rows: int
+    partitions: int
+
+
+def count_rows(path: str | Path) -> int:
+    return sum(pq.ParquetFile(f).metadata.num_rows for f in parquet_files(path))
+
+
+def _first_lines(path: Path, n: int) -> list[str]:
+    """Up to n non-blank lines from the start of a (possibly gzipped) text file."""
+    opener = gzip.open if path.suffix == ".gz" else open
+    lines = []
+    try:
+        with opener(path, "rt", errors="replace") as fh:
+            for line in fh:
+                if line.strip():
+                    lines.append(line.strip())
+                    if len(lines) == n:
+                        break
+    except (OSError, EOFError) as exc:
+        raise InputError(f"cannot read {path}: {exc}") from None
+    return lines
+
+
+def _split(line: str, sep: str | None) -> list[str]:
+    return line.split() if sep is None else [t.strip().strip('"') for t in line.split(sep)]
+
+
+def _read_csv(dataset: DatasetSpec, path: Path):
+    import dask.dataframe as dd
+
+    lines = _first_lines(path, 2)
+    if not lines:
+        raise InputError(f"dataset '{dataset.id}': {path} is empty")
+    first = lines[0]
+    sep = dataset.delimiter or ("," if "," in first else "\t" if "\t" in first else None)
+    tokens = _split(first, sep)
+    header = dataset.header if dataset.header is not None else not all(_NUMBER.match(t) for t in tokens)
+    if header and len(lines) < 2:
+        raise InputError(f"dataset '{dataset.id}': {path} has a header but no data rows")
+    names = None
+    if not header:
+        if len(tokens) != len(dataset.columns):
+            raise InputError(f"dataset '{dataset.id}': the headerless file {path} has {len(tokens)} fields per "
+                             f"line but the spec's bounds name {len(dataset.columns)} columns "
+                             f"({dataset.columns}); give bounds for every field, in order")
+        names = dataset.columns
+    gz = path.suffix == ".gz"
+    return dd.read_csv(str(path), sep=sep or r"\s+", header=0 if header else None, names=names,
+                       blocksize=None if gz else _CSV_BLOCKSIZE, compression="gzip" if gz else None)
+
+
+def read_source(dataset: DatasetSpec):
+    """The dataset as a dask DataFrame restricted to the spec's columns (not yet computed)."""
+    import dask.dataframe as dd
+    import pandas as pd
+
+    path = Path(dataset.path)
+    if not path.exists():
+        raise InputError(f"dataset '{dataset.id}': {path} does not exist")
+    try:
+        ddf = dd.read_parquet(str(path)) if dataset.source_format == "parquet" else _read_csv(dataset, path)
+    except InputError:
+        raise
+    except Exception as exc:
+        raise InputError(f"dataset '{dataset.id}': cannot read {path} as {dataset.source_format}: "
+                         f"{type(exc).__name__}: {exc}") from None
+    missing = [c for c in dataset.columns if c not in ddf.columns]
+    if missing:
+        raise InputError(f"dataset '{dataset.id}': columns {missing} are missing from {path} "
+                         f"(it has {list(ddf.columns)})")
+    ddf = ddf[dataset.columns]
+    wrong = {c: str(t) for c, t in ddf.dtypes.items()
+             if not (pd.api.types.is_numeric_dtype(t) and not pd.api.types.is_bool_dtype(t))}
+    if wrong:
+        raise InputError(f"dataset '{dataset.id}': columns must be numeric, but {wrong} are not")
+    return ddf.astype("float64")
+
+
+@task(name="ingest", cache_policy=NO_CACHE)
+def ingest(dataset: DatasetSpec, out_dir: Path) -> StageOutput:
+    """Read the source with dask and write it as partitioned Parquet (float64 columns) to `out_dir`."""
+    log = get_run_logger()
+    ddf = read_source(dataset)
+    if out_dir.exists():
+        shutil.rmtree(out_dir)
+    try:
+        ddf.to_parquet(str(out_dir), write_index=False)
+    except Exception as exc:  # a value that does not parse as a number surfaces only when computed
+        raise InputError(f"dataset '{dataset.id}': cannot read {dataset.path}: {type(exc).__name__}: "
+                         f"{str(exc).splitlines()[0] if str(exc) else ''}") from None
+    rows = count_rows(out_dir)
+    if rows == 0:
+        raise InputError(f"dataset '{dataset.id}': {dataset.path} has no data rows")
+    parts = len(parquet_files(out_dir))
+    log.info("ingested %d rows x %d columns into %d partitions", rows, len(dataset.columns), parts)
+    return StageOutput(str(out_dir), rows, parts)
+
+
+@task(name="normalise", cache_policy=NO_CACHE)
+def normalise(ingested: StageOutput, dataset: DatasetSpec, out_dir: Path, report_path: Path) -> StageOutput:
+    """Scale every attribute into [-1, 1] with the spec's PUBLIC bounds and project each row onto the unit
+    L1 ball, partition by partition on dask. Clipping counts go to `report_path` (internal)."""
+    from distributed import get_client
+
+    log = get_run_logger()
+    lower = np.array([dataset.bounds[c][0] for c in dataset.columns])
+    upper = np.array([dataset.bounds[c][1] for c in dataset.columns])
+    if out_dir.exists():
+        shutil.rmtree(out_dir)
+    out_dir.mkdir(parents=True)
+    files = parquet_files(ingested.path)
+    client = get_client()
+    futures = client.map(normalise_partition, [str(f) for f in files],
+                         [str(out_dir / f.name) for f in files],
+                         columns=dataset.columns, lower=lower, upper=upper)
+    clipped = np.sum(client.gather(futures), axis=0)
+    report = {"rows": ingested.rows, "clipped_values": dict(zip(dataset.columns, map(int, clipped)))}
+    report_path.write_text(json.dumps(report, indent=2))
+    if clipped.any():
+        log.warning("values outside the public bounds were clipped: %s", report["clipped_values"])
+    log.info("normalised %d rows into the unit L1 ball", ingested.rows)
+    return StageOutput(str(out_dir), ingested.rows, len(files))

@@ -1,0 +1,95 @@
+"""Functions that run on dask workers, one Parquet partition at a time, and the handle the iterative
+algorithms use to reduce sufficient statistics over partitions.
+
+No Prefect import here: workers only need numpy, pyarrow and dpalgos.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from pathlib import Path
+from typing import Callable, Iterator, Sequence
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from dpalgos import domain
+from tasks.spec import DaskSpec
+
+
+def read_points(path: str, columns: Sequence[str]) -> np.ndarray:
+    """One partition as a float64 array (n, d), columns in the given order."""
+    table = pq.read_table(path, columns=list(columns))
+    return np.column_stack([table.column(c).to_numpy().astype(np.float64, copy=False) for c in columns]) \
+        if table.num_rows else np.empty((0, len(columns)))
+
+
+def write_points(path: str, X: np.ndarray, columns: Sequence[str]) -> None:
+    pq.write_table(pa.table({c: X[:, j] for j, c in enumerate(columns)}), path)
+
+
+def normalise_partition(src: str, dst: str, columns: Sequence[str], lower, upper) -> np.ndarray:
+    """Scale one partition into [-1, 1] with public bounds, project onto the L1 ball, write it.
+
+    Returns the number of clipped values per column (an internal diagnostic)."""
+    Y, clipped = domain.to_unit_l1_ball(read_points(src, columns), lower, upper)
+    write_points(dst, Y, columns)
+    return clipped
+
+
+def _bernoulli_rows(X: np.ndarray, fraction: float, seed: int) -> np.ndarray:
+    return X if fraction >= 1.0 else X[np.random.default_rng(seed).random(X.shape[0]) < fraction]
+
+
+def _add(a, b):
+    if isinstance(a, tuple):
+        return tuple(_add(x, y) for x, y in zip(a, b))
+    return a + b
+
+
+class PartitionedPoints:
+    """Points of a partitioned Parquet output, held as numpy arrays in the dask workers' memory.
+
+    `reduce(fn, *args)` computes fn(partition, *args) on every partition where it lives and sums the
+    results (arrays, floats, or tuples of them) on the driver: only aggregates leave the workers.
+    """
+
+    def __init__(self, client, files: Sequence[Path], columns: Sequence[str]):
+        self._client = client
+        self._parts = client.map(read_points, [str(f) for f in files], columns=list(columns))
+        self.n_partitions = len(self._parts)
+
+    def reduce(self, fn: Callable, *args):
+        futures = self._client.map(fn, self._parts, *[[a] * self.n_partitions for a in args])
+        total = None
+        for result in self._client.gather(futures):
+            total = result if total is None else _add(total, result)
+        return total
+
+    def sample(self, max_rows: int, total_rows: int, seed: int) -> np.ndarray:
+        """A uniform sample of about `max_rows` points (all of them when there are fewer) on the driver."""
+        fraction = min(1.0, max_rows / max(total_rows, 1))
+        futures = self._client.map(_bernoulli_rows, self._parts, [fraction] * self.n_partitions,
+                                   [seed + i for i in range(self.n_partitions)])
+        return np.concatenate(self._client.gather(futures), axis=0)
+
+    def close(self) -> None:
+        self._client.cancel(self._parts)
+
+
+@contextlib.contextmanager
+def dask_client(spec: DaskSpec) -> Iterator:
+    """A dask.distributed client: to the scheduler at `spec.address`, or to a local cluster started here."""
+    from distributed import Client, LocalCluster
+
+    if spec.address:
+        with Client(spec.address, timeout="30s", set_as_default=True) as client:
+            yield client
+        return
+    # Threads talk in-process (no host); worker processes listen on loopback only.
+    network = {"host": "127.0.0.1"} if spec.processes else {}
+    with LocalCluster(n_workers=spec.n_workers, threads_per_worker=spec.threads_per_worker,
+                      processes=spec.processes, dashboard_address="127.0.0.1:0", **network) as cluster, \
+            Client(cluster, set_as_default=True) as client:
+        yield client

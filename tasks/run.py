@@ -1,0 +1,115 @@
+"""The run directory of one release, and the write-once / all-or-nothing rules that protect it.
+
+    <output_dir>/<release_id>/
+        measurements/   the noisy measurements, committed ONCE by an atomic rename, reused on any rerun
+        release/        safe to publish: DP outputs, postprocessing of them, manifest.json
+                        (staged in .staging-*/ and renamed into place only when complete)
+        internal/       raw-derived files (ingested and normalised data, contract results, evaluation)
+
+On failure nothing half-written is left under release/; if no measurements were committed the whole run
+directory is removed, so a failed run leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from tasks.errors import ReleaseConflict
+
+
+@dataclass(frozen=True)
+class RunPaths:
+    root: Path
+
+    @property
+    def internal(self) -> Path:
+        return self.root / "internal"
+
+    @property
+    def measurements(self) -> Path:
+        return self.root / "measurements"
+
+    @property
+    def release(self) -> Path:
+        return self.root / "release"
+
+    @property
+    def manifest(self) -> Path:
+        return self.release / "manifest.json"
+
+    def published(self) -> bool:
+        return self.manifest.exists()
+
+    def new_staging(self) -> Path:
+        return Path(tempfile.mkdtemp(prefix=".staging-", dir=self.root))
+
+
+def open_run(output_dir: str | Path, release_id: str) -> RunPaths:
+    run = RunPaths(Path(output_dir) / release_id)
+    run.internal.mkdir(parents=True, exist_ok=True)
+    return run
+
+
+def commit_once(final: Path, write: Callable[[Path], None]) -> bool:
+    """Write a folder exactly once: `write(tmp)` fills a temporary folder which is then renamed to `final`.
+
+    Returns True if this call committed it, False if `final` already existed (then the temporary work is
+    discarded and the existing folder stands: the first commit wins, even against a concurrent writer).
+    """
+    if final.exists():
+        return False
+    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}-", dir=final.parent))
+    try:
+        write(tmp)
+        _fsync_tree(tmp)
+        try:
+            os.rename(tmp, final)  # atomic; fails if `final` appeared meanwhile and is non-empty
+        except OSError:
+            if final.exists():
+                return False
+            raise
+        return True
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _fsync_tree(folder: Path) -> None:
+    for p in folder.iterdir():
+        if p.is_file():
+            with open(p, "rb") as fh:
+                os.fsync(fh.fileno())
+
+
+def publish(run: RunPaths, staging: Path, manifest: dict) -> None:
+    """Write the manifest into the staged release and move it into place as release/."""
+    (staging / "manifest.json").write_text(json.dumps(manifest, indent=2, sort_keys=True))
+    if not commit_once(run.release, lambda tmp: _move_contents(staging, tmp)):
+        raise ReleaseConflict(f"{run.release} appeared while this run was publishing it")
+    shutil.rmtree(staging, ignore_errors=True)
+
+
+def _move_contents(src: Path, dst: Path) -> None:
+    for p in src.iterdir():
+        shutil.move(str(p), dst / p.name)
+
+
+def discard_failed(run: RunPaths) -> str:
+    """Clean up after a failed run; returns a sentence for the operator on what was kept and why."""
+    for staging in run.root.glob(".staging-*"):
+        shutil.rmtree(staging, ignore_errors=True)
+    for partial in run.root.glob(".measurements-*"):
+        shutil.rmtree(partial, ignore_errors=True)
+    if run.published():
+        return f"the release at {run.release} is complete and untouched"
+    if run.measurements.exists():
+        return (f"the noisy measurements in {run.measurements} are kept: rerun with the same release id to "
+                f"finish this release without spending budget again")
+    shutil.rmtree(run.root, ignore_errors=True)
+    return f"nothing was released; {run.root} was removed"

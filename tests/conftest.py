@@ -1,0 +1,62 @@
+"""Shared fixtures. Flow tests use one Prefect test harness (a temporary local API) for the session."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+import tasks  # noqa: F401  (environment defaults before prefect is imported)
+
+SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+
+
+@pytest.fixture(scope="session")
+def prefect_api():
+    """A temporary Prefect API for the whole session (heartbeats off: they add ~1 s per flow call)."""
+    os.environ.pop("PREFECT_FLOWS_HEARTBEAT_FREQUENCY", None)
+    from prefect.testing.utilities import prefect_test_harness
+
+    with prefect_test_harness(server_startup_timeout=90):
+        yield
+
+
+@pytest.fixture
+def shared_data() -> Path:
+    if not SHARED_DATA.is_dir():
+        pytest.skip(f"reference datasets not found at {SHARED_DATA} (a fresh clone has no ../shared)")
+    return SHARED_DATA
+
+
+def blobs(n: int, seed: int = 0) -> np.ndarray:
+    """n points from 3 well-separated Gaussian blobs, raw units in [0, 100]^2."""
+    rng = np.random.default_rng(seed)
+    centres = np.array([[25.0, 25.0], [75.0, 30.0], [45.0, 75.0]])
+    return np.clip(centres[rng.integers(0, 3, n)] + rng.normal(0, 4, (n, 2)), 0, 100)
+
+
+def write_csv(path: Path, X: np.ndarray, header=("x", "y")) -> Path:
+    lines = ([",".join(header)] if header else []) + [",".join(v if isinstance(v, str) else f"{v:.6f}" for v in row)
+                                                        for row in X]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def write_parquet(path: Path, columns: dict) -> Path:
+    pq.write_table(pa.table(columns), path)
+    return path
+
+
+def spec_dict(tmp_path: Path, data: Path, **release) -> dict:
+    """A small kmeans release spec as a dict (tests tweak it before parsing)."""
+    return {
+        "dataset": {"id": "blobs", "path": str(data), "bounds": {"x": [0, 100], "y": [0, 100]}},
+        "release": {"kind": "kmeans", "k": 3, "iterations": 5, "epsilon": 1.0, **release},
+        "ledger": {"lifetime_epsilon": 10.0, "lifetime_delta": 1e-6},
+        "output_dir": str(tmp_path / "runs"),
+        "dask": {"n_workers": 1, "threads_per_worker": 2},
+    }

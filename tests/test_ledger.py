@@ -1,0 +1,107 @@
+import multiprocessing as mp
+import sqlite3
+
+import pytest
+
+from dpalgos import accounting, dpkmeans
+from tasks.errors import BudgetExceeded, ReleaseConflict, ReleaseError
+from tasks.ledger import PrivacyLedger
+
+BUDGET = (1.0, 1e-6)
+
+
+def _charge(ledger, release_id, eps, fingerprint="f", dataset="d", budget=BUDGET):
+    return ledger.charge(dataset_id=dataset, release_id=release_id, kind="kmeans", fingerprint=fingerprint,
+                         event=dpkmeans.privacy_event(epsilon=eps, iterations=5), budget=budget)
+
+
+def test_spends_compose_and_the_budget_refuses_before_noise(tmp_path):
+    ledger = PrivacyLedger(tmp_path / "l.sqlite")
+    a = _charge(ledger, "r1", 0.4)
+    assert a.new and a.release.epsilon == pytest.approx(0.4) and a.release.delta == 0.0
+    b = _charge(ledger, "r2", 0.6)
+    # Never more than basic composition; at delta = 1e-6 the PLD accountant proves less.
+    assert b.total.epsilon <= 1.0 + 1e-9
+    assert b.remaining_epsilon == pytest.approx(1.0 - b.total.epsilon)
+    with pytest.raises(BudgetExceeded, match="would exceed the lifetime budget"):
+        _charge(ledger, "r3", 0.5)
+    assert [r["release_id"] for r in ledger.releases("d")] == ["r1", "r2"]
+    assert ledger.spent("d").epsilon <= 1.0 + 1e-9
+
+
+def test_charging_the_same_release_again_is_free(tmp_path):
+    ledger = PrivacyLedger(tmp_path / "l.sqlite")
+    _charge(ledger, "r1", 0.9)
+    again = _charge(ledger, "r1", 0.9)
+    assert not again.new
+    assert len(ledger.releases("d")) == 1
+
+
+def test_reusing_a_release_id_with_other_parameters_is_refused(tmp_path):
+    ledger = PrivacyLedger(tmp_path / "l.sqlite")
+    _charge(ledger, "r1", 0.5, fingerprint="a")
+    with pytest.raises(ReleaseConflict, match="different data or parameters"):
+        _charge(ledger, "r1", 0.5, fingerprint="b")
+
+
+def test_budget_changes_must_be_explicit(tmp_path):
+    ledger = PrivacyLedger(tmp_path / "l.sqlite")
+    _charge(ledger, "r1", 0.5)
+    with pytest.raises(ReleaseConflict, match="budget set"):
+        _charge(ledger, "r2", 0.5, budget=(5.0, 1e-6))
+    ledger.set_budget("d", 5.0, 1e-6)
+    _charge(ledger, "r2", 2.0, budget=(5.0, 1e-6))
+    assert ledger.budget("d") == (5.0, 1e-6)
+
+
+def test_status_advances(tmp_path):
+    ledger = PrivacyLedger(tmp_path / "l.sqlite")
+    _charge(ledger, "r1", 0.5)
+    assert ledger.status("r1") == "charged"
+    ledger.mark("r1", "measured")
+    assert ledger.status("r1") == "measured"
+    with pytest.raises(ReleaseConflict):
+        ledger.mark("nope", "measured")
+
+
+def test_corrupt_ledger_is_a_clear_error(tmp_path):
+    bad = tmp_path / "l.sqlite"
+    bad.write_bytes(b"this is not a database" * 100)
+    with pytest.raises(ReleaseError, match="unusable"):
+        PrivacyLedger(bad)
+
+
+def _race(path, release_id, barrier, results):
+    ledger = PrivacyLedger(path)
+    barrier.wait()
+    try:
+        _charge(ledger, release_id, 0.6)
+        results.put("ok")
+    except BudgetExceeded:
+        results.put("refused")
+
+
+def test_concurrent_releases_cannot_both_pass_the_budget_check(tmp_path):
+    path = tmp_path / "l.sqlite"
+    PrivacyLedger(path)
+    ctx = mp.get_context("spawn")
+    barrier, results = ctx.Barrier(4), ctx.Queue()
+    procs = [ctx.Process(target=_race, args=(path, f"r{i}", barrier, results)) for i in range(4)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(60)
+    outcomes = sorted(results.get(timeout=5) for _ in procs)
+    assert outcomes == ["ok", "refused", "refused", "refused"]
+    rows = sqlite3.connect(path).execute("SELECT COUNT(*) FROM spends").fetchone()[0]
+    assert rows == 1
+
+
+def test_gaussian_spends_compose_with_dp_accounting(tmp_path):
+    ledger = PrivacyLedger(tmp_path / "l.sqlite")
+    ev = accounting.gaussian_event(noise_multiplier=4.0)
+    c1 = ledger.charge(dataset_id="g", release_id="g1", kind="x", fingerprint="f", event=ev, budget=(2.0, 1e-5))
+    c2 = ledger.charge(dataset_id="g", release_id="g2", kind="x", fingerprint="f", event=ev, budget=(2.0, 1e-5))
+    assert c1.release.delta == 1e-5
+    # Two Gaussian releases compose sub-additively under PLD / RDP.
+    assert c1.release.epsilon < c2.total.epsilon < 2 * c1.release.epsilon

@@ -1,0 +1,201 @@
+"""The release flow end to end: real Prefect (test harness API), real dask cluster, real GX, real Parquet."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+import pytest
+
+from data_contracts import ContractViolation
+from dpalgos import domain, metrics
+from tasks.errors import BudgetExceeded, InputError
+from tasks.kmeans import read_trajectory
+from tasks.ledger import PrivacyLedger
+from tasks.spec import parse_spec
+from tests.conftest import blobs, spec_dict, write_csv, write_parquet
+
+pytestmark = pytest.mark.usefixtures("prefect_api")
+
+RELEASE_FILES = {"manifest.json", "centroids.parquet", "centroids_original_units.parquet",
+                 "measurements/trajectory.parquet", "measurements/measurements.json"}
+
+
+def _run(spec_d: dict):
+    from flows.release import release
+
+    return release(spec=parse_spec(spec_d))
+
+
+def _sha(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+@pytest.fixture
+def csv_data(tmp_path) -> Path:
+    return write_csv(tmp_path / "blobs.csv", blobs(3000))
+
+
+@pytest.fixture
+def count_dp_runs(monkeypatch) -> list:
+    """Counts calls of the noise-drawing algorithm inside the DP task."""
+    import tasks.kmeans
+
+    calls, real = [], tasks.kmeans.dpkmeans.dp_kmeans
+
+    def counting(*args, **kwargs):
+        calls.append(1)
+        return real(*args, **kwargs)
+    monkeypatch.setattr(tasks.kmeans.dpkmeans, "dp_kmeans", counting)
+    return calls
+
+
+def test_release_end_to_end(tmp_path, csv_data):
+    s = _run({**spec_dict(tmp_path, csv_data), "release_id": "blobs-r1", "mode": "test", "seed": 3})
+    run = Path(s["release_dir"]).parent
+    assert s["status"] == "published" and s["release_id"] == "blobs-r1"
+
+    # release/ holds exactly the DP products and the manifest, nothing raw-derived
+    release = run / "release"
+    assert {str(p.relative_to(release)) for p in release.rglob("*") if p.is_file()} == RELEASE_FILES
+    manifest = json.loads((release / "manifest.json").read_text())
+    assert manifest["privacy"]["epsilon"] == pytest.approx(1.0) and manifest["privacy"]["delta"] == 0.0
+    assert manifest["randomness"] == {"mode": "test", "seed": 3}
+    assert {m["scale"] for m in manifest["privacy"]["mechanisms"]} == {10.0}
+    for name, info in manifest["files"].items():
+        assert _sha(release / name) == info["sha256"]
+
+    # the released centroids are the last noisy iterate; original units invert the public scaling
+    traj, _ = read_trajectory(release / "measurements")
+    cents = pq.read_table(release / "centroids.parquet").to_pandas()
+    assert np.allclose(cents[["x", "y"]].to_numpy(), traj.final_centroids)
+    raw = pq.read_table(release / "centroids_original_units.parquet").to_pandas()
+    assert np.allclose(raw[["x", "y"]].to_numpy(), domain.unscale_from_unit_box(traj.final_centroids, [0, 0], [100, 100]))
+
+    # internal/: contracts of every stage passed; the evaluation's dask WCSS equals a direct computation
+    internal = run / "internal"
+    for stage in ("ingested", "normalised", "measurements", "release"):
+        assert json.loads((internal / "contracts" / f"{stage}.json").read_text())["success"]
+    P = domain.to_unit_l1_ball(blobs(3000), [0, 0], [100, 100])[0]
+    ev = json.loads((internal / "evaluation" / "evaluation.json").read_text())
+    assert ev["wcss"] == pytest.approx(metrics.wcss(P, traj.final_centroids), rel=1e-9)
+    assert (internal / "evaluation" / "wcss.png").stat().st_size > 0
+
+    ledger = PrivacyLedger(tmp_path / "runs" / "privacy-ledger.sqlite")
+    assert [(r["release_id"], r["status"]) for r in ledger.releases("blobs")] == [("blobs-r1", "published")]
+
+
+def test_rerun_of_a_published_release_changes_nothing(tmp_path, csv_data, count_dp_runs):
+    d = {**spec_dict(tmp_path, csv_data), "release_id": "blobs-r2"}
+    first = _run(d)
+    manifest = Path(first["release_dir"]) / "manifest.json"
+    before = _sha(manifest)
+    again = _run(d)
+    assert again["status"] == "already published" and _sha(manifest) == before
+    assert len(count_dp_runs) == 1
+    assert len(PrivacyLedger(tmp_path / "runs" / "privacy-ledger.sqlite").releases("blobs")) == 1
+
+
+def test_failed_postprocessing_keeps_measurements_and_a_rerun_finishes_without_new_noise(
+        tmp_path, csv_data, count_dp_runs, monkeypatch):
+    import flows.release
+    from prefect import task
+
+    @task(name="postprocess")
+    def broken(*args, **kwargs):
+        raise OSError("disk full while writing the release")
+
+    d = {**spec_dict(tmp_path, csv_data), "release_id": "blobs-r3"}
+    with monkeypatch.context() as m:
+        m.setattr(flows.release, "postprocess_kmeans", broken)
+        with pytest.raises(OSError, match="disk full"):
+            _run(d)
+    run = tmp_path / "runs" / "blobs-r3"
+    assert not (run / "release").exists() and not list(run.glob(".staging-*"))
+    stored = _sha(run / "measurements" / "trajectory.parquet")
+
+    s = _run(d)
+    assert s["status"] == "published"
+    assert _sha(run / "release" / "measurements" / "trajectory.parquet") == stored
+    assert len(count_dp_runs) == 1
+    rows = PrivacyLedger(tmp_path / "runs" / "privacy-ledger.sqlite").releases("blobs")
+    assert len(rows) == 1 and rows[0]["status"] == "published"
+
+
+def test_forced_task_retry_reuses_the_stored_measurements(tmp_path, csv_data, count_dp_runs, monkeypatch):
+    """The DP task fails after committing its noise; Prefect retries it; no fresh noise is drawn."""
+    import tasks.ledger
+
+    real_mark, failures = tasks.ledger.PrivacyLedger.mark, []
+
+    def flaky_mark(self, release_id, status):
+        if status == "measured" and not failures:
+            failures.append(release_id)
+            raise ConnectionError("ledger briefly unreachable")
+        return real_mark(self, release_id, status)
+    monkeypatch.setattr(tasks.ledger.PrivacyLedger, "mark", flaky_mark)
+
+    s = _run({**spec_dict(tmp_path, csv_data), "release_id": "blobs-r4"})
+    assert failures == ["blobs-r4"]  # the first attempt really failed after drawing noise
+    assert s["status"] == "published"
+    assert len(count_dp_runs) == 1  # the retry reused the measurements
+    rows = PrivacyLedger(tmp_path / "runs" / "privacy-ledger.sqlite").releases("blobs")
+    assert len(rows) == 1 and rows[0]["epsilon"] == pytest.approx(1.0)
+
+
+def test_over_budget_release_is_refused_before_any_noise(tmp_path, csv_data, count_dp_runs):
+    d = spec_dict(tmp_path, csv_data)
+    d["ledger"] = {"lifetime_epsilon": 1.5, "lifetime_delta": 0.0}
+    _run({**d, "release_id": "blobs-b1"})
+    with pytest.raises(BudgetExceeded, match="would exceed the lifetime budget"):
+        _run({**d, "release_id": "blobs-b2"})
+    assert len(count_dp_runs) == 1
+    assert not (tmp_path / "runs" / "blobs-b2").exists()
+    assert [r["release_id"] for r in PrivacyLedger(tmp_path / "runs" / "privacy-ledger.sqlite").releases("blobs")] \
+        == ["blobs-b1"]
+
+
+def _nan_csv(tmp_path):
+    X = blobs(200).astype(object)
+    X[17, 1] = "nan"
+    return write_csv(tmp_path / "nan.csv", X)
+
+
+def _inf_csv(tmp_path):
+    X = blobs(200).astype(object)
+    X[5, 0] = "inf"
+    return write_csv(tmp_path / "inf.csv", X)
+
+
+def _text_column(tmp_path):
+    return write_parquet(tmp_path / "t.parquet", {"x": np.ones(10), "y": np.array(["a"] * 10)})
+
+
+BAD_INPUTS = {
+    "nan": (_nan_csv, {}, ContractViolation, "expect_column_values_to_not_be_null"),
+    "inf": (_inf_csv, {}, ContractViolation, "column 'x': expect_column_values_to_be_between"),
+    "missing column": (lambda p: write_parquet(p / "m.parquet", {"x": np.ones(10)}), {}, InputError,
+                       r"columns \['y'\] are missing"),
+    "non-numeric column": (_text_column, {}, InputError, "must be numeric"),
+    "empty file": (lambda p: (p / "e.csv").write_text("") and None or p / "e.csv", {}, InputError, "is empty"),
+    "header only": (lambda p: write_csv(p / "h.csv", np.empty((0, 2))), {}, InputError, "no data rows"),
+    "K > N": (lambda p: write_csv(p / "s.csv", blobs(4)), {"k": 5}, InputError, "only 4 rows"),
+    "corrupt parquet": (lambda p: (p / "c.parquet").write_bytes(b"PAR1 not really") and p / "c.parquet", {},
+                        InputError, "cannot read"),
+    "missing file": (lambda p: p / "absent.csv", {}, InputError, "does not exist"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_INPUTS))
+def test_bad_input_fails_clearly_and_leaves_nothing(tmp_path, case):
+    make, release, error, message = BAD_INPUTS[case]
+    data = make(tmp_path)
+    with pytest.raises(error, match=message):
+        _run({**spec_dict(tmp_path, data, **release), "release_id": "bad"})
+    runs = tmp_path / "runs"
+    assert not (runs / "bad").exists()
+    ledger = runs / "privacy-ledger.sqlite"
+    assert not ledger.exists() or PrivacyLedger(ledger).releases("blobs") == []

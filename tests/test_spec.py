@@ -1,0 +1,58 @@
+import pytest
+
+from tasks.spec import SpecError, load_spec, parse_spec
+from tests.conftest import spec_dict
+
+
+def _spec(tmp_path, **changes):
+    d = spec_dict(tmp_path, tmp_path / "data.csv")
+    for path, value in changes.items():
+        node = d
+        keys = path.split(".")
+        for k in keys[:-1]:
+            node = node[k]
+        if value is ...:
+            del node[keys[-1]]
+        else:
+            node[keys[-1]] = value
+    return d
+
+
+@pytest.mark.parametrize("change, message", [
+    ({"release.epsilon": 0.0}, "release.epsilon"),
+    ({"release.epsilon": -1.0}, "release.epsilon"),
+    ({"release.epsilon": float("inf")}, "epsilon must be finite"),
+    ({"release.k": 0}, "release.k"),
+    ({"dataset.bounds": {}}, "bounds are missing"),
+    ({"dataset.bounds": ...}, "dataset.bounds"),
+    ({"dataset.bounds": {"x": [5, 5]}}, "need lower < upper"),
+    ({"dataset.bounds": {"x": [9, 1]}}, "need lower < upper"),
+    ({"ledger.lifetime_epsilon": 0}, "ledger.lifetime_epsilon"),
+    ({"seed": 3}, "only with mode: test"),
+    ({"release_id": "../escape"}, "release_id"),
+    ({"release.kind": "nope"}, "release"),
+    ({"unknown": 1}, "unknown"),
+])
+def test_bad_specs_are_refused_with_the_field_named(tmp_path, change, message):
+    with pytest.raises(SpecError, match=message.replace(".", r"\.")):
+        parse_spec(_spec(tmp_path, **change))
+
+
+def test_seed_accepted_in_test_mode_and_fingerprint_tracks_parameters(tmp_path):
+    a = parse_spec(_spec(tmp_path, seed=3, mode="test"))
+    b = parse_spec(_spec(tmp_path, **{"release.epsilon": 0.5}))
+    assert a.seed == 3 and a.fingerprint() != b.fingerprint()
+    assert parse_spec(_spec(tmp_path)).fingerprint() == parse_spec(_spec(tmp_path)).fingerprint()
+
+
+def test_load_spec_from_yaml_with_overrides(tmp_path):
+    f = tmp_path / "s.yaml"
+    f.write_text("dataset: {id: d, path: x.csv, bounds: {a: [0, 1]}}\n"
+                 "release: {kind: kmeans, k: 2, epsilon: 0.5}\nledger: {lifetime_epsilon: 3}\n")
+    spec = load_spec(f, release_id="r-1", output_dir=None)
+    assert spec.release_id == "r-1" and spec.release.iterations == 5 and spec.dataset.columns == ["a"]
+    with pytest.raises(SpecError, match="does not exist"):
+        load_spec(tmp_path / "missing.yaml")
+    (tmp_path / "bad.yaml").write_text("dataset: [unclosed")
+    with pytest.raises(SpecError, match="not valid YAML"):
+        load_spec(tmp_path / "bad.yaml")
