@@ -56,3 +56,12 @@ def test_load_spec_from_yaml_with_overrides(tmp_path):
     (tmp_path / "bad.yaml").write_text("dataset: [unclosed")
     with pytest.raises(SpecError, match="not valid YAML"):
         load_spec(tmp_path / "bad.yaml")
+
+
+def test_shipped_specs_are_valid():
+    from pathlib import Path
+
+    specs = sorted((Path(__file__).resolve().parents[1] / "deployments" / "specs").glob("*.yaml"))
+    assert specs
+    for f in specs:
+        load_spec(f)

@@ -1,0 +1,64 @@
+"""DP k-means (Lee & Kifer Algorithm 1) utility: mean WCSS / k-means++ over runs, per epsilon.
+
+Protocol of the spine issue: attributes scaled to [-1, 1] with the data's min/max as (stand-in) public bounds,
+projected onto the unit L1 ball; T = 5; data-independent initial centroids; reference = scikit-learn
+KMeans (k-means++, best of 10) on the same points. Last line:
+    RESULT eps=0.05,0.1,0.25,0.5,1.0 wcss_ratio=r1,r2,r3,r4,r5
+
+    python tests/benchmarks/dpkm_wcss.py --data ../shared/data/kmeans/s1.txt --k 15 --runs 10
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _data import load_numeric_csv  # noqa: E402
+
+from dpalgos import domain, dpkmeans, metrics  # noqa: E402
+
+EPSILONS = (0.05, 0.1, 0.25, 0.5, 1.0)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--data", required=True, help="CSV of numeric columns (header optional)")
+    ap.add_argument("--k", type=int, required=True)
+    ap.add_argument("--runs", type=int, default=10)
+    ap.add_argument("--iterations", type=int, default=5)
+    ap.add_argument("--eps", default=",".join(map(str, EPSILONS)), help="comma-separated epsilons")
+    ap.add_argument("--seed", type=int, default=None, help="benchmark reproducibility (default: OS entropy)")
+    args = ap.parse_args()
+    epsilons = [float(e) for e in args.eps.split(",")]
+
+    X = load_numeric_csv(args.data)
+    lo, hi = X.min(axis=0), X.max(axis=0)
+    hi = np.where(hi > lo, hi, lo + 1.0)  # a constant column gets a unit-width range
+    P, _ = domain.to_unit_l1_ball(X, lo, hi)
+    t0 = time.perf_counter()
+    ref, _ = metrics.kmeans_reference(P, args.k, seed=0)
+    print(f"data {args.data}: n={len(P)} d={P.shape[1]} k={args.k}; k-means++ WCSS={ref:.6g} "
+          f"({time.perf_counter() - t0:.1f}s)")
+    rng = np.random.default_rng(args.seed)
+    stats = dpkmeans.array_stats(P)
+    means = []
+    for eps in epsilons:
+        ratios = []
+        t0 = time.perf_counter()
+        for _ in range(args.runs):
+            C0, _ = dpkmeans.data_independent_centroids(args.k, P.shape[1], rng)
+            traj = dpkmeans.dp_kmeans(stats, C0, epsilon=eps, iterations=args.iterations, rng=rng)
+            ratios.append(metrics.wcss(P, traj.final_centroids) / ref)
+        means.append(float(np.mean(ratios)))
+        print(f"eps={eps:<5g} mean WCSS/k-means++ = {means[-1]:.3f}  (sd {np.std(ratios):.3f}, "
+              f"min {min(ratios):.3f}, max {max(ratios):.3f}; {time.perf_counter() - t0:.2f}s)", flush=True)
+    print(f"RESULT eps={args.eps.replace(' ', '')} wcss_ratio={','.join(f'{m:.3f}' for m in means)}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,61 @@
+"""The `dprelease` command: help on every subcommand, exit codes, budget inspection, one real run."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.conftest import blobs, spec_dict, write_csv
+
+HELP = [[], ["run"], ["budget"], ["budget", "show"], ["budget", "set"], ["spec"], ["spec", "check"]]
+
+
+def dprelease(*args, cwd=None, timeout=300) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PREFECT_HOME": str(Path(cwd or ".").resolve() / ".prefect-home")}
+    return subprocess.run([sys.executable, "-m", "flows.cli", *args], capture_output=True, text=True,
+                          cwd=cwd, env=env, timeout=timeout)
+
+
+@pytest.mark.parametrize("words", HELP, ids=lambda w: " ".join(w) or "top")
+def test_every_subcommand_has_help(words):
+    out = dprelease(*words, "--help")
+    assert out.returncode == 0 and "usage: dprelease" in out.stdout
+
+
+def test_invalid_spec_exits_2_with_the_field_named(tmp_path):
+    d = spec_dict(tmp_path, tmp_path / "x.csv", epsilon=-1)
+    (tmp_path / "s.yaml").write_text(yaml.safe_dump(d))
+    out = dprelease("run", str(tmp_path / "s.yaml"))
+    assert out.returncode == 2 and "release.epsilon" in out.stderr
+    out = dprelease("spec", "check", str(tmp_path / "s.yaml"))
+    assert out.returncode == 2
+
+
+def test_run_then_budget_show(tmp_path):
+    """One real run of the CLI (its own ephemeral Prefect API), then a refused one, then the ledger."""
+    d = spec_dict(tmp_path, write_csv(tmp_path / "b.csv", blobs(2000)))
+    d["ledger"]["lifetime_epsilon"] = 1.5
+    (tmp_path / "s.yaml").write_text(yaml.safe_dump(d))
+    ok = dprelease("run", str(tmp_path / "s.yaml"), "--release-id", "cli-1", cwd=tmp_path)
+    assert ok.returncode == 0, ok.stderr[-3000:]
+    assert "Release cli-1 (kmeans on dataset 'blobs'): published" in ok.stdout
+    assert (tmp_path / "runs" / "cli-1" / "release" / "manifest.json").exists()
+
+    refused = dprelease("run", str(tmp_path / "s.yaml"), "--release-id", "cli-2", cwd=tmp_path)
+    assert refused.returncode == 1 and "would exceed the lifetime budget" in refused.stderr
+    assert not (tmp_path / "runs" / "cli-2").exists()
+
+    ledger = str(tmp_path / "runs" / "privacy-ledger.sqlite")
+    shown = dprelease("budget", "show", "blobs", "--ledger", ledger, "--json")
+    assert shown.returncode == 0
+    info = json.loads(shown.stdout)
+    assert [r["release_id"] for r in info["releases"]] == ["cli-1"]
+    assert info["budget"]["epsilon"] == 1.5 and 0.99 < info["spent"]["epsilon"] <= 1.0 + 1e-9
+    assert "cli-1" in dprelease("budget", "show", "blobs", "--ledger", ledger).stdout
+    assert dprelease("budget", "show", "other", "--ledger", ledger).returncode == 1
