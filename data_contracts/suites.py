@@ -69,15 +69,35 @@ def _row_count_at_least(gxe, n: int) -> list:
     return [gxe.ExpectColumnValuesToBeBetween(column="row_count", min_value=n)]
 
 
-def ingested(columns: Sequence[str]) -> Contract:
-    """Ingested points: exactly the spec's columns, float64, no NaN or inf, at least one row."""
+WEIGHT_FRACTION = "weight_fraction"
+
+
+def ingested(numeric: Sequence[str], categorical: dict[str, list[str]] | None = None,
+             weight: str | None = None) -> Contract:
+    """Ingested records: exactly the spec's columns in order; numeric ones float64 without NaN or inf;
+    categorical ones without nulls and within their public levels; the weight (if any) a finite
+    non-negative integer; at least one row."""
     import great_expectations.expectations as gxe
 
-    cols = list(columns)
-    return Contract("ingested",
-                    rows=[gxe.ExpectTableColumnsToMatchOrderedList(column_list=cols)]
-                    + _float64(gxe, cols) + _finite(gxe, cols),
-                    table=_row_count_at_least(gxe, 1))
+    categorical = categorical or {}
+    cols = list(numeric) + list(categorical) + ([weight] if weight else [])
+    rows = [gxe.ExpectTableColumnsToMatchOrderedList(column_list=cols + ([WEIGHT_FRACTION] if weight else []))]
+    rows += _float64(gxe, numeric) + _finite(gxe, numeric)
+    for c, levels in categorical.items():
+        rows += [gxe.ExpectColumnValuesToNotBeNull(column=c), gxe.ExpectColumnValuesToBeInSet(column=c, value_set=levels)]
+    if weight:
+        rows += _finite(gxe, [weight]) + [gxe.ExpectColumnValuesToBeBetween(column=weight, min_value=0),
+                                          gxe.ExpectColumnValuesToBeBetween(column=WEIGHT_FRACTION, min_value=0,
+                                                                            max_value=0)]
+    return Contract("ingested", rows=rows, table=_row_count_at_least(gxe, 1),
+                    derive=_add_weight_fraction(weight) if weight else None)
+
+
+def _add_weight_fraction(weight: str) -> Callable[[pd.DataFrame], pd.DataFrame]:
+    def derive(frame: pd.DataFrame) -> pd.DataFrame:
+        w = frame[weight] if weight in frame.columns else pd.Series(0.0, index=frame.index)
+        return frame.assign(**{WEIGHT_FRACTION: w - w.floordiv(1)})
+    return derive
 
 
 def normalised(columns: Sequence[str]) -> Contract:
@@ -125,3 +145,33 @@ def kmeans_release(k: int, columns: Sequence[str]) -> Contract:
                     table=[gxe.ExpectTableRowCountToEqual(value=k),
                            gxe.ExpectColumnDistinctValuesToEqualSet(column="cluster", value_set=list(range(k)))],
                     derive=_add_l1_norm(cols))
+
+
+def encoded(index: str, size: int, weight: str | None = None) -> Contract:
+    """Records encoded as a cell / bin index in [0, size) (plus their weight): the prepared data of the
+    histogram, contingency-table and matrix-mechanism releases."""
+    import great_expectations.expectations as gxe
+
+    cols = [index] + ([weight] if weight else [])
+    rows = [gxe.ExpectTableColumnsToMatchOrderedList(column_list=cols),
+            gxe.ExpectColumnValuesToNotBeNull(column=index),
+            gxe.ExpectColumnValuesToBeBetween(column=index, min_value=0, max_value=size - 1)]
+    if weight:
+        rows += _finite(gxe, [weight]) + [gxe.ExpectColumnValuesToBeBetween(column=weight, min_value=0)]
+    return Contract("encoded", rows=rows, table=_row_count_at_least(gxe, 1))
+
+
+def indexed_table(stage: str, index: str, size: int, values: Sequence[str], *, nonnegative: Sequence[str] = (),
+                  other_columns: Sequence[str] = ()) -> Contract:
+    """A table with one row per index 0..size-1 (unique, in range) and finite value columns; `nonnegative`
+    value columns must be >= 0. Used for noisy measurement vectors and released counts."""
+    import great_expectations.expectations as gxe
+
+    cols = [index] + list(other_columns) + list(values)
+    table = [gxe.ExpectTableRowCountToEqual(value=size), gxe.ExpectColumnValuesToBeUnique(column=index)]
+    rows = ([gxe.ExpectTableColumnsToMatchOrderedList(column_list=cols),
+             gxe.ExpectColumnValuesToNotBeNull(column=index),
+             gxe.ExpectColumnValuesToBeBetween(column=index, min_value=0, max_value=size - 1)]
+            + _finite(gxe, values)
+            + [gxe.ExpectColumnValuesToBeBetween(column=c, min_value=0) for c in nonnegative])
+    return Contract(stage, rows=rows, table=table, partitioned=False)

@@ -65,8 +65,7 @@ def format_summary(s: dict) -> str:
     ]
     ev = s.get("evaluation")
     if ev:
-        lines.append(f"  utility    WCSS={ev['wcss']:.5g}, WCSS / k-means++ = {ev['wcss_ratio_to_kmeanspp']:.3f} "
-                     f"(internal evaluation)")
+        lines.append(f"  utility    {ev['headline']} (internal evaluation)")
     if s.get("timings"):
         lines.append("  stages     " + ", ".join(f"{k} {v:.1f}s" for k, v in s["timings"].items()))
     return "\n".join(lines)

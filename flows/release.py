@@ -13,12 +13,13 @@ from prefect.runtime import flow_run
 
 from data_contracts import suites
 from tasks.contracts import check_contract
-from tasks.ingest import ingest, normalise
-from tasks.kmeans import evaluate_kmeans, mechanisms, measure_kmeans, postprocess_kmeans, CENTROIDS, TRAJECTORY
+from tasks.ingest import ingest
+from tasks.kinds import kind_of
 from tasks.manifest import publish_release
 from tasks.partitions import dask_client
 from tasks.run import RunPaths, discard_failed, open_run
 from tasks.spec import ReleaseSpec
+from tasks.stages import evaluate, measure, postprocess, prepare
 
 
 def default_release_id(spec: ReleaseSpec) -> str:
@@ -65,30 +66,31 @@ def release(spec: ReleaseSpec) -> dict:
 
 
 def _stages(spec: ReleaseSpec, release_id: str, run: RunPaths, timer: _Timer):
-    cols = spec.dataset.columns
+    kind = kind_of(spec)
+    ds = spec.dataset
     contracts_dir = run.internal / "contracts"
     with timer.stage("ingest"):
-        ingested = ingest(spec.dataset, run.internal / "ingested")
-        check_contract("ingested", ingested.path, suites.ingested(cols), contracts_dir)
-    with timer.stage("normalise"):
-        normalised = normalise(ingested, spec.dataset, run.internal / "normalised",
-                               run.internal / "normalisation.json")
-        check_contract("normalised", normalised.path, suites.normalised(cols), contracts_dir)
+        ingested = ingest(ds, run.internal / "ingested")
+        check_contract("ingested", ingested.path,
+                       suites.ingested(list(ds.bounds or {}), ds.categories, ds.weight_column), contracts_dir)
+    with timer.stage(kind.prepared_stage):
+        prepared = prepare(spec, ingested, run)
+        check_contract(kind.prepared_stage, prepared.path, kind.prepared_contract(spec), contracts_dir)
     with timer.stage("dp measurement"):
-        measured = measure_kmeans(spec, release_id, run, normalised)
-        check_contract("measurements", f"{measured.path}/{TRAJECTORY}",
-                       suites.kmeans_measurements(spec.release.k, spec.release.iterations, len(cols)),
-                       contracts_dir)
+        measured = measure(spec, release_id, run, prepared)
+        name, contract = kind.measurements_contract(spec)
+        check_contract("measurements", f"{measured.path}/{name}", contract, contracts_dir)
     with timer.stage("postprocess"):
         staging = run.new_staging()
-        postprocess_kmeans(spec, measured, staging)
-        check_contract("release", staging / CENTROIDS, suites.kmeans_release(spec.release.k, cols), contracts_dir)
+        postprocess(spec, measured, staging)
+        name, contract = kind.release_contract(spec)
+        check_contract("release", staging / name, contract, contracts_dir)
     with timer.stage("publish"):
-        manifest = publish_release(spec, release_id, run, staging, measured, mechanisms(spec))
+        manifest = publish_release(spec, release_id, run, staging, measured, kind.mechanisms(spec))
     evaluation = None
     if spec.evaluate:
         with timer.stage("evaluate"):
-            evaluation = evaluate_kmeans(spec, run, normalised)
+            evaluation = evaluate(spec, run, prepared)
     return manifest, evaluation
 
 

@@ -1,22 +1,19 @@
-"""Ingest (CSV / Parquet -> partitioned Parquet) and normalisation (-> unit L1 ball) tasks."""
+"""The ingest task: CSV / Parquet source -> typed, partitioned Parquet."""
 
 from __future__ import annotations
 
 import gzip
-import json
 import re
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import pyarrow.parquet as pq
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
 from data_contracts.validate import parquet_files
 from tasks.errors import InputError
-from tasks.partitions import normalise_partition
 from tasks.spec import DatasetSpec
 
 _NUMBER = re.compile(r"^[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?$|^[+-]?(nan|inf|infinity)$", re.IGNORECASE)
@@ -79,7 +76,8 @@ def _read_csv(dataset: DatasetSpec, path: Path):
 
 
 def read_source(dataset: DatasetSpec):
-    """The dataset as a dask DataFrame restricted to the spec's columns (not yet computed)."""
+    """The dataset as a dask DataFrame restricted to the spec's columns (not yet computed): numeric columns
+    as float64, categorical ones as strings (nulls kept), the weight column as float64."""
     import dask.dataframe as dd
     import pandas as pd
 
@@ -93,16 +91,34 @@ def read_source(dataset: DatasetSpec):
     except Exception as exc:
         raise InputError(f"dataset '{dataset.id}': cannot read {path} as {dataset.source_format}: "
                          f"{type(exc).__name__}: {exc}") from None
-    missing = [c for c in dataset.columns if c not in ddf.columns]
+    weight = [dataset.weight_column] if dataset.weight_column else []
+    wanted = dataset.columns + weight
+    missing = [c for c in wanted if c not in ddf.columns]
     if missing:
         raise InputError(f"dataset '{dataset.id}': columns {missing} are missing from {path} "
                          f"(it has {list(ddf.columns)})")
-    ddf = ddf[dataset.columns]
-    wrong = {c: str(t) for c, t in ddf.dtypes.items()
-             if not (pd.api.types.is_numeric_dtype(t) and not pd.api.types.is_bool_dtype(t))}
+    ddf = ddf[wanted]
+    numeric = list(dataset.bounds or {}) + weight
+    wrong = {c: str(ddf.dtypes[c]) for c in numeric
+             if not (pd.api.types.is_numeric_dtype(ddf.dtypes[c]) and not pd.api.types.is_bool_dtype(ddf.dtypes[c]))}
     if wrong:
         raise InputError(f"dataset '{dataset.id}': columns must be numeric, but {wrong} are not")
-    return ddf.astype("float64")
+    categorical = list(dataset.categories or {})
+    meta = {c: ("string" if c in categorical else "float64") for c in wanted}
+    return ddf.map_partitions(_typed, numeric, categorical, meta=meta)
+
+
+def _typed(frame, numeric: list[str], categorical: list[str]):
+    import pandas as pd
+
+    out = {c: frame[c].astype("float64") for c in numeric}
+    for c in categorical:
+        col = frame[c]
+        # Integer-coded levels read as floats (a column with nulls) must print as "1", not "1.0".
+        if pd.api.types.is_float_dtype(col) and bool((col.dropna() % 1 == 0).all()):
+            col = col.astype("Int64")
+        out[c] = col.astype("string")
+    return pd.DataFrame(out, index=frame.index)[list(frame.columns)]
 
 
 @task(name="ingest", cache_policy=NO_CACHE)
@@ -121,31 +137,5 @@ def ingest(dataset: DatasetSpec, out_dir: Path) -> StageOutput:
     if rows == 0:
         raise InputError(f"dataset '{dataset.id}': {dataset.path} has no data rows")
     parts = len(parquet_files(out_dir))
-    log.info("ingested %d rows x %d columns into %d partitions", rows, len(dataset.columns), parts)
+    log.info("ingested %d rows x %d columns into %d partitions", rows, len(ddf.columns), parts)
     return StageOutput(str(out_dir), rows, parts)
-
-
-@task(name="normalise", cache_policy=NO_CACHE)
-def normalise(ingested: StageOutput, dataset: DatasetSpec, out_dir: Path, report_path: Path) -> StageOutput:
-    """Scale every attribute into [-1, 1] with the spec's PUBLIC bounds and project each row onto the unit
-    L1 ball, partition by partition on dask. Clipping counts go to `report_path` (internal)."""
-    from distributed import get_client
-
-    log = get_run_logger()
-    lower = np.array([dataset.bounds[c][0] for c in dataset.columns])
-    upper = np.array([dataset.bounds[c][1] for c in dataset.columns])
-    if out_dir.exists():
-        shutil.rmtree(out_dir)
-    out_dir.mkdir(parents=True)
-    files = parquet_files(ingested.path)
-    client = get_client()
-    futures = client.map(normalise_partition, [str(f) for f in files],
-                         [str(out_dir / f.name) for f in files],
-                         columns=dataset.columns, lower=lower, upper=upper)
-    clipped = np.sum(client.gather(futures), axis=0)
-    report = {"rows": ingested.rows, "clipped_values": dict(zip(dataset.columns, map(int, clipped)))}
-    report_path.write_text(json.dumps(report, indent=2))
-    if clipped.any():
-        log.warning("values outside the public bounds were clipped: %s", report["clipped_values"])
-    log.info("normalised %d rows into the unit L1 ball", ingested.rows)
-    return StageOutput(str(out_dir), ingested.rows, len(files))

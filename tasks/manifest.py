@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import hashlib
-import json
 from datetime import datetime, timezone
 from importlib import metadata
 from pathlib import Path
@@ -11,7 +10,7 @@ from pathlib import Path
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
-from tasks.kmeans import Measured
+from tasks.stages import Measured, read_meta
 from tasks.ledger import PrivacyLedger
 from tasks.run import RunPaths, publish
 from tasks.spec import ReleaseSpec
@@ -47,7 +46,7 @@ def publish_release(spec: ReleaseSpec, release_id: str, run: RunPaths, staging: 
     budget_eps, budget_delta = measured.budget
     files = {str(p.relative_to(staging)): {"sha256": _sha256(p), "bytes": p.stat().st_size}
              for p in sorted(staging.rglob("*")) if p.is_file()}
-    event = json.loads((Path(measured.path) / "measurements.json").read_text())["event"]
+    event = read_meta(measured.path)["event"]
     manifest = {
         "release_id": release_id,
         "dataset_id": spec.dataset.id,

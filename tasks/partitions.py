@@ -38,6 +38,47 @@ def normalise_partition(src: str, dst: str, columns: Sequence[str], lower, upper
     return clipped
 
 
+def bin_partition(src: str, dst: str, column: str, lower: float, upper: float, bins: int,
+                  weight: str | None) -> None:
+    """Equal-width bin index in [0, bins) of every value over the PUBLIC [lower, upper] (values outside
+    fall in the first / last bin), with the record weight."""
+    table = pq.read_table(src)
+    v = table.column(column).to_numpy()
+    idx = np.clip(np.floor((v - lower) / (upper - lower) * bins), 0, bins - 1).astype(np.int32)
+    cols = {"bin": idx}
+    if weight:
+        cols["weight"] = table.column(weight).to_numpy()
+    pq.write_table(pa.table(cols), dst)
+
+
+def cell_partition(src: str, dst: str, columns: Sequence[str], levels: Sequence[Sequence[str]],
+                   weight: str | None) -> None:
+    """Row-major cell index of every record's levels in the table of shape (|levels_1|, ..., |levels_k|)."""
+    import pandas as pd
+
+    frame = pq.read_table(src).to_pandas()
+    codes = []
+    for c, lv in zip(columns, levels):
+        code = pd.Categorical(frame[c], categories=list(lv)).codes
+        if (code < 0).any():
+            bad = frame[c][code < 0].iloc[0]
+            raise ValueError(f"column '{c}' holds {bad!r}, which is not one of its public levels {list(lv)}")
+        codes.append(code)
+    cell = np.ravel_multi_index(codes, [len(lv) for lv in levels]).astype(np.int32) if len(frame) else \
+        np.empty(0, dtype=np.int32)
+    cols = {"cell": cell}
+    if weight:
+        cols["weight"] = frame[weight].to_numpy(dtype=np.float64)
+    pq.write_table(pa.table(cols), dst)
+
+
+def index_counts(path: str, index: str, weighted: bool, size: int) -> np.ndarray:
+    """Exact counts (size,) of the records of one encoded partition per index (weights summed)."""
+    table = pq.read_table(path)
+    w = table.column("weight").to_numpy() if weighted else None
+    return np.bincount(table.column(index).to_numpy(), weights=w, minlength=size).astype(np.float64)
+
+
 def _bernoulli_rows(X: np.ndarray, fraction: float, seed: int) -> np.ndarray:
     return X if fraction >= 1.0 else X[np.random.default_rng(seed).random(X.shape[0]) < fraction]
 

@@ -12,7 +12,7 @@ import json
 import math
 import re
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal, Union
 
 import yaml
 from tasks.errors import ReleaseError
@@ -28,19 +28,25 @@ class _Strict(BaseModel):
 class DatasetSpec(_Strict):
     """Where the sensitive data is and its public schema.
 
-    `bounds` maps each attribute to its PUBLIC [lower, upper] range; its keys, in order, are the columns
-    used. Headerless CSV files take these names for their columns, in order.
+    Numeric columns are given by `bounds` (column -> PUBLIC [lower, upper]); categorical columns by
+    `categories` (column -> PUBLIC list of levels). Their keys, in order, are the columns used; headerless
+    CSV files take these names for their columns, in order. `weight_column` (optional) holds a non-negative
+    integer per row: the row stands for that many records (aggregated inputs such as a table of cell counts).
     """
     id: str = Field(pattern=ID_PATTERN, description="privacy-ledger key: releases of one id share a budget")
     path: str
     format: Literal["csv", "parquet"] | None = Field(None, description="default: from the file suffix")
     header: bool | None = Field(None, description="CSV only; default: detected from the first line")
     delimiter: str | None = Field(None, description="CSV only; default: ',' or tab if present, else whitespace")
-    bounds: dict[str, tuple[float, float]]
+    bounds: dict[str, tuple[float, float]] | None = None
+    categories: dict[str, list[str]] | None = None
+    weight_column: str | None = None
 
     @field_validator("bounds")
     @classmethod
     def _bounds_valid(cls, bounds):
+        if bounds is None:
+            return bounds
         if not bounds:
             raise ValueError("bounds are missing: give a public [lower, upper] for every column")
         for col, (lo, hi) in bounds.items():
@@ -50,9 +56,35 @@ class DatasetSpec(_Strict):
                 raise ValueError(f"bounds of column '{col}' need lower < upper, got [{lo}, {hi}]")
         return bounds
 
+    @field_validator("categories", mode="before")
+    @classmethod
+    def _levels_as_strings(cls, categories):
+        if categories is None:
+            return categories
+        if not categories:
+            raise ValueError("categories are empty: give the public levels of every categorical column")
+        out = {}
+        for col, levels in categories.items():
+            levels = [str(v) for v in levels]
+            if len(levels) < 1 or len(set(levels)) != len(levels):
+                raise ValueError(f"levels of column '{col}' must be a non-empty list without repeats")
+            out[col] = levels
+        return out
+
+    @model_validator(mode="after")
+    def _has_columns(self):
+        if self.bounds is None and self.categories is None:
+            raise ValueError("bounds are missing: give public bounds (numeric) or categories (categorical)")
+        if self.bounds and self.categories and set(self.bounds) & set(self.categories):
+            raise ValueError(f"columns {sorted(set(self.bounds) & set(self.categories))} have both bounds "
+                             f"and categories")
+        if self.weight_column and self.weight_column in self.columns:
+            raise ValueError(f"weight column '{self.weight_column}' is also a data column")
+        return self
+
     @property
     def columns(self) -> list[str]:
-        return list(self.bounds)
+        return list(self.bounds or {}) + list(self.categories or {})
 
     @property
     def source_format(self) -> str:
@@ -62,22 +94,89 @@ class DatasetSpec(_Strict):
         return "parquet" if ".parquet" in suffixes or ".pq" in suffixes or Path(self.path).is_dir() else "csv"
 
 
-class KMeansRelease(_Strict):
-    """DP k-means (Lee & Kifer, Algorithm 1): K centroids after T noisy Lloyd iterations."""
-    kind: Literal["kmeans"] = "kmeans"
-    k: int = Field(ge=1, description="number of clusters")
-    iterations: int = Field(5, ge=1, le=1000, description="T, the number of DP Lloyd iterations")
+def _finite_epsilon(eps: float) -> float:
+    if not math.isfinite(eps):
+        raise ValueError("epsilon must be finite")
+    return eps
+
+
+class _Release(_Strict):
     epsilon: float = Field(gt=0, description="total privacy budget of the release (pure DP)")
-    min_centroid_distance: float | None = Field(
-        None, gt=0, description="public pairwise minimum distance of the initial centroids; default: "
-                                "Su et al.'s shrinking sphere packing")
 
     @field_validator("epsilon")
     @classmethod
     def _finite(cls, eps):
-        if not math.isfinite(eps):
-            raise ValueError("epsilon must be finite")
-        return eps
+        return _finite_epsilon(eps)
+
+
+class KMeansRelease(_Release):
+    """DP k-means (Lee & Kifer, Algorithm 1): K centroids after T noisy Lloyd iterations."""
+    kind: Literal["kmeans"] = "kmeans"
+    k: int = Field(ge=1, description="number of clusters")
+    iterations: int = Field(5, ge=1, le=1000, description="T, the number of DP Lloyd iterations")
+    min_centroid_distance: float | None = Field(
+        None, gt=0, description="public pairwise minimum distance of the initial centroids; default: "
+                                "Su et al.'s shrinking sphere packing")
+
+
+class _Consistency(_Release):
+    """Maximum-likelihood consistency by ADMM (Lee, Wang & Kifer): residual penalty and its parameters."""
+    penalty: Literal["l1", "elastic", "l2"] = Field("elastic", description="elastic net (eq. 23) by default")
+    alpha: float = Field(0.9, ge=0, le=1, description="elastic-net mixing parameter")
+    rho: float = Field(2.0, gt=0, description="ADMM penalty parameter (residuals in units of the noise scale)")
+
+
+def _is_power(n: int, k: int) -> bool:
+    while n > 1 and n % k == 0:
+        n //= k
+    return n == 1
+
+
+class HistogramRelease(_Consistency):
+    """Hierarchical histogram (Algorithm 3): noisy k-ary tree over `bins` equal-width bins of the column's
+    public bounds, made consistent by ADMM with Hay et al.'s tree inference as the projection."""
+    kind: Literal["histogram"] = "histogram"
+    bins: int = Field(ge=2, description="number of equal-width bins: a power of the branching factor")
+    branching: int = Field(16, ge=2, description="tree branching factor k")
+    consistency: Literal["admm", "htree", "none"] = Field(
+        "admm", description="admm: maximum likelihood (L1); htree: least squares (Hay et al.); none: LM(H)")
+
+    @model_validator(mode="after")
+    def _bins_power_of_branching(self):
+        if not _is_power(self.bins, self.branching):
+            raise ValueError(f"bins ({self.bins}) must be a power of the branching factor ({self.branching})")
+        return self
+
+
+class ContingencyRelease(_Consistency):
+    """Contingency table of the categorical columns (Algorithm 2): Laplace noise on every cell, made
+    consistent with PUBLIC marginal counts and non-negative by ADMM."""
+    kind: Literal["contingency"] = "contingency"
+    public_marginals: str | None = Field(
+        None, description="CSV of public marginal counts: one column per attribute (empty = summed out) and "
+                          "`count`; e.g. M0 is one row of empty attributes and the total")
+
+
+class MatrixMechanismRelease(_Consistency):
+    """Matrix mechanism (Algorithm 4): Laplace answers to a strategy matrix over a histogram of the column,
+    the histogram reconstructed by L1 (ADMM) or least squares, then the workload answered from it."""
+    kind: Literal["matrix_mechanism"] = "matrix_mechanism"
+    bins: int = Field(ge=2, description="number of equal-width bins of the column's public bounds")
+    workload: Literal["identity", "predicate", "all_range", "plus_minus_one"] = "all_range"
+    workload_queries: int = Field(512, ge=1, description="queries of the random workloads")
+    workload_seed: int = Field(0, description="PUBLIC seed of the random workloads")
+    strategy: Literal["identity", "hierarchical", "workload"] = "hierarchical"
+    reconstruction: Literal["l1", "l2"] = "l1"
+
+    @model_validator(mode="after")
+    def _bins_power_of_two(self):
+        if self.strategy == "hierarchical" and not _is_power(self.bins, 2):
+            raise ValueError(f"bins ({self.bins}) must be a power of 2 for the hierarchical strategy")
+        return self
+
+
+ReleaseParams = Annotated[Union[KMeansRelease, HistogramRelease, ContingencyRelease, MatrixMechanismRelease],
+                          Field(discriminator="kind")]
 
 
 class LedgerSpec(_Strict):
@@ -98,7 +197,7 @@ class DaskSpec(_Strict):
 class ReleaseSpec(_Strict):
     """One release: dataset, release kind and parameters, budget, where outputs go."""
     dataset: DatasetSpec
-    release: KMeansRelease
+    release: ReleaseParams
     ledger: LedgerSpec
     output_dir: str = "dprelease-runs"
     release_id: str | None = Field(None, pattern=ID_PATTERN,
@@ -114,14 +213,26 @@ class ReleaseSpec(_Strict):
             raise ValueError("a seed is accepted only with mode: test (production noise is seeded from the OS)")
         return self
 
+    @model_validator(mode="after")
+    def _columns_fit_the_kind(self):
+        kind, ds = self.release.kind, self.dataset
+        if kind == "kmeans" and (not ds.bounds or ds.categories):
+            raise ValueError("kmeans releases need numeric columns with bounds (and no categories)")
+        if kind in ("histogram", "matrix_mechanism") and (not ds.bounds or len(ds.bounds) != 1 or ds.categories):
+            raise ValueError(f"{kind} releases need exactly one numeric column with bounds")
+        if kind == "contingency" and (not ds.categories or ds.bounds):
+            raise ValueError("contingency releases need categorical columns with public levels (categories)")
+        return self
+
     @property
     def ledger_path(self) -> Path:
         return Path(self.ledger.path) if self.ledger.path else Path(self.output_dir) / "privacy-ledger.sqlite"
 
     def fingerprint(self) -> str:
         """Hash of everything that determines the DP measurements; a resumed release must match it."""
-        basis = {"dataset": self.dataset.id, "bounds": self.dataset.bounds,
-                 "release": self.release.model_dump(), "mode": self.mode, "seed": self.seed}
+        basis = {"dataset": self.dataset.id, "bounds": self.dataset.bounds, "categories": self.dataset.categories,
+                 "weight": self.dataset.weight_column, "release": self.release.model_dump(), "mode": self.mode,
+                 "seed": self.seed}
         return hashlib.sha256(json.dumps(basis, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -148,9 +259,17 @@ def parse_spec(data: dict, source: str = "spec") -> ReleaseSpec:
     try:
         return ReleaseSpec.model_validate(data)
     except ValidationError as exc:
-        problems = "; ".join(f"{'.'.join(str(p) for p in e['loc']) or 'spec'}: {_clean(e['msg'])}"
-                             for e in exc.errors())
+        problems = "; ".join(f"{_where(e['loc'])}: {_clean(e['msg'])}" for e in exc.errors())
         raise SpecError(f"invalid release spec ({source}): {problems}") from None
+
+
+_KINDS = ("kmeans", "histogram", "contingency", "matrix_mechanism")
+
+
+def _where(loc: tuple) -> str:
+    # The discriminated union puts the kind into the location (release.kmeans.epsilon): drop it.
+    parts = [str(p) for i, p in enumerate(loc) if not (i == 1 and loc[0] == "release" and p in _KINDS)]
+    return ".".join(parts) or "spec"
 
 
 def _clean(msg: str) -> str:

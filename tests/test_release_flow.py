@@ -13,7 +13,7 @@ import pytest
 from data_contracts import ContractViolation
 from dpalgos import domain, metrics
 from tasks.errors import BudgetExceeded, InputError
-from tasks.kmeans import read_trajectory
+from tasks.kinds.kmeans import read_trajectory
 from tasks.ledger import PrivacyLedger
 from tasks.spec import parse_spec
 from tests.conftest import blobs, spec_dict, write_csv, write_parquet
@@ -42,14 +42,14 @@ def csv_data(tmp_path) -> Path:
 @pytest.fixture
 def count_dp_runs(monkeypatch) -> list:
     """Counts calls of the noise-drawing algorithm inside the DP task."""
-    import tasks.kmeans
+    import tasks.kinds.kmeans
 
-    calls, real = [], tasks.kmeans.dpkmeans.dp_kmeans
+    calls, real = [], tasks.kinds.kmeans.dpkmeans.dp_kmeans
 
     def counting(*args, **kwargs):
         calls.append(1)
         return real(*args, **kwargs)
-    monkeypatch.setattr(tasks.kmeans.dpkmeans, "dp_kmeans", counting)
+    monkeypatch.setattr(tasks.kinds.kmeans.dpkmeans, "dp_kmeans", counting)
     return calls
 
 
@@ -110,7 +110,7 @@ def test_failed_postprocessing_keeps_measurements_and_a_rerun_finishes_without_n
 
     d = {**spec_dict(tmp_path, csv_data), "release_id": "blobs-r3"}
     with monkeypatch.context() as m:
-        m.setattr(flows.release, "postprocess_kmeans", broken)
+        m.setattr(flows.release, "postprocess", broken)
         with pytest.raises(OSError, match="disk full"):
             _run(d)
     run = tmp_path / "runs" / "blobs-r3"

@@ -24,13 +24,17 @@ def _spec(tmp_path, **changes):
     ({"release.epsilon": float("inf")}, "epsilon must be finite"),
     ({"release.k": 0}, "release.k"),
     ({"dataset.bounds": {}}, "bounds are missing"),
-    ({"dataset.bounds": ...}, "dataset.bounds"),
+    ({"dataset.bounds": ...}, "bounds are missing"),
     ({"dataset.bounds": {"x": [5, 5]}}, "need lower < upper"),
     ({"dataset.bounds": {"x": [9, 1]}}, "need lower < upper"),
     ({"ledger.lifetime_epsilon": 0}, "ledger.lifetime_epsilon"),
     ({"seed": 3}, "only with mode: test"),
     ({"release_id": "../escape"}, "release_id"),
     ({"release.kind": "nope"}, "release"),
+    ({"release": {"kind": "contingency", "epsilon": 1}}, "contingency releases need categorical columns"),
+    ({"release": {"kind": "histogram", "epsilon": 1, "bins": 100}}, "must be a power of the branching factor"),
+    ({"release": {"kind": "histogram", "epsilon": 1, "bins": 256, "branching": 4}}, "exactly one numeric column"),
+    ({"dataset.categories": {"c": ["a", "a"]}}, "without repeats"),
     ({"unknown": 1}, "unknown"),
 ])
 def test_bad_specs_are_refused_with_the_field_named(tmp_path, change, message):

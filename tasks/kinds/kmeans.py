@@ -1,0 +1,184 @@
+"""The `kmeans` release kind: DP k-means, Lee & Kifer's Algorithm 1, on data in the unit L1 ball."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from data_contracts import suites
+from data_contracts.validate import parquet_files
+from dpalgos import domain, dpkmeans, metrics
+from tasks.errors import InputError
+from tasks.ingest import StageOutput
+from tasks.kinds.base import Draw, ReleaseKind
+from tasks.partitions import PartitionedPoints, normalise_partition
+from tasks.run import RunPaths
+
+TRAJECTORY = "trajectory.parquet"
+CENTROIDS = "centroids.parquet"
+CENTROIDS_ORIGINAL = "centroids_original_units.parquet"
+#: The internal k-means++ reference runs on at most this many points (a uniform sample beyond).
+REFERENCE_MAX_ROWS = 200_000
+
+
+def _client():
+    from distributed import get_client
+
+    return get_client()
+
+
+def _bounds(spec) -> tuple[np.ndarray, np.ndarray]:
+    cols = spec.dataset.columns
+    return (np.array([spec.dataset.bounds[c][0] for c in cols]), np.array([spec.dataset.bounds[c][1] for c in cols]))
+
+
+def write_trajectory(folder: Path, traj: dpkmeans.Trajectory) -> None:
+    T, K, d = traj.noisy_sums.shape
+    cols = {"iteration": np.repeat(np.arange(1, T + 1, dtype=np.int32), K),
+            "cluster": np.tile(np.arange(K, dtype=np.int32), T),
+            "noisy_count": traj.noisy_counts.reshape(-1)}
+    cols.update({f"noisy_sum_{j}": traj.noisy_sums[:, :, j].reshape(-1) for j in range(d)})
+    cols.update({f"centroid_{j}": traj.centroids[:, :, j].reshape(-1) for j in range(d)})
+    pq.write_table(pa.table(cols), folder / TRAJECTORY)
+
+
+def read_trajectory(folder: str | Path) -> tuple[dpkmeans.Trajectory, dict]:
+    """The DP k-means measurements stored in `folder`, and their metadata."""
+    from tasks.stages import read_meta
+
+    meta = read_meta(folder)
+    T, K, d = meta["iterations"], meta["k"], meta["d"]
+    table = pq.read_table(Path(folder) / TRAJECTORY).to_pandas().sort_values(["iteration", "cluster"])
+    arr = lambda prefix: np.stack([table[f"{prefix}_{j}"].to_numpy() for j in range(d)], axis=-1).reshape(T, K, d)
+    traj = dpkmeans.Trajectory(initial_centroids=np.asarray(meta["initial_centroids"], dtype=np.float64),
+                               noisy_counts=table["noisy_count"].to_numpy().reshape(T, K),
+                               noisy_sums=arr("noisy_sum"), centroids=arr("centroid"),
+                               noise_scale=meta["noise_scale"], epsilon=meta["epsilon"])
+    return traj, meta
+
+
+class KMeansKind(ReleaseKind):
+    name = "kmeans"
+    prepared_stage = "normalised"
+
+    def check_feasible(self, spec, prepared):
+        if spec.release.k > prepared.rows:
+            raise InputError(f"k={spec.release.k} clusters requested but the dataset has only {prepared.rows} rows")
+
+    def prepare(self, spec, ingested, run, log):
+        """Scale every attribute into [-1, 1] with the PUBLIC bounds and project each row onto the unit L1
+        ball, partition by partition. Clipping counts go to internal/normalisation.json."""
+        import json
+        import shutil
+
+        out = run.internal / "normalised"
+        if out.exists():
+            shutil.rmtree(out)
+        out.mkdir(parents=True)
+        lower, upper = _bounds(spec)
+        files = parquet_files(ingested.path)
+        futures = _client().map(normalise_partition, [str(f) for f in files], [str(out / f.name) for f in files],
+                                columns=spec.dataset.columns, lower=lower, upper=upper)
+        clipped = np.sum(_client().gather(futures), axis=0)
+        report = {"rows": ingested.rows, "clipped_values": dict(zip(spec.dataset.columns, map(int, clipped)))}
+        (run.internal / "normalisation.json").write_text(json.dumps(report, indent=2))
+        if clipped.any():
+            log.warning("values outside the public bounds were clipped: %s", report["clipped_values"])
+        log.info("normalised %d rows into the unit L1 ball", ingested.rows)
+        return StageOutput(str(out), ingested.rows, len(files))
+
+    def prepared_contract(self, spec):
+        return suites.normalised(spec.dataset.columns)
+
+    def event(self, spec):
+        return dpkmeans.privacy_event(epsilon=spec.release.epsilon, iterations=spec.release.iterations)
+
+    def draw(self, spec, prepared, rng, log):
+        p = spec.release
+        d = len(spec.dataset.columns)
+        # Initial centroids depend only on (K, d) and fresh randomness: data-independent, so they cost nothing.
+        initial, min_distance = dpkmeans.data_independent_centroids(p.k, d, rng, min_distance=p.min_centroid_distance)
+        points = PartitionedPoints(_client(), parquet_files(prepared.path), spec.dataset.columns)
+        try:
+            traj = dpkmeans.dp_kmeans(lambda C: points.reduce(dpkmeans.cluster_stats, C), initial,
+                                      epsilon=p.epsilon, iterations=p.iterations, rng=rng,
+                                      on_iteration=lambda t, _: log.info("DP k-means iteration %d/%d", t, p.iterations))
+        finally:
+            points.close()
+        meta = {"columns": spec.dataset.columns, "min_centroid_distance": min_distance,
+                "initial_centroids": traj.initial_centroids.tolist(), "noise_scale": traj.noise_scale,
+                "epsilon": traj.epsilon, "iterations": p.iterations, "k": p.k, "d": d}
+        return Draw(write=lambda folder: write_trajectory(folder, traj), meta=meta)
+
+    def measurements_contract(self, spec):
+        p = spec.release
+        return TRAJECTORY, suites.kmeans_measurements(p.k, p.iterations, len(spec.dataset.columns))
+
+    def postprocess(self, spec, measurements, staging):
+        """The final centroids in the normalised space and in original units (inverse public scaling)."""
+        traj, _ = read_trajectory(measurements)
+        cols = spec.dataset.columns
+        C = traj.final_centroids
+        cluster = np.arange(C.shape[0], dtype=np.int32)
+        pq.write_table(pa.table({"cluster": cluster, **{c: C[:, j] for j, c in enumerate(cols)}}), staging / CENTROIDS)
+        # Original units: the inverse of the public min-max scaling (the L1 projection is not inverted).
+        raw = domain.unscale_from_unit_box(C, *_bounds(spec))
+        pq.write_table(pa.table({"cluster": cluster, **{c: raw[:, j] for j, c in enumerate(cols)}}),
+                       staging / CENTROIDS_ORIGINAL)
+        return [CENTROIDS, CENTROIDS_ORIGINAL]
+
+    def release_contract(self, spec):
+        return CENTROIDS, suites.kmeans_release(spec.release.k, spec.dataset.columns)
+
+    def mechanisms(self, spec):
+        p = spec.release
+        common = {"mechanism": "Laplace", "scale": 2 * p.iterations / p.epsilon, "l1_sensitivity": 1.0,
+                  "epsilon_each": p.epsilon / (2 * p.iterations), "repetitions": p.iterations}
+        return [{**common, "query": "per-cluster point counts (K values) at each iteration"},
+                {**common, "query": "per-cluster coordinate sums (K x d values) at each iteration, data in the "
+                                    "unit L1 ball"}]
+
+    def evaluate(self, spec, run, prepared, log):
+        """WCSS of the released centroids and of every DP iteration, against scikit-learn's k-means++ (best
+        of 10) on the same normalised points (a uniform sample of at most REFERENCE_MAX_ROWS)."""
+        traj, _ = read_trajectory(run.release / "measurements")
+        released = pq.read_table(run.release / CENTROIDS).to_pandas()[spec.dataset.columns].to_numpy()
+        points = PartitionedPoints(_client(), parquet_files(prepared.path), spec.dataset.columns)
+        try:
+            per_iteration = [points.reduce(metrics.wcss, C) for C in traj.centroids]
+            released_wcss = points.reduce(metrics.wcss, released)
+            sample = points.sample(REFERENCE_MAX_ROWS, prepared.rows, seed=0)
+        finally:
+            points.close()
+        ref_wcss, _ = metrics.kmeans_reference(sample, spec.release.k, seed=0)
+        ratio = metrics.wcss(sample, released) / ref_wcss if ref_wcss > 0 else float("nan")
+        out = run.internal / "evaluation"
+        out.mkdir(parents=True, exist_ok=True)
+        _plot(per_iteration, ref_wcss * prepared.rows / sample.shape[0], out / "wcss.png")
+        return {"rows": prepared.rows, "wcss": released_wcss, "wcss_per_iteration": per_iteration,
+                "reference": "sklearn KMeans k-means++ best of 10", "reference_rows": int(sample.shape[0]),
+                "wcss_ratio_to_kmeanspp": ratio,
+                "headline": f"WCSS={released_wcss:.5g}, WCSS / k-means++ = {ratio:.3f}"}
+
+
+def _plot(per_iteration: list[float], reference: float, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(5, 3.2))
+    ax.plot(range(1, len(per_iteration) + 1), per_iteration, "o-", label="DP k-means")
+    ax.axhline(reference, color="k", ls="--", label="k-means++ (non-private)")
+    ax.set_xlabel("iteration")
+    ax.set_ylabel("WCSS")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+KIND = KMeansKind()
