@@ -121,7 +121,7 @@ class _SpdSolver:
 
 
 def solve_linear(x_tilde, A, b, *, penalty: Penalty = "elastic", alpha: float = ALPHA, rho: float = RHO,
-                 nonneg: bool = True, scale: float = 1.0, abs_tol: float = 1e-6, rel_tol: float = 0.0,
+                 nonneg: bool = True, scale: float = 1.0, abs_tol: float = 1e-4, rel_tol: float = 0.0,
                  max_iter: int = 20_000, linear_solver: str = "auto") -> AdmmResult:
     """Algorithm 1 (penalty "l1") / Algorithm 2 ("elastic"): min f(x - x~) s.t. A x = b, x >= 0.
 
@@ -240,7 +240,7 @@ def _projection_step(x, xt, mu, nu, eta, z, v, code, alpha, rho, nonneg, sq):
 
 
 def solve_matrix_mechanism(r_tilde, A, *, penalty: Penalty = "elastic", alpha: float = ALPHA, rho: float = RHO,
-                           scale: float = 1.0, abs_tol: float = 1e-6, rel_tol: float = 0.0, max_iter: int = 20_000,
+                           scale: float = 1.0, abs_tol: float = 1e-4, rel_tol: float = 0.0, max_iter: int = 20_000,
                            linear_solver: str = "auto") -> AdmmResult:
     """Algorithm 4: min f(A x - r~) s.t. x >= 0 for noisy strategy answers r~ (m,) of A (m, n).
 

@@ -71,6 +71,23 @@ def format_summary(s: dict) -> str:
     return "\n".join(lines)
 
 
+def cmd_experiment(args) -> int:
+    import pandas as pd
+
+    from flows.experiments import experiment
+
+    eps = [float(e) for e in args.epsilons.split(",")] if args.epsilons else None
+    result = experiment(name=args.name, data_dir=args.data_dir, output_dir=args.output_dir, runs=args.runs,
+                        seed=args.seed, epsilons=eps)
+    print(f"\nExperiment {args.name}: tables and plots in {result['internal_dir']} (internal: not for publication)")
+    for table in result["tables"]:
+        frame = pd.read_parquet(table)
+        keys = [c for c in ("dataset", "known", "workload", "epsilon", "range_length") if c in frame.columns]
+        summary = frame.groupby(keys + ["method"])["mse"].mean().unstack("method")
+        print(f"\n{Path(table).name} (mean MSE over runs)\n{summary.to_string(float_format=lambda v: f'{v:.4g}')}")
+    return 0
+
+
 def cmd_budget_show(args) -> int:
     from tasks.ledger import PrivacyLedger
 
@@ -131,6 +148,20 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--output-dir", help=f"override the spec's output_dir (default {DEFAULT_OUTPUT})")
     run.add_argument("--no-evaluate", action="store_true", help="skip the internal utility evaluation")
     run.set_defaults(func=cmd_run)
+
+    exp = sub.add_parser("experiment", help="reproduce a paper figure on the reference datasets",
+                         description="Run a paper-reproduction experiment (a Prefect flow): sweep epsilon over "
+                                     "the methods, write a Parquet table and PNG plots into "
+                                     "<output_dir>/experiments/<name>-<time>/internal/.")
+    exp.add_argument("name", choices=["contingency", "histogram", "matrix_mechanism"],
+                     help="contingency: Lee-Wang-Kifer Fig 5.1.1; histogram: Figs 5.2.1-5.2.2; "
+                          "matrix_mechanism: Figs 5.3.1-5.3.2")
+    exp.add_argument("--runs", type=int, default=10, help="runs per setting (default 10)")
+    exp.add_argument("--seed", type=int, default=0, help="seed of the experiment's noise (default 0)")
+    exp.add_argument("--epsilons", help="comma-separated epsilons (default 0.1,0.2,...,1.0)")
+    exp.add_argument("--data-dir", default="../shared/data", help="reference datasets (default ../shared/data)")
+    exp.add_argument("--output-dir", default=DEFAULT_OUTPUT, help=f"default {DEFAULT_OUTPUT}")
+    exp.set_defaults(func=cmd_experiment)
 
     budget = sub.add_parser("budget", help="inspect or set a dataset's privacy budget",
                             description="The privacy ledger keeps every release's spend per dataset.")

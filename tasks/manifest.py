@@ -66,8 +66,8 @@ def publish_release(spec: ReleaseSpec, release_id: str, run: RunPaths, staging: 
         "randomness": ({"mode": "test", "seed": spec.seed} if spec.mode == "test"
                        else {"mode": "production", "source": "OS entropy (numpy default_rng())"}),
         "parameters": {"release": spec.release.model_dump(), "columns": spec.dataset.columns,
-                       "bounds": {c: list(b) for c, b in spec.dataset.bounds.items()},
-                       "domain": "scaled to [-1, 1] with the public bounds, projected onto the unit L1 ball"},
+                       "bounds": {c: list(b) for c, b in (spec.dataset.bounds or {}).items()},
+                       "categories": spec.dataset.categories, "weight_column": spec.dataset.weight_column},
         "files": files,
         "software": _versions(),
     }

@@ -6,7 +6,7 @@ from tasks.kinds.base import ReleaseKind
 
 
 def kind_of(spec) -> ReleaseKind:
-    from tasks.kinds import kmeans
+    from tasks.kinds import contingency, histogram, kmeans, matrix_mechanism
 
-    kinds = {"kmeans": kmeans.KIND}
+    kinds = {k.name: k for k in (kmeans.KIND, histogram.KIND, contingency.KIND, matrix_mechanism.KIND)}
     return kinds[spec.release.kind]

@@ -1,0 +1,105 @@
+"""The `experiment` flow: reproduce a paper figure on the reference datasets (../shared/data), writing a
+Parquet table and PNG plots into <output_dir>/experiments/<name>-<UTC time>/internal/.
+
+Experiments evaluate methods against the true data, so everything they write is internal. Their noise is
+seeded (default 0) for reproducibility: they are measurements of methods, not releases.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Literal
+
+import numpy as np
+import pandas as pd
+from prefect import flow, get_run_logger, task
+from prefect.cache_policies import NO_CACHE
+
+from tasks.errors import InputError
+from tasks.experiments import contingency as exp_contingency
+from tasks.experiments import histogram as exp_histogram
+from tasks.experiments import matrix_mechanism as exp_mm
+from tasks.experiments.plots import bars, line_grid
+
+Name = Literal["contingency", "histogram", "matrix_mechanism"]
+HISTOGRAMS = ("NETTRACE", "SEARCHLOGS")
+TABLES = ("edwards_mildew", "czech_autoworkers_reinis")
+
+
+def _data(data_dir: Path, relative: str) -> Path:
+    path = data_dir / relative
+    if not path.exists():
+        raise InputError(f"reference dataset {path} not found (give --data-dir, the folder of ../shared/data)")
+    return path
+
+
+def _histogram(data_dir: Path, name: str) -> np.ndarray:
+    return np.load(_data(data_dir, f"histograms/{name}.n4096.npy"))
+
+
+def _save(frame: pd.DataFrame, out: Path, stem: str) -> Path:
+    out.mkdir(parents=True, exist_ok=True)
+    frame.to_parquet(out / f"{stem}.parquet", index=False)
+    return out / f"{stem}.parquet"
+
+
+@task(name="contingency-tables", cache_policy=NO_CACHE)
+def contingency_figure(data_dir: Path, out: Path, runs: int, seed: int, epsilons) -> list[str]:
+    """Figure 5.1.1: cell MSE vs epsilon, M0 / M1 / M2 public, on the two 2^6 tables."""
+    frames = []
+    for name in TABLES:
+        table, x = exp_contingency.load_table(_data(data_dir, f"contingency/{name}.csv"))
+        frames.append(exp_contingency.table_mse(name, table, x, runs=runs, seed=seed, epsilons=epsilons))
+    frame = pd.concat(frames, ignore_index=True)
+    line_grid(frame, x="epsilon", y="mse", rows="known", cols="dataset", path=out / "fig5_1_1_contingency.png",
+              title="Contingency tables: cell MSE (Fig 5.1.1)")
+    return [str(_save(frame, out, "contingency"))]
+
+
+@task(name="histograms", cache_policy=NO_CACHE)
+def histogram_figures(data_dir: Path, out: Path, runs: int, seed: int, epsilons) -> list[str]:
+    """Figures 5.2.1 (unit-length queries vs epsilon) and 5.2.2 (range queries by length at eps 0.1, 1.0)."""
+    unit = pd.concat([exp_histogram.unit_query_table(n, _histogram(data_dir, n), runs=runs, seed=seed,
+                                                     epsilons=epsilons) for n in HISTOGRAMS], ignore_index=True)
+    ranges = pd.concat([exp_histogram.range_query_table(n, _histogram(data_dir, n), runs=runs, seed=seed)
+                        for n in HISTOGRAMS], ignore_index=True)
+    line_grid(unit, x="epsilon", y="mse", cols="dataset", path=out / "fig5_2_1_unit_queries.png",
+              title="Unit-length queries (Fig 5.2.1)")
+    line_grid(ranges, x="range_length", y="mse", rows="epsilon", cols="dataset", logx=True,
+              path=out / "fig5_2_2_range_queries.png", title="Range queries (Fig 5.2.2)")
+    return [str(_save(unit, out, "histogram_unit_queries")), str(_save(ranges, out, "histogram_range_queries"))]
+
+
+@task(name="matrix-mechanism", cache_policy=NO_CACHE)
+def matrix_mechanism_figures(data_dir: Path, out: Path, runs: int, seed: int, epsilons) -> list[str]:
+    """Figure 5.3.1 (random +-1 workload vs epsilon) and 5.3.2 (three workloads at eps 0.1), domain 1024."""
+    pm, workloads = [], []
+    for name in HISTOGRAMS:
+        x = exp_mm.coarsen(_histogram(data_dir, name))
+        pm.append(exp_mm.workload_mse(name, x, runs=runs, seed=seed, workloads=("plus_minus_one",),
+                                      epsilons=epsilons, methods=("mm_l1", "mm_l2", "lm", "htree", "privelet")))
+        workloads.append(exp_mm.workload_mse(name, x, runs=runs, seed=seed))
+    pm, workloads = pd.concat(pm, ignore_index=True), pd.concat(workloads, ignore_index=True)
+    line_grid(pm, x="epsilon", y="mse", cols="dataset", path=out / "fig5_3_1_plus_minus_one.png",
+              title="Matrix mechanism, random +-1 workload (Fig 5.3.1)")
+    bars(workloads, group="workload", y="mse", cols="dataset", path=out / "fig5_3_2_workloads.png",
+         title="MM(l1) vs MM(l2), eps = 0.1 (Fig 5.3.2)")
+    return [str(_save(pm, out, "mm_plus_minus_one")), str(_save(workloads, out, "mm_workloads"))]
+
+
+FIGURES = {"contingency": contingency_figure, "histogram": histogram_figures,
+           "matrix_mechanism": matrix_mechanism_figures}
+
+
+@flow(name="experiment", flow_run_name="experiment-{name}")
+def experiment(name: Name, data_dir: str = "../shared/data", output_dir: str = "dprelease-runs", runs: int = 10,
+               seed: int = 0, epsilons: list[float] | None = None) -> dict:
+    """Run one paper-reproduction experiment; returns the paths of its tables and plots."""
+    log = get_run_logger()
+    out = Path(output_dir) / "experiments" / f"{name}-{datetime.now(timezone.utc):%Y%m%dT%H%M%SZ}" / "internal"
+    eps = tuple(epsilons) if epsilons else tuple(round(0.1 * i, 1) for i in range(1, 11))
+    log.info("experiment %s: %d runs per setting, epsilons %s -> %s", name, runs, eps, out)
+    tables = FIGURES[name](Path(data_dir), out, runs, seed, eps)
+    return {"experiment": name, "internal_dir": str(out), "tables": tables,
+            "plots": sorted(str(p) for p in out.glob("*.png"))}

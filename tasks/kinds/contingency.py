@@ -1,0 +1,136 @@
+"""The `contingency` release kind: a contingency table consistent with public marginals (Algorithm 2)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from data_contracts import suites
+from dpalgos import accounting, contingency
+from tasks.errors import InputError
+from tasks.kinds import counts
+from tasks.kinds.base import Draw, ReleaseKind
+
+NOISY = "noisy_cells.parquet"
+TABLE = "table.parquet"
+CONSISTENCY = "consistency.json"
+
+
+def table_of(spec) -> contingency.Table:
+    cats = spec.dataset.categories
+    return contingency.Table(tuple(cats), tuple(tuple(v) for v in cats.values()))
+
+
+def read_public_marginals(path: str | Path, table: contingency.Table) -> tuple[list[dict], np.ndarray]:
+    """The public marginals file: one column per attribute (an empty value sums the attribute out) and
+    `count`. Returns the marginal cells as {attribute: level} and their counts."""
+    try:
+        frame = pd.read_csv(path, dtype=str, keep_default_na=False)
+    except (OSError, pd.errors.ParserError, pd.errors.EmptyDataError) as exc:
+        raise InputError(f"cannot read the public marginals {path}: {exc}") from None
+    unknown = [c for c in frame.columns if c != "count" and c not in table.names]
+    if "count" not in frame.columns or unknown:
+        raise InputError(f"public marginals {path} need a `count` column and attribute columns only "
+                         f"(unknown: {unknown})")
+    rows, values = [], []
+    for i, rec in frame.iterrows():
+        fixed = {c: rec[c] for c in frame.columns if c != "count" and rec[c] != ""}
+        for c, lv in fixed.items():
+            if lv not in table.levels[table.names.index(c)]:
+                raise InputError(f"public marginals {path}, row {i + 2}: {c}={lv!r} is not a public level")
+        try:
+            value = float(rec["count"])
+        except ValueError:
+            raise InputError(f"public marginals {path}, row {i + 2}: count {rec['count']!r} is not a number") from None
+        if not np.isfinite(value) or value < 0:
+            raise InputError(f"public marginals {path}, row {i + 2}: count must be a non-negative number")
+        rows.append(fixed)
+        values.append(value)
+    return rows, np.array(values)
+
+
+def write_marginals(path: str | Path, table: contingency.Table, marginals: list[dict], values: np.ndarray) -> None:
+    """Write marginal cells in the public-marginals format (used to publish known marginals, and by tests)."""
+    frame = pd.DataFrame([{c: m.get(c, "") for c in table.names} for m in marginals])
+    frame["count"] = values
+    frame.to_csv(path, index=False)
+
+
+def _level_columns(table: contingency.Table) -> dict[str, np.ndarray]:
+    cells = table.cell_levels()
+    return {name: np.array([c[j] for c in cells]) for j, name in enumerate(table.names)}
+
+
+class ContingencyKind(ReleaseKind):
+    name = "contingency"
+    prepared_stage = "encoded"
+
+    def prepare(self, spec, ingested, run, log):
+        out = counts.encode_cells(spec, run, ingested)
+        log.info("encoded %d rows into the %d cells of the table", out.rows, table_of(spec).size)
+        return out
+
+    def prepared_contract(self, spec):
+        return suites.encoded("cell", table_of(spec).size, "weight" if spec.dataset.weight_column else None)
+
+    def event(self, spec):
+        return accounting.laplace_event(sensitivity=1.0, epsilon=spec.release.epsilon)
+
+    def draw(self, spec, prepared, rng, log):
+        table = table_of(spec)
+        noisy = contingency.noisy_cells(counts.count(spec, prepared, "cell", table.size),
+                                        epsilon=spec.release.epsilon, rng=rng)
+        meta = {"attributes": list(table.names), "levels": [list(lv) for lv in table.levels],
+                "noise_scale": 1.0 / spec.release.epsilon, "epsilon": spec.release.epsilon}
+        return Draw(write=lambda folder: counts.write_vector(folder / NOISY, "cell", {"noisy_count": noisy},
+                                                             **_level_columns(table)), meta=meta)
+
+    def measurements_contract(self, spec):
+        t = table_of(spec)
+        return NOISY, suites.indexed_table("measurements", "cell", t.size, ["noisy_count"], other_columns=t.names)
+
+    def postprocess(self, spec, measurements, staging):
+        p = spec.release
+        table = table_of(spec)
+        noisy = counts.read_column(measurements / NOISY, "noisy_count")
+        marginals, values = (read_public_marginals(p.public_marginals, table) if p.public_marginals
+                             else ([], np.zeros(0)))
+        A = table.constraint_matrix(marginals)
+        try:
+            contingency.check_marginals(A, values)
+        except ValueError as exc:
+            raise InputError(f"{p.public_marginals}: {exc}") from None
+        res = contingency.consistent_table(noisy, A, values, noise_scale=1.0 / p.epsilon, penalty=p.penalty,
+                                           alpha=p.alpha, rho=p.rho)
+        counts.write_vector(staging / TABLE, "cell", {"count": res.x}, **_level_columns(table))
+        info = {"method": "admm (Lee, Wang & Kifer Algorithm 2)", "public_marginal_cells": len(marginals),
+                "penalty": p.penalty, "alpha": p.alpha, "rho": p.rho, "iterations": res.iterations,
+                "converged": res.converged, "max_constraint_violation":
+                    float(np.abs(A @ res.x - values).max()) if len(values) else 0.0}
+        (staging / CONSISTENCY).write_text(json.dumps(info, indent=2))
+        return [TABLE, CONSISTENCY]
+
+    def release_contract(self, spec):
+        t = table_of(spec)
+        return TABLE, suites.indexed_table("release", "cell", t.size, ["count"], nonnegative=["count"],
+                                           other_columns=t.names)
+
+    def mechanisms(self, spec):
+        return [{"mechanism": "Laplace", "query": f"every cell of the {table_of(spec).size}-cell table",
+                 "l1_sensitivity": 1.0, "scale": 1.0 / spec.release.epsilon, "epsilon_each": spec.release.epsilon,
+                 "repetitions": 1}]
+
+    def evaluate(self, spec, run, prepared, log):
+        table = table_of(spec)
+        exact = counts.count(spec, prepared, "cell", table.size)
+        released = counts.read_column(run.release / TABLE, "count")
+        noisy = np.maximum(counts.read_column(run.release / "measurements" / NOISY, "noisy_count"), 0.0)
+        mse, mse_lm = float(np.mean((released - exact) ** 2)), float(np.mean((noisy - exact) ** 2))
+        return {"records": float(exact.sum()), "cell_mse": mse, "cell_mse_noisy_clipped": mse_lm,
+                "headline": f"cell MSE {mse:.4g} (noisy cells, negatives set to 0: {mse_lm:.4g})"}
+
+
+KIND = ContingencyKind()

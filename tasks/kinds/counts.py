@@ -1,0 +1,66 @@
+"""Shared steps of the count-based kinds (histogram, contingency table, matrix mechanism): encode every
+record as a bin / cell index on dask, and count records per index with only the counts reaching the driver."""
+
+from __future__ import annotations
+
+import shutil
+from functools import partial
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from data_contracts.validate import parquet_files
+from tasks.errors import InputError
+from tasks.ingest import StageOutput
+from tasks.partitions import bin_partition, cell_partition, index_counts
+from tasks.run import RunPaths
+
+
+def _client():
+    from distributed import get_client
+
+    return get_client()
+
+
+def encode(run: RunPaths, ingested: StageOutput, fn) -> StageOutput:
+    """Apply fn(src, dst) to every ingested partition, writing internal/encoded/."""
+    out = run.internal / "encoded"
+    if out.exists():
+        shutil.rmtree(out)
+    out.mkdir(parents=True)
+    files = parquet_files(ingested.path)
+    try:
+        _client().gather(_client().map(fn, [str(f) for f in files], [str(out / f.name) for f in files]))
+    except ValueError as exc:
+        raise InputError(str(exc)) from None
+    return StageOutput(str(out), ingested.rows, len(files))
+
+
+def encode_bins(spec, run: RunPaths, ingested: StageOutput, bins: int) -> StageOutput:
+    (column, (lo, hi)), = spec.dataset.bounds.items()
+    return encode(run, ingested, partial(bin_partition, column=column, lower=lo, upper=hi, bins=bins,
+                                         weight=spec.dataset.weight_column))
+
+
+def encode_cells(spec, run: RunPaths, ingested: StageOutput) -> StageOutput:
+    cats = spec.dataset.categories
+    return encode(run, ingested, partial(cell_partition, columns=list(cats), levels=list(cats.values()),
+                                         weight=spec.dataset.weight_column))
+
+
+def count(spec, prepared: StageOutput, index: str, size: int) -> np.ndarray:
+    """Exact record counts per index (raw-derived: noise is added by the caller, or it stays internal)."""
+    files = parquet_files(prepared.path)
+    futures = _client().map(index_counts, [str(f) for f in files], index=index,
+                            weighted=spec.dataset.weight_column is not None, size=size)
+    return np.sum(_client().gather(futures), axis=0)
+
+
+def write_vector(path, index: str, values: dict[str, np.ndarray], **extra) -> None:
+    n = len(next(iter(values.values())))
+    pq.write_table(pa.table({index: np.arange(n, dtype=np.int64), **extra, **values}), path)
+
+
+def read_column(path, column: str) -> np.ndarray:
+    return pq.read_table(path, columns=[column]).column(column).to_numpy()
