@@ -72,11 +72,12 @@ def histogram_figures(data_dir: Path, out: Path, runs: int, seed: int, epsilons)
 
 
 @task(name="matrix-mechanism", cache_policy=NO_CACHE)
-def matrix_mechanism_figures(data_dir: Path, out: Path, runs: int, seed: int, epsilons) -> list[str]:
+def matrix_mechanism_figures(data_dir: Path, out: Path, runs: int, seed: int, epsilons,
+                             domain: int = exp_mm.DOMAIN) -> list[str]:
     """Figure 5.3.1 (random +-1 workload vs epsilon) and 5.3.2 (three workloads at eps 0.1), domain 1024."""
     pm, workloads = [], []
     for name in HISTOGRAMS:
-        x = exp_mm.coarsen(_histogram(data_dir, name))
+        x = exp_mm.coarsen(_histogram(data_dir, name), domain)
         pm.append(exp_mm.workload_mse(name, x, runs=runs, seed=seed, workloads=("plus_minus_one",),
                                       epsilons=epsilons, methods=("mm_l1", "mm_l2", "lm", "htree", "privelet")))
         workloads.append(exp_mm.workload_mse(name, x, runs=runs, seed=seed))
@@ -94,12 +95,14 @@ FIGURES = {"contingency": contingency_figure, "histogram": histogram_figures,
 
 @flow(name="experiment", flow_run_name="experiment-{name}")
 def experiment(name: Name, data_dir: str = "../shared/data", output_dir: str = "dprelease-runs", runs: int = 10,
-               seed: int = 0, epsilons: list[float] | None = None) -> dict:
-    """Run one paper-reproduction experiment; returns the paths of its tables and plots."""
+               seed: int = 0, epsilons: list[float] | None = None, domain: int = exp_mm.DOMAIN) -> dict:
+    """Run one paper-reproduction experiment; returns the paths of its tables and plots.
+    `domain`: histogram size of the matrix-mechanism experiment (the paper's 1024)."""
     log = get_run_logger()
     out = Path(output_dir) / "experiments" / f"{name}-{datetime.now(timezone.utc):%Y%m%dT%H%M%SZ}" / "internal"
     eps = tuple(epsilons) if epsilons else tuple(round(0.1 * i, 1) for i in range(1, 11))
     log.info("experiment %s: %d runs per setting, epsilons %s -> %s", name, runs, eps, out)
-    tables = FIGURES[name](Path(data_dir), out, runs, seed, eps)
+    extra = {"domain": domain} if name == "matrix_mechanism" else {}
+    tables = FIGURES[name](Path(data_dir), out, runs, seed, eps, **extra)
     return {"experiment": name, "internal_dir": str(out), "tables": tables,
             "plots": sorted(str(p) for p in out.glob("*.png"))}

@@ -19,7 +19,8 @@ from tasks.experiments import matrix_mechanism as exp_mm
 def test_experiment_flow_writes_table_and_plots(tmp_path, shared_data, name):
     from flows.experiments import experiment
 
-    out = experiment(name=name, data_dir=str(shared_data), output_dir=str(tmp_path), runs=1, epsilons=[0.5])
+    out = experiment(name=name, data_dir=str(shared_data), output_dir=str(tmp_path), runs=1, epsilons=[0.5],
+                     domain=256)
     assert out["plots"] and all(Path(p).stat().st_size > 0 for p in out["plots"])
     for t in out["tables"]:
         frame = pd.read_parquet(t)
