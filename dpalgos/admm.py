@@ -121,11 +121,12 @@ class _SpdSolver:
 
 
 def solve_linear(x_tilde, A, b, *, penalty: Penalty = "elastic", alpha: float = ALPHA, rho: float = RHO,
-                 nonneg: bool = True, scale: float = 1.0, abs_tol: float = 1e-4, rel_tol: float = 0.0,
+                 nonneg: bool | np.ndarray = True, scale: float = 1.0, abs_tol: float = 1e-4, rel_tol: float = 0.0,
                  max_iter: int = 20_000, linear_solver: str = "auto") -> AdmmResult:
     """Algorithm 1 (penalty "l1") / Algorithm 2 ("elastic"): min f(x - x~) s.t. A x = b, x >= 0.
 
     x_tilde : (n,) noisy measurements. A : (p, n) dense or sparse. b : (p,).
+    nonneg : True (every coordinate >= 0), False, or a boolean mask (n,) of the coordinates kept >= 0.
     scale : residuals in units of `scale` (the Laplace noise scale), see `solve_projection`.
     """
     start = time.perf_counter()
@@ -133,6 +134,7 @@ def solve_linear(x_tilde, A, b, *, penalty: Penalty = "elastic", alpha: float = 
     b = np.asarray(b, dtype=np.float64) / scale
     n = xt.size
     y_step = prox(penalty, alpha, rho)
+    lower = np.where(np.broadcast_to(nonneg, (n,)), 0.0, -np.inf)  # z = Pi_C(x + nu), C = {x >= lower}
     # A'A + 2I: the x-update of eq. (15) has coefficient 1 from each of the y and z splittings.
     solver = _SpdSolver(A, 2.0, linear_solver)
     Atb = A.T @ b
@@ -142,7 +144,7 @@ def solve_linear(x_tilde, A, b, *, penalty: Penalty = "elastic", alpha: float = 
     res = {}
     for k in range(1, max_iter + 1):
         y = y_step(x - xt + mu)
-        z = np.maximum(x + nu, 0.0) if nonneg else x + nu
+        z = np.maximum(x + nu, lower)
         x_new = solver.solve((y + xt - mu) + (z - nu) + Atb - A.T @ eta, x)
         r1, r2, r3 = x_new - xt - y, x_new - z, A @ x_new - b
         mu += r1
@@ -153,7 +155,7 @@ def solve_linear(x_tilde, A, b, *, penalty: Penalty = "elastic", alpha: float = 
         x = x_new
         if max(res["r_fit"], res["r_nonneg"], res["r_constraint"]) <= tau and res["dual"] <= tau:
             break
-    return _result(x * scale, xt * scale, penalty, alpha, nonneg, k, res, tau, start)
+    return _result(x * scale, xt * scale, penalty, alpha, lower, k, res, tau, start)
 
 
 def solve_projection(x_tilde, project: Callable[[np.ndarray], np.ndarray], *, penalty: Penalty = "elastic",
@@ -186,7 +188,8 @@ def solve_projection(x_tilde, project: Callable[[np.ndarray], np.ndarray], *, pe
             res["r_nonneg"] = np.sqrt(sq[2])
         if max(res.values()) <= tau:
             break
-    return _result(x * scale, xt * scale, penalty, alpha, nonneg, k, res, tau, start)
+    return _result(x * scale, xt * scale, penalty, alpha, np.zeros(n) if nonneg else np.full(n, -np.inf), k, res,
+                   tau, start)
 
 
 _PENALTY_CODES = {"l1": 0, "elastic": 1, "l2": 2}
@@ -275,9 +278,8 @@ def solve_matrix_mechanism(r_tilde, A, *, penalty: Penalty = "elastic", alpha: f
                       float(np.abs(resid).sum()), {**res, "tolerance": tau}, time.perf_counter() - start)
 
 
-def _result(x, xt, penalty, alpha, nonneg, k, res, tau, start) -> AdmmResult:
-    if nonneg:
-        x = np.maximum(x, 0.0)  # exact non-negativity; moves x by at most the r_nonneg tolerance
+def _result(x, xt, penalty, alpha, lower, k, res, tau, start) -> AdmmResult:
+    x = np.maximum(x, lower)  # exact non-negativity; moves x by at most the r_nonneg tolerance
     converged = max(res.values()) <= tau
     return AdmmResult(x, k, bool(converged), penalty_value(x - xt, penalty, alpha), float(np.abs(x - xt).sum()),
                       {**res, "tolerance": tau}, time.perf_counter() - start)

@@ -18,11 +18,13 @@ from prefect.cache_policies import NO_CACHE
 
 from tasks.errors import InputError
 from tasks.experiments import contingency as exp_contingency
+from tasks.experiments import kmeans as exp_kmeans
+from tasks.experiments.points import gowalla_like, load_points
 from tasks.experiments import histogram as exp_histogram
 from tasks.experiments import matrix_mechanism as exp_mm
 from tasks.experiments.plots import bars, line_grid
 
-Name = Literal["contingency", "histogram", "matrix_mechanism"]
+Name = Literal["kmeans", "contingency", "histogram", "matrix_mechanism"]
 HISTOGRAMS = ("NETTRACE", "SEARCHLOGS")
 TABLES = ("edwards_mildew", "czech_autoworkers_reinis")
 
@@ -42,6 +44,20 @@ def _save(frame: pd.DataFrame, out: Path, stem: str) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     frame.to_parquet(out / f"{stem}.parquet", index=False)
     return out / f"{stem}.parquet"
+
+
+@task(name="kmeans-postprocessing", cache_policy=NO_CACHE)
+def kmeans_figure(data_dir: Path, out: Path, runs: int, seed: int, epsilons) -> list[str]:
+    """Lee & Kifer Figure 1: WCSS vs epsilon of DPKM, DPKM + consistency, DPKM + consistency + MCMC (T = 5)
+    on S1 (K = 15), Adult numeric (K = 5) and a Gowalla-like point set (K = 5)."""
+    sets = [("S1", load_points(_data(data_dir, "kmeans/s1.txt")), 15),
+            ("ADULT", load_points(_data(data_dir, "kmeans/adult_numeric.csv")), 5),
+            ("GOWALLA-like", gowalla_like(_data(data_dir, "spatial/checkin_256_256.npy")), 5)]
+    frame = pd.concat([exp_kmeans.wcss_table(name, X, k, runs=runs, seed=seed, epsilons=epsilons)
+                       for name, X, k in sets], ignore_index=True)
+    line_grid(frame, x="epsilon", y="ratio", cols="dataset", path=out / "fig1_kmeans_wcss.png",
+              title="WCSS / k-means++ by epsilon (Lee & Kifer Fig 1)")
+    return [str(_save(frame, out, "kmeans_wcss"))]
 
 
 @task(name="contingency-tables", cache_policy=NO_CACHE)
@@ -89,7 +105,7 @@ def matrix_mechanism_figures(data_dir: Path, out: Path, runs: int, seed: int, ep
     return [str(_save(pm, out, "mm_plus_minus_one")), str(_save(workloads, out, "mm_workloads"))]
 
 
-FIGURES = {"contingency": contingency_figure, "histogram": histogram_figures,
+FIGURES = {"kmeans": kmeans_figure, "contingency": contingency_figure, "histogram": histogram_figures,
            "matrix_mechanism": matrix_mechanism_figures}
 
 
@@ -100,7 +116,8 @@ def experiment(name: Name, data_dir: str = "../shared/data", output_dir: str = "
     `domain`: histogram size of the matrix-mechanism experiment (the paper's 1024)."""
     log = get_run_logger()
     out = Path(output_dir) / "experiments" / f"{name}-{datetime.now(timezone.utc):%Y%m%dT%H%M%SZ}" / "internal"
-    eps = tuple(epsilons) if epsilons else tuple(round(0.1 * i, 1) for i in range(1, 11))
+    eps = tuple(epsilons) if epsilons else (exp_kmeans.EPSILONS if name == "kmeans"
+                                            else tuple(round(0.1 * i, 1) for i in range(1, 11)))
     log.info("experiment %s: %d runs per setting, epsilons %s -> %s", name, runs, eps, out)
     extra = {"domain": domain} if name == "matrix_mechanism" else {}
     tables = FIGURES[name](Path(data_dir), out, runs, seed, eps, **extra)

@@ -82,7 +82,7 @@ def _stages(spec: ReleaseSpec, release_id: str, run: RunPaths, timer: _Timer):
         check_contract("measurements", f"{measured.path}/{name}", contract, contracts_dir)
     with timer.stage("postprocess"):
         staging = run.new_staging()
-        postprocess(spec, measured, staging)
+        postprocess(spec, measured, staging, run)
         name, contract = kind.release_contract(spec)
         check_contract("release", staging / name, contract, contracts_dir)
     with timer.stage("publish"):

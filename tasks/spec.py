@@ -117,6 +117,12 @@ class KMeansRelease(_Release):
     min_centroid_distance: float | None = Field(
         None, gt=0, description="public pairwise minimum distance of the initial centroids; default: "
                                 "Su et al.'s shrinking sphere packing")
+    postprocess: list[Literal["consistency", "mcmc"]] = Field(
+        ["consistency", "mcmc"], description="Lee & Kifer postprocessing of the trajectory: consistency (§3.2) "
+                                            "and MCMC refinement (§3.3); [] releases the last noisy iterate")
+    mcmc_steps: int | None = Field(None, ge=1, description="chain length; default max(30000, 30 x dataset size)")
+    mcmc_temperature: float = Field(1.0 / 64, gt=0, description="the chain targets pi^(1/temperature)")
+    mcmc_delta: tuple[float, float] = Field((0.001, 0.01), description="range of the proposal variances")
 
 
 class _Consistency(_Release):

@@ -11,17 +11,17 @@ import pyarrow.parquet as pq
 import pytest
 
 from data_contracts import ContractViolation
-from dpalgos import domain, metrics
+from dpalgos import domain, leekifer, metrics
 from tasks.errors import BudgetExceeded, InputError
-from tasks.kinds.kmeans import read_trajectory
+from tasks.kinds.kmeans import postprocessing_seed, read_trajectory
 from tasks.ledger import PrivacyLedger
 from tasks.spec import parse_spec
 from tests.conftest import blobs, spec_dict, write_csv, write_parquet
 
 pytestmark = pytest.mark.usefixtures("prefect_api")
 
-RELEASE_FILES = {"manifest.json", "centroids.parquet", "centroids_original_units.parquet",
-                 "measurements/trajectory.parquet", "measurements/measurements.json"}
+RELEASE_FILES = {"manifest.json", "centroids.parquet", "centroids_original_units.parquet", "dpkm_centroids.parquet",
+                 "refinement.json", "measurements/trajectory.parquet", "measurements/measurements.json"}
 
 
 def _run(spec_d: dict):
@@ -68,12 +68,18 @@ def test_release_end_to_end(tmp_path, csv_data):
     for name, info in manifest["files"].items():
         assert _sha(release / name) == info["sha256"]
 
-    # the released centroids are the last noisy iterate; original units invert the public scaling
+    # the released centroids are Lee & Kifer's refinement, recomputed here from the published measurements
+    # alone; the last noisy iterate is released beside them; original units invert the public scaling
     traj, _ = read_trajectory(release / "measurements")
-    cents = pq.read_table(release / "centroids.parquet").to_pandas()
-    assert np.allclose(cents[["x", "y"]].to_numpy(), traj.final_centroids)
+    refined = leekifer.refine(traj, seed=postprocessing_seed(release / "measurements")).centroids
+    cents = pq.read_table(release / "centroids.parquet").to_pandas()[["x", "y"]].to_numpy()
+    assert np.allclose(cents, refined)
+    dpkm = pq.read_table(release / "dpkm_centroids.parquet").to_pandas()[["x", "y"]].to_numpy()
+    assert np.allclose(dpkm, traj.final_centroids)
     raw = pq.read_table(release / "centroids_original_units.parquet").to_pandas()
-    assert np.allclose(raw[["x", "y"]].to_numpy(), domain.unscale_from_unit_box(traj.final_centroids, [0, 0], [100, 100]))
+    assert np.allclose(raw[["x", "y"]].to_numpy(), domain.unscale_from_unit_box(refined, [0, 0], [100, 100]))
+    info = json.loads((release / "refinement.json").read_text())
+    assert info["postprocess"] == ["consistency", "mcmc"] and info["mcmc"]["steps"] >= 30_000
 
     # internal/: contracts of every stage passed; the evaluation's dask WCSS equals a direct computation
     internal = run / "internal"
@@ -81,8 +87,9 @@ def test_release_end_to_end(tmp_path, csv_data):
         assert json.loads((internal / "contracts" / f"{stage}.json").read_text())["success"]
     P = domain.to_unit_l1_ball(blobs(3000), [0, 0], [100, 100])[0]
     ev = json.loads((internal / "evaluation" / "evaluation.json").read_text())
-    assert ev["wcss"] == pytest.approx(metrics.wcss(P, traj.final_centroids), rel=1e-9)
+    assert ev["wcss"] == pytest.approx(metrics.wcss(P, refined), rel=1e-9)
     assert (internal / "evaluation" / "wcss.png").stat().st_size > 0
+    assert (internal / "mcmc_chain.png").stat().st_size > 0  # chain diagnostics: internal, not released
 
     ledger = PrivacyLedger(tmp_path / "runs" / "privacy-ledger.sqlite")
     assert [(r["release_id"], r["status"]) for r in ledger.releases("blobs")] == [("blobs-r1", "published")]

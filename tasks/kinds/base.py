@@ -57,8 +57,9 @@ class ReleaseKind(ABC):
         """(file inside measurements/, its contract)."""
 
     @abstractmethod
-    def postprocess(self, spec: ReleaseSpec, measurements: Path, staging: Path) -> list[str]:
-        """Release products computed from the measurements and public parameters ONLY."""
+    def postprocess(self, spec: ReleaseSpec, measurements: Path, staging: Path, internal: Path) -> list[str]:
+        """Release products computed from the measurements and public parameters ONLY, into `staging`;
+        diagnostics of the computation may go to `internal`."""
 
     @abstractmethod
     def release_contract(self, spec: ReleaseSpec) -> tuple[str, Contract]:

@@ -92,7 +92,7 @@ class ContingencyKind(ReleaseKind):
         t = table_of(spec)
         return NOISY, suites.indexed_table("measurements", "cell", t.size, ["noisy_count"], other_columns=t.names)
 
-    def postprocess(self, spec, measurements, staging):
+    def postprocess(self, spec, measurements, staging, internal):
         p = spec.release
         table = table_of(spec)
         noisy = counts.read_column(measurements / NOISY, "noisy_count")

@@ -84,7 +84,7 @@ class HistogramKind(ReleaseKind):
         return NOISY, suites.indexed_table("measurements", "node", tree_of(spec).size, ["noisy_count"],
                                            other_columns=["level", "first_bin", "end_bin"])
 
-    def postprocess(self, spec, measurements, staging):
+    def postprocess(self, spec, measurements, staging, internal):
         from tasks.stages import read_meta
 
         p = spec.release

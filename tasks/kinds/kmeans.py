@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 from pathlib import Path
 
 import numpy as np
@@ -10,7 +12,7 @@ import pyarrow.parquet as pq
 
 from data_contracts import suites
 from data_contracts.validate import parquet_files
-from dpalgos import domain, dpkmeans, metrics
+from dpalgos import domain, dpkmeans, leekifer, metrics
 from tasks.errors import InputError
 from tasks.ingest import StageOutput
 from tasks.kinds.base import Draw, ReleaseKind
@@ -20,8 +22,29 @@ from tasks.run import RunPaths
 TRAJECTORY = "trajectory.parquet"
 CENTROIDS = "centroids.parquet"
 CENTROIDS_ORIGINAL = "centroids_original_units.parquet"
+DPKM_CENTROIDS = "dpkm_centroids.parquet"
+REFINEMENT = "refinement.json"
 #: The internal k-means++ reference runs on at most this many points (a uniform sample beyond).
 REFERENCE_MAX_ROWS = 200_000
+
+
+def postprocessing_seed(measurements: Path) -> int:
+    """The postprocessing's randomness (MCMC, k-means restarts) is seeded from the measurements' bytes: it is
+    not privacy noise, and a rerun on the same measurements must reproduce the release exactly."""
+    return int(hashlib.sha256((measurements / TRAJECTORY).read_bytes()).hexdigest()[:8], 16)
+
+
+def _refinement_info(r: leekifer.Refinement, p) -> dict:
+    info = {}
+    if r.consistent is not None:
+        info["consistency"] = {"solver": "ADMM (Lee, Wang & Kifer Algorithm 1), L1", "iterations": r.consistent.iterations,
+                               "converged": r.consistent.converged}
+    if r.steps:
+        info["mcmc"] = {"steps": r.steps, "simulated_dataset_size": r.dataset_size,
+                        "acceptance_rate": r.acceptance_rate, "best_log_likelihood": r.best_loglik,
+                        "temperature": p.mcmc_temperature, "proposal_variance_range": list(p.mcmc_delta),
+                        "final_step": "k-means (k-means++, 10 restarts) on the best simulated dataset"}
+    return info
 
 
 def _client():
@@ -117,18 +140,39 @@ class KMeansKind(ReleaseKind):
         p = spec.release
         return TRAJECTORY, suites.kmeans_measurements(p.k, p.iterations, len(spec.dataset.columns))
 
-    def postprocess(self, spec, measurements, staging):
-        """The final centroids in the normalised space and in original units (inverse public scaling)."""
+    def postprocess(self, spec, measurements, staging, internal):
+        """The released centroids, in the normalised space and in original units (inverse public scaling):
+        Lee & Kifer's refinement of the trajectory (consistency, MCMC) when configured, else the last noisy
+        iterate, which is also released as dpkm_centroids.parquet. Chain diagnostics go to `internal`."""
         traj, _ = read_trajectory(measurements)
+        p = spec.release
+        refined = None
+        if p.postprocess:
+            refined = leekifer.refine(traj, consistency="consistency" in p.postprocess, mcmc="mcmc" in p.postprocess,
+                                      steps=p.mcmc_steps, temperature=p.mcmc_temperature, delta=tuple(p.mcmc_delta),
+                                      seed=postprocessing_seed(measurements))
+        C = refined.centroids if refined is not None else traj.final_centroids
+        files = [CENTROIDS, CENTROIDS_ORIGINAL, DPKM_CENTROIDS, REFINEMENT]
+        self._write_centroids(spec, C, staging / CENTROIDS, staging / CENTROIDS_ORIGINAL)
+        self._write_centroids(spec, traj.final_centroids, staging / DPKM_CENTROIDS)
+        info = {"postprocess": list(p.postprocess), "method": "Lee & Kifer §3.2-3.3" if p.postprocess else
+                "last noisy iterate of DP k-means"}
+        if refined is not None:
+            info.update(_refinement_info(refined, p))
+            if refined.steps:
+                _plot_chain(refined, internal / "mcmc_chain.png")
+        (staging / REFINEMENT).write_text(json.dumps(info, indent=2))
+        return files
+
+    @staticmethod
+    def _write_centroids(spec, C, path, original_path=None):
         cols = spec.dataset.columns
-        C = traj.final_centroids
         cluster = np.arange(C.shape[0], dtype=np.int32)
-        pq.write_table(pa.table({"cluster": cluster, **{c: C[:, j] for j, c in enumerate(cols)}}), staging / CENTROIDS)
-        # Original units: the inverse of the public min-max scaling (the L1 projection is not inverted).
-        raw = domain.unscale_from_unit_box(C, *_bounds(spec))
-        pq.write_table(pa.table({"cluster": cluster, **{c: raw[:, j] for j, c in enumerate(cols)}}),
-                       staging / CENTROIDS_ORIGINAL)
-        return [CENTROIDS, CENTROIDS_ORIGINAL]
+        pq.write_table(pa.table({"cluster": cluster, **{c: C[:, j] for j, c in enumerate(cols)}}), path)
+        if original_path is not None:
+            # Original units: the inverse of the public min-max scaling (the L1 projection is not inverted).
+            raw = domain.unscale_from_unit_box(C, *_bounds(spec))
+            pq.write_table(pa.table({"cluster": cluster, **{c: raw[:, j] for j, c in enumerate(cols)}}), original_path)
 
     def release_contract(self, spec):
         return CENTROIDS, suites.kmeans_release(spec.release.k, spec.dataset.columns)
@@ -145,7 +189,8 @@ class KMeansKind(ReleaseKind):
         """WCSS of the released centroids and of every DP iteration, against scikit-learn's k-means++ (best
         of 10) on the same normalised points (a uniform sample of at most REFERENCE_MAX_ROWS)."""
         traj, _ = read_trajectory(run.release / "measurements")
-        released = pq.read_table(run.release / CENTROIDS).to_pandas()[spec.dataset.columns].to_numpy()
+        cols = spec.dataset.columns
+        released = pq.read_table(run.release / CENTROIDS).to_pandas()[cols].to_numpy()
         points = PartitionedPoints(_client(), parquet_files(prepared.path), spec.dataset.columns)
         try:
             per_iteration = [points.reduce(metrics.wcss, C) for C in traj.centroids]
@@ -155,16 +200,19 @@ class KMeansKind(ReleaseKind):
             points.close()
         ref_wcss, _ = metrics.kmeans_reference(sample, spec.release.k, seed=0)
         ratio = metrics.wcss(sample, released) / ref_wcss if ref_wcss > 0 else float("nan")
+        dpkm_ratio = metrics.wcss(sample, traj.final_centroids) / ref_wcss if ref_wcss > 0 else float("nan")
         out = run.internal / "evaluation"
         out.mkdir(parents=True, exist_ok=True)
-        _plot(per_iteration, ref_wcss * prepared.rows / sample.shape[0], out / "wcss.png")
+        scale = prepared.rows / sample.shape[0]
+        _plot(per_iteration, ref_wcss * scale, released_wcss, out / "wcss.png")
         return {"rows": prepared.rows, "wcss": released_wcss, "wcss_per_iteration": per_iteration,
                 "reference": "sklearn KMeans k-means++ best of 10", "reference_rows": int(sample.shape[0]),
-                "wcss_ratio_to_kmeanspp": ratio,
-                "headline": f"WCSS={released_wcss:.5g}, WCSS / k-means++ = {ratio:.3f}"}
+                "wcss_ratio_to_kmeanspp": ratio, "dpkm_wcss_ratio_to_kmeanspp": dpkm_ratio,
+                "headline": f"WCSS={released_wcss:.5g}, WCSS / k-means++ = {ratio:.3f} "
+                            f"(last DP iterate: {dpkm_ratio:.3f})"}
 
 
-def _plot(per_iteration: list[float], reference: float, path: Path) -> None:
+def _plot(per_iteration: list[float], reference: float, released: float, path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -172,10 +220,32 @@ def _plot(per_iteration: list[float], reference: float, path: Path) -> None:
 
     fig, ax = plt.subplots(figsize=(5, 3.2))
     ax.plot(range(1, len(per_iteration) + 1), per_iteration, "o-", label="DP k-means")
+    ax.axhline(released, color="C2", ls="-", label="released (refined) centroids")
     ax.axhline(reference, color="k", ls="--", label="k-means++ (non-private)")
     ax.set_xlabel("iteration")
     ax.set_ylabel("WCSS")
     ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def _plot_chain(r: leekifer.Refinement, path: Path) -> None:
+    """Log-likelihood trace and running acceptance rate of the MCMC (computed from measurements only)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    steps = np.linspace(r.steps / len(r.trace), r.steps, len(r.trace))
+    fig, (a, b) = plt.subplots(1, 2, figsize=(9, 3.2))
+    a.plot(steps, r.trace[:, 0])
+    a.set_xlabel("step")
+    a.set_ylabel("log-likelihood of the simulated dataset")
+    b.plot(steps, r.trace[:, 1] / steps)
+    b.set_xlabel("step")
+    b.set_ylabel("acceptance rate")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)

@@ -55,7 +55,7 @@ class MatrixMechanismKind(ReleaseKind):
     def measurements_contract(self, spec):
         return NOISY, suites.indexed_table("measurements", "query", strategy_of(spec).shape[0], ["noisy_answer"])
 
-    def postprocess(self, spec, measurements, staging):
+    def postprocess(self, spec, measurements, staging, internal):
         """The histogram estimate from the noisy strategy answers, then the workload's answers (all_range
         answers are prefix-sum differences of the estimate and are not written out)."""
         from tasks.stages import read_meta
