@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Callable
 
 import numba
 import numpy as np
@@ -353,7 +354,8 @@ class Refinement:
 
 def refine(traj: Trajectory, *, consistency: bool = True, mcmc: bool = True, steps: int | None = None,
            delta: tuple[float, float] = (DELTA_MIN, DELTA_MAX), temperature: float = TEMPERATURE,
-           n_init: int = 10, seed: int = 0, trace_points: int = 200) -> Refinement:
+           n_init: int = 10, seed: int = 0, trace_points: int = 200,
+           progress: Callable[[int, int], None] | None = None) -> Refinement:
     """Lee & Kifer's postprocessing of a DP k-means trajectory (measurements and public parameters only).
 
     consistency : impose §3.2's constraints first (the MCMC then targets the consistent statistics).
@@ -364,6 +366,7 @@ def refine(traj: Trajectory, *, consistency: bool = True, mcmc: bool = True, ste
         maximum-likelihood dataset the paper seeks).
     seed : the chain's and k-means' randomness (postprocessing: not privacy noise; fixed so that a rerun on
         the same measurements reproduces the release).
+    progress : called as progress(steps done, total steps) after each tenth of the chain.
     """
     stats = consistent_statistics(traj) if consistency else ConsistentStatistics(traj.noisy_counts, traj.noisy_sums)
     base = consistent_centroids(stats, traj) if consistency else traj.final_centroids
@@ -376,7 +379,16 @@ def refine(traj: Trajectory, *, consistency: bool = True, mcmc: bool = True, ste
     except ValueError:
         return out  # nothing to simulate (all counts ~ 0): keep the centroids above
     n_steps = default_steps(chain.size) if steps is None else steps
-    trace = chain.run(n_steps, trace_every=max(n_steps // trace_points, 1))
+    every = max(n_steps // trace_points, 1)
+    chunk = max(every * max(n_steps // (10 * every), 1), 1)
+    traces, done = [], 0
+    while done < n_steps:
+        todo = min(chunk, n_steps - done)
+        traces.append(chain.run(todo, trace_every=every))
+        done += todo
+        if progress is not None:
+            progress(done, n_steps)
+    trace = np.concatenate(traces) if traces else np.empty((0, 2))
     K = traj.noisy_counts.shape[1]
     out.steps, out.dataset_size, out.trace = n_steps, chain.size, trace
     out.acceptance_rate, out.best_loglik = chain.accepted / max(n_steps, 1), chain.best_loglik

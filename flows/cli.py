@@ -68,6 +68,8 @@ def format_summary(s: dict) -> str:
         lines.append(f"  utility    {ev['headline']} (internal evaluation)")
     if s.get("timings"):
         lines.append("  stages     " + ", ".join(f"{k} {v:.1f}s" for k, v in s["timings"].items()))
+    if s.get("report"):
+        lines.append(f"  report     {s['report']}")
     return "\n".join(lines)
 
 

@@ -1,4 +1,4 @@
-"""The `release` flow: ingest -> normalise -> DP measurement -> postprocessing -> publish -> evaluation,
+"""The `release` flow: ingest -> prepare -> DP measurement -> postprocessing -> publish -> evaluation -> report,
 with a data contract between every two stages (DESIGN.md, "The data path of one release")."""
 
 from __future__ import annotations
@@ -13,27 +13,41 @@ from prefect.runtime import flow_run
 
 from data_contracts import suites
 from tasks.contracts import check_contract
+from tasks.errors import ReleaseError
 from tasks.ingest import ingest
 from tasks.kinds import kind_of
 from tasks.manifest import publish_release
 from tasks.partitions import dask_client
+from tasks.report import write_report
 from tasks.run import RunPaths, discard_failed, open_run
-from tasks.spec import ReleaseSpec
+from tasks.spec import ReleaseSpec, load_spec
 from tasks.stages import evaluate, measure, postprocess, prepare
 
 
 def default_release_id(spec: ReleaseSpec) -> str:
-    """<dataset>-<UTC date>-<flow run id prefix>: stable when Prefect retries the same flow run."""
+    """<dataset>-<UTC date>-<flow run id prefix>: stable when Prefect retries or reschedules the same flow run."""
     run_id = str(flow_run.get_id() or "local")[:8]
     return f"{spec.dataset.id}-{datetime.now(timezone.utc):%Y%m%d}-{run_id}"
 
 
+def _run_name() -> str:
+    params = flow_run.get_parameters()
+    spec = params.get("spec")
+    if spec is not None:
+        return f"{spec.dataset.id}-{spec.release.kind}" if isinstance(spec, ReleaseSpec) else "release"
+    return f"release-{str(params.get('spec_file', '')).rsplit('/', 1)[-1].removesuffix('.yaml')}"
+
+
 class _Timer:
-    def __init__(self):
+    """Stage timings; logs a marker when each stage starts (operators, and the fault tests, follow them)."""
+
+    def __init__(self, log):
+        self.log = log
         self.seconds: dict[str, float] = {}
 
     @contextmanager
     def stage(self, name: str):
+        self.log.info("stage '%s' started", name)
         start = time.perf_counter()
         try:
             yield
@@ -41,17 +55,29 @@ class _Timer:
             self.seconds[name] = round(time.perf_counter() - start, 3)
 
 
-@flow(name="release", flow_run_name="{spec.dataset.id}-{spec.release.kind}")
-def release(spec: ReleaseSpec) -> dict:
-    """Make one DP release described by `spec`; returns a summary (paths, privacy spend, evaluation)."""
+@flow(name="release", flow_run_name=_run_name)
+def release(spec: ReleaseSpec | None = None, spec_file: str | None = None, release_id: str | None = None,
+            output_dir: str | None = None) -> dict:
+    """Make one DP release; returns a summary (paths, privacy spend, evaluation).
+
+    Give the spec itself (`spec`) or the path of a spec file (`spec_file`, what deployments pass);
+    `release_id` and `output_dir` override the spec's. Rerunning a release id resumes it: stored measurements
+    are reused and the ledger is not charged again; a published release is left as it is.
+    """
     log = get_run_logger()
+    if (spec is None) == (spec_file is None):
+        raise ReleaseError("give exactly one of `spec` and `spec_file`")
+    if spec is None:
+        spec = load_spec(spec_file)
+    spec = spec.model_copy(update={k: v for k, v in {"release_id": release_id, "output_dir": output_dir}.items()
+                                   if v is not None})
     release_id = spec.release_id or default_release_id(spec)
     run = open_run(spec.output_dir, release_id)
     if run.published():
         log.info("release %s is already published at %s; nothing to do", release_id, run.release)
         return _summary(spec, release_id, run, json.loads(run.manifest.read_text()), None, {}, "already published")
     log.info("release %s (%s on dataset '%s') -> %s", release_id, spec.release.kind, spec.dataset.id, run.root)
-    timer = _Timer()
+    timer = _Timer(log)
     try:
         with dask_client(spec.dask) as client:
             log.info("dask scheduler: %s", client.scheduler.address)
@@ -62,6 +88,7 @@ def release(spec: ReleaseSpec) -> dict:
     (run.internal / "timings.json").write_text(json.dumps(timer.seconds, indent=2))
     summary = _summary(spec, release_id, run, manifest, evaluation, timer.seconds, "published")
     (run.internal / "summary.json").write_text(json.dumps(summary, indent=2))
+    summary["report"] = str(write_report(spec, release_id, run, manifest, evaluation, timer.seconds))
     return summary
 
 

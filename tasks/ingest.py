@@ -14,6 +14,7 @@ from prefect.cache_policies import NO_CACHE
 
 from data_contracts.validate import parquet_files
 from tasks.errors import InputError
+from tasks.example_data import is_builtin, materialise
 from tasks.spec import DatasetSpec
 
 _NUMBER = re.compile(r"^[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?$|^[+-]?(nan|inf|infinity)$", re.IGNORECASE)
@@ -75,17 +76,17 @@ def _read_csv(dataset: DatasetSpec, path: Path):
                        blocksize=None if gz else _CSV_BLOCKSIZE, compression="gzip" if gz else None)
 
 
-def read_source(dataset: DatasetSpec):
-    """The dataset as a dask DataFrame restricted to the spec's columns (not yet computed): numeric columns
-    as float64, categorical ones as strings (nulls kept), the weight column as float64."""
+def read_source(dataset: DatasetSpec, path: Path):
+    """The dataset at `path` as a dask DataFrame restricted to the spec's columns (not yet computed): numeric
+    columns as float64, categorical ones as strings (nulls kept), the weight column as float64."""
     import dask.dataframe as dd
     import pandas as pd
 
-    path = Path(dataset.path)
     if not path.exists():
         raise InputError(f"dataset '{dataset.id}': {path} does not exist")
     try:
-        ddf = dd.read_parquet(str(path)) if dataset.source_format == "parquet" else _read_csv(dataset, path)
+        parquet = dataset.source_format == "parquet" or is_builtin(dataset.path)
+        ddf = dd.read_parquet(str(path)) if parquet else _read_csv(dataset, path)
     except InputError:
         raise
     except Exception as exc:
@@ -125,7 +126,15 @@ def _typed(frame, numeric: list[str], categorical: list[str]):
 def ingest(dataset: DatasetSpec, out_dir: Path) -> StageOutput:
     """Read the source with dask and write it as partitioned Parquet (float64 columns) to `out_dir`."""
     log = get_run_logger()
-    ddf = read_source(dataset)
+    if is_builtin(dataset.path):
+        try:
+            source = materialise(dataset.path, out_dir.parent / "builtin-source")
+        except ValueError as exc:
+            raise InputError(f"dataset '{dataset.id}': {exc}") from None
+        log.info("generated the built-in dataset %s (public synthetic data)", dataset.path)
+    else:
+        source = Path(dataset.path)
+    ddf = read_source(dataset, source)
     if out_dir.exists():
         shutil.rmtree(out_dir)
     try:

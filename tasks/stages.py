@@ -97,7 +97,7 @@ def measure(spec: ReleaseSpec, release_id: str, run: RunPaths, prepared: StageOu
 @task(name="postprocess", cache_policy=NO_CACHE)
 def postprocess(spec: ReleaseSpec, measured: Measured, staging: Path, run: RunPaths) -> list[str]:
     """Release products from the measurements only; a copy of the measurements goes with them."""
-    files = kind_of(spec).postprocess(spec, Path(measured.path), staging, run.internal)
+    files = kind_of(spec).postprocess(spec, Path(measured.path), staging, run.internal, get_run_logger())
     (staging / "measurements").mkdir()
     for f in sorted(Path(measured.path).iterdir()):
         (staging / "measurements" / f.name).write_bytes(f.read_bytes())

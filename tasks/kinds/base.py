@@ -57,7 +57,7 @@ class ReleaseKind(ABC):
         """(file inside measurements/, its contract)."""
 
     @abstractmethod
-    def postprocess(self, spec: ReleaseSpec, measurements: Path, staging: Path, internal: Path) -> list[str]:
+    def postprocess(self, spec: ReleaseSpec, measurements: Path, staging: Path, internal: Path, log) -> list[str]:
         """Release products computed from the measurements and public parameters ONLY, into `staging`;
         diagnostics of the computation may go to `internal`."""
 

@@ -69,7 +69,7 @@ class ContingencyKind(ReleaseKind):
     prepared_stage = "encoded"
 
     def prepare(self, spec, ingested, run, log):
-        out = counts.encode_cells(spec, run, ingested)
+        out = counts.encode_cells(spec, run, ingested, log)
         log.info("encoded %d rows into the %d cells of the table", out.rows, table_of(spec).size)
         return out
 
@@ -92,7 +92,7 @@ class ContingencyKind(ReleaseKind):
         t = table_of(spec)
         return NOISY, suites.indexed_table("measurements", "cell", t.size, ["noisy_count"], other_columns=t.names)
 
-    def postprocess(self, spec, measurements, staging, internal):
+    def postprocess(self, spec, measurements, staging, internal, log):
         p = spec.release
         table = table_of(spec)
         noisy = counts.read_column(measurements / NOISY, "noisy_count")

@@ -14,6 +14,7 @@ from data_contracts.validate import parquet_files
 from tasks.errors import InputError
 from tasks.ingest import StageOutput
 from tasks.partitions import bin_partition, cell_partition, index_counts
+from tasks.progress import Progress, gather
 from tasks.run import RunPaths
 
 
@@ -23,7 +24,7 @@ def _client():
     return get_client()
 
 
-def encode(run: RunPaths, ingested: StageOutput, fn) -> StageOutput:
+def encode(run: RunPaths, ingested: StageOutput, fn, log=None) -> StageOutput:
     """Apply fn(src, dst) to every ingested partition, writing internal/encoded/."""
     out = run.internal / "encoded"
     if out.exists():
@@ -31,22 +32,23 @@ def encode(run: RunPaths, ingested: StageOutput, fn) -> StageOutput:
     out.mkdir(parents=True)
     files = parquet_files(ingested.path)
     try:
-        _client().gather(_client().map(fn, [str(f) for f in files], [str(out / f.name) for f in files]))
+        futures = _client().map(fn, [str(f) for f in files], [str(out / f.name) for f in files])
+        gather(_client(), futures, Progress(log, "partitions encoded", len(files)) if log else None)
     except ValueError as exc:
         raise InputError(str(exc)) from None
     return StageOutput(str(out), ingested.rows, len(files))
 
 
-def encode_bins(spec, run: RunPaths, ingested: StageOutput, bins: int) -> StageOutput:
+def encode_bins(spec, run: RunPaths, ingested: StageOutput, bins: int, log=None) -> StageOutput:
     (column, (lo, hi)), = spec.dataset.bounds.items()
     return encode(run, ingested, partial(bin_partition, column=column, lower=lo, upper=hi, bins=bins,
-                                         weight=spec.dataset.weight_column))
+                                         weight=spec.dataset.weight_column), log)
 
 
-def encode_cells(spec, run: RunPaths, ingested: StageOutput) -> StageOutput:
+def encode_cells(spec, run: RunPaths, ingested: StageOutput, log=None) -> StageOutput:
     cats = spec.dataset.categories
     return encode(run, ingested, partial(cell_partition, columns=list(cats), levels=list(cats.values()),
-                                         weight=spec.dataset.weight_column))
+                                         weight=spec.dataset.weight_column), log)
 
 
 def count(spec, prepared: StageOutput, index: str, size: int) -> np.ndarray:

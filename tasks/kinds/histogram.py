@@ -59,7 +59,7 @@ class HistogramKind(ReleaseKind):
     prepared_stage = "encoded"
 
     def prepare(self, spec, ingested, run, log):
-        out = counts.encode_bins(spec, run, ingested, spec.release.bins)
+        out = counts.encode_bins(spec, run, ingested, spec.release.bins, log)
         log.info("binned %d records into %d public bins", out.rows, spec.release.bins)
         return out
 
@@ -84,7 +84,7 @@ class HistogramKind(ReleaseKind):
         return NOISY, suites.indexed_table("measurements", "node", tree_of(spec).size, ["noisy_count"],
                                            other_columns=["level", "first_bin", "end_bin"])
 
-    def postprocess(self, spec, measurements, staging, internal):
+    def postprocess(self, spec, measurements, staging, internal, log):
         from tasks.stages import read_meta
 
         p = spec.release

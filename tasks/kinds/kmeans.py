@@ -17,6 +17,7 @@ from tasks.errors import InputError
 from tasks.ingest import StageOutput
 from tasks.kinds.base import Draw, ReleaseKind
 from tasks.partitions import PartitionedPoints, normalise_partition
+from tasks.progress import Progress, gather
 from tasks.run import RunPaths
 
 TRAJECTORY = "trajectory.parquet"
@@ -105,7 +106,7 @@ class KMeansKind(ReleaseKind):
         files = parquet_files(ingested.path)
         futures = _client().map(normalise_partition, [str(f) for f in files], [str(out / f.name) for f in files],
                                 columns=spec.dataset.columns, lower=lower, upper=upper)
-        clipped = np.sum(_client().gather(futures), axis=0)
+        clipped = np.sum(gather(_client(), futures, Progress(log, "partitions normalised", len(files))), axis=0)
         report = {"rows": ingested.rows, "clipped_values": dict(zip(spec.dataset.columns, map(int, clipped)))}
         (run.internal / "normalisation.json").write_text(json.dumps(report, indent=2))
         if clipped.any():
@@ -140,7 +141,7 @@ class KMeansKind(ReleaseKind):
         p = spec.release
         return TRAJECTORY, suites.kmeans_measurements(p.k, p.iterations, len(spec.dataset.columns))
 
-    def postprocess(self, spec, measurements, staging, internal):
+    def postprocess(self, spec, measurements, staging, internal, log):
         """The released centroids, in the normalised space and in original units (inverse public scaling):
         Lee & Kifer's refinement of the trajectory (consistency, MCMC) when configured, else the last noisy
         iterate, which is also released as dpkm_centroids.parquet. Chain diagnostics go to `internal`."""
@@ -148,9 +149,15 @@ class KMeansKind(ReleaseKind):
         p = spec.release
         refined = None
         if p.postprocess:
+            bar = Progress(log, "MCMC steps", 1)
+
+            def progress(done, total):
+                bar.total = total
+                bar.update(done)
+            log.info("refining the trajectory: %s", " + ".join(p.postprocess))
             refined = leekifer.refine(traj, consistency="consistency" in p.postprocess, mcmc="mcmc" in p.postprocess,
                                       steps=p.mcmc_steps, temperature=p.mcmc_temperature, delta=tuple(p.mcmc_delta),
-                                      seed=postprocessing_seed(measurements))
+                                      seed=postprocessing_seed(measurements), progress=progress)
         C = refined.centroids if refined is not None else traj.final_centroids
         files = [CENTROIDS, CENTROIDS_ORIGINAL, DPKM_CENTROIDS, REFINEMENT]
         self._write_centroids(spec, C, staging / CENTROIDS, staging / CENTROIDS_ORIGINAL)

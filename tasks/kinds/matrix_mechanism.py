@@ -33,7 +33,7 @@ class MatrixMechanismKind(ReleaseKind):
     prepared_stage = "encoded"
 
     def prepare(self, spec, ingested, run, log):
-        return counts.encode_bins(spec, run, ingested, spec.release.bins)
+        return counts.encode_bins(spec, run, ingested, spec.release.bins, log)
 
     def prepared_contract(self, spec):
         return suites.encoded("bin", spec.release.bins, "weight" if spec.dataset.weight_column else None)
@@ -55,7 +55,7 @@ class MatrixMechanismKind(ReleaseKind):
     def measurements_contract(self, spec):
         return NOISY, suites.indexed_table("measurements", "query", strategy_of(spec).shape[0], ["noisy_answer"])
 
-    def postprocess(self, spec, measurements, staging, internal):
+    def postprocess(self, spec, measurements, staging, internal, log):
         """The histogram estimate from the noisy strategy answers, then the workload's answers (all_range
         answers are prefix-sum differences of the estimate and are not written out)."""
         from tasks.stages import read_meta

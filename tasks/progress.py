@@ -1,0 +1,31 @@
+"""Text progress bars for long stages, written through the run's logger (so they show on the CLI and in
+the Prefect UI alike)."""
+
+from __future__ import annotations
+
+
+class Progress:
+    """Logs `[#####-----]  50% label` each time another `step` fraction of `total` is done."""
+
+    def __init__(self, log, label: str, total: int, step: float = 0.1, width: int = 20):
+        self.log, self.label, self.total, self.step, self.width = log, label, max(int(total), 1), step, width
+        self._next = step
+
+    def update(self, done: int) -> None:
+        frac = min(done / self.total, 1.0)
+        # Integer chunking lands just below the ticks (0.0999 for 0.1): allow a small slack.
+        if frac >= self._next - 0.01:
+            filled = int(round(frac * self.width))
+            self.log.info("[%s%s] %3d%% %s", "#" * filled, "-" * (self.width - filled), round(100 * frac), self.label)
+            while self._next <= frac + 0.01:
+                self._next += self.step
+
+
+def gather(client, futures, progress: Progress | None = None) -> list:
+    """Results of dask futures in submission order, reporting progress as they complete."""
+    from distributed import as_completed
+
+    if progress is not None:
+        for i, _ in enumerate(as_completed(futures), start=1):
+            progress.update(i)
+    return client.gather(futures)

@@ -1,0 +1,159 @@
+"""Operating the pipeline: `prefect deployment run` on a real server + worker, kill -9 in the middle of a
+stage then a rerun (identical release, charged once), concurrent releases against one budget, an existing dask
+scheduler. Run just these with `pytest -m operations`."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from tasks.ledger import PrivacyLedger
+from tests.conftest import blobs, write_csv
+from tests.operations.conftest import REPO, dask_cluster, dprelease_proc, run_cli, start, stop
+
+pytestmark = pytest.mark.operations
+
+PREFECT = [sys.executable, "-m", "prefect"]
+T = 40
+
+
+def _spec(tmp: Path, data: Path, **extra) -> Path:
+    spec = {"dataset": {"id": "ops-blobs", "path": str(data), "bounds": {"x": [0, 100], "y": [0, 100]}},
+            "release": {"kind": "kmeans", "k": 3, "iterations": T, "epsilon": 1.0, "mcmc_steps": 1_500_000},
+            "ledger": {"lifetime_epsilon": 100.0, "lifetime_delta": 1e-6}, "output_dir": str(tmp / "runs"),
+            "mode": "test", "seed": 5, **extra}
+    path = tmp / f"spec-{len(list(tmp.glob('spec-*.yaml')))}.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    return path
+
+
+@pytest.fixture(scope="module")
+def ops_data(tmp_path_factory) -> Path:
+    tmp = tmp_path_factory.mktemp("ops-data")
+    return write_csv(tmp / "blobs.csv", blobs(100_000, seed=9))
+
+
+@pytest.fixture(scope="module")
+def baseline(prefect_server, ops_data, tmp_path_factory) -> Path:
+    """An uninterrupted release with the same spec and seed as the killed ones."""
+    tmp = tmp_path_factory.mktemp("ops-baseline")
+    rc = run_cli(["run", str(_spec(tmp, ops_data)), "--release-id", "base"], prefect_server, tmp / "base.log")
+    assert rc == 0, (tmp / "base.log").read_text()[-3000:]
+    return tmp / "runs" / "base" / "release"
+
+
+def test_prefect_deployment_run_publishes_a_release(prefect_server, tmp_path):
+    env = prefect_server
+    for args in (["work-pool", "create", "local-pool", "--type", "process"],
+                 ["--no-prompt", "deploy", "--all", "--prefect-file", "deployments/prefect.yaml"]):
+        done = subprocess.run(PREFECT + args, env=env, cwd=REPO, capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    worker = start(PREFECT + ["worker", "start", "--pool", "local-pool"], env, tmp_path / "worker.log")
+    try:
+        out = tmp_path / "deployed"
+        t0 = time.perf_counter()
+        done = subprocess.run(PREFECT + ["deployment", "run", "release/example-kmeans", "--param", f"output_dir={out}",
+                                         "--param", "release_id=ops-deployed", "--watch", "--watch-interval", "1"],
+                              env=env, cwd=REPO, capture_output=True, text=True, timeout=300)
+        seconds = time.perf_counter() - t0
+        assert done.returncode == 0 and "Completed" in done.stdout, done.stdout[-3000:] + \
+            (tmp_path / "worker.log").read_text()[-3000:]
+    finally:
+        stop(worker)
+    manifest = json.loads((out / "ops-deployed" / "release" / "manifest.json").read_text())
+    assert manifest["privacy"]["epsilon"] == pytest.approx(1.0) and manifest["dataset_id"] == "example-sensors"
+    assert (out / "ops-deployed" / "internal" / "report.md").exists()
+    rows = PrivacyLedger(out / "privacy-ledger.sqlite").releases("example-sensors")
+    assert [(r["release_id"], r["status"]) for r in rows] == [("ops-deployed", "published")]
+    print(f"\nprefect deployment run -> Completed in {seconds:.1f}s")
+
+
+def _kill_at(args: list[str], env: dict, log: Path, marker: str, timeout: float = 240) -> None:
+    """Start the flow process and kill -9 its whole process group as soon as `marker` is logged."""
+    proc = dprelease_proc(args, env, log)
+    deadline = time.time() + timeout
+    try:
+        while marker not in log.read_text(errors="replace"):
+            if proc.poll() is not None:
+                pytest.fail(f"the flow ended before '{marker}':\n{log.read_text()[-3000:]}")
+            if time.time() > deadline:
+                pytest.fail(f"'{marker}' never logged")
+            time.sleep(0.02)
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+    finally:
+        stop(proc)
+
+
+KILLS = {  # stage -> (log marker to kill at, ledger status right after the kill, measurements committed?)
+    "ingest": ("stage 'ingest' started", None, False),
+    "dp measurement": (f"DP k-means iteration 2/{T}", "charged", False),
+    "postprocess": ("20% MCMC steps", "measured", True),
+}
+
+
+@pytest.mark.parametrize("stage", list(KILLS))
+def test_kill_9_mid_stage_then_rerun_gives_the_same_release_charged_once(prefect_server, ops_data, baseline, tmp_path,
+                                                                          stage):
+    marker, status_after_kill, committed = KILLS[stage]
+    rid = "killed-" + stage.replace(" ", "-")
+    args = ["run", str(_spec(tmp_path, ops_data)), "--release-id", rid]
+    _kill_at(args, prefect_server, tmp_path / "killed.log", marker)
+    run_dir = tmp_path / "runs" / rid
+    ledger_path = tmp_path / "runs" / "privacy-ledger.sqlite"
+    assert not (run_dir / "release").exists()
+    assert (run_dir / "measurements").exists() == committed
+    statuses = [r["status"] for r in PrivacyLedger(ledger_path).releases("ops-blobs")] if ledger_path.exists() else []
+    assert statuses == ([status_after_kill] if status_after_kill else [])
+
+    rc = run_cli(args, prefect_server, tmp_path / "rerun.log")
+    assert rc == 0, (tmp_path / "rerun.log").read_text()[-3000:]
+    rows = PrivacyLedger(ledger_path).releases("ops-blobs")
+    assert [(r["release_id"], r["status"]) for r in rows] == [(rid, "published")]  # charged exactly once
+    release = run_dir / "release"
+    for name in ("centroids.parquet", "centroids_original_units.parquet", "dpkm_centroids.parquet",
+                 "refinement.json", "measurements/trajectory.parquet"):
+        assert (release / name).read_bytes() == (baseline / name).read_bytes(), name
+    meta = json.loads((release / "measurements" / "measurements.json").read_text())
+    base_meta = json.loads((baseline / "measurements" / "measurements.json").read_text())
+    assert {k: v for k, v in meta.items() if k != "release_id"} == \
+        {k: v for k, v in base_meta.items() if k != "release_id"}
+
+
+def test_concurrent_releases_of_one_dataset_cannot_both_pass_the_budget(prefect_server, ops_data, tmp_path):
+    spec = _spec(tmp_path, ops_data, ledger={"lifetime_epsilon": 1.5, "lifetime_delta": 0.0},
+                 release={"kind": "kmeans", "k": 3, "iterations": 5, "epsilon": 1.0, "postprocess": []})
+    procs = [dprelease_proc(["run", str(spec), "--release-id", f"c{i}", "--no-evaluate"], prefect_server,
+                            tmp_path / f"c{i}.log") for i in range(2)]
+    try:
+        codes = sorted(p.wait(300) for p in procs)
+    finally:
+        for p in procs:
+            stop(p)
+    assert codes == [0, 1]
+    logs = "".join((tmp_path / f"c{i}.log").read_text() for i in range(2))
+    assert "would exceed the lifetime budget" in logs
+    rows = PrivacyLedger(tmp_path / "runs" / "privacy-ledger.sqlite").releases("ops-blobs")
+    assert len(rows) == 1 and rows[0]["status"] == "published"
+
+
+def test_release_on_an_existing_dask_scheduler(prefect_server, ops_data, tmp_path):
+    with dask_cluster(tmp_path) as address:
+        spec = _spec(tmp_path, ops_data, dask={"address": address})
+        rc = run_cli(["run", str(spec), "--release-id", "on-dask"], prefect_server, tmp_path / "dask.log")
+    log = (tmp_path / "dask.log").read_text()
+    assert rc == 0, log[-3000:]
+    assert f"dask scheduler: {address}" in log
+    centroids = tmp_path / "runs" / "on-dask" / "release" / "centroids.parquet"
+    import pyarrow.parquet as pq
+
+    assert np.isfinite(pq.read_table(centroids).to_pandas()[["x", "y"]].to_numpy()).all()
