@@ -1,0 +1,188 @@
+"""DP kernel k-means with random Fourier features (Acs, Melis, Castelluccia, De Cristofaro, "Differentially
+Private Mixture of Generative Neural Networks", §4.1, Algorithm 2), the DPNorm clipping-bound selection
+(Algorithm 3) and the plain DP k-means baseline on raw records (Blum et al. 2005).
+
+Records are binary vectors over m items, dense (n, m) or scipy CSR (set-valued records). The RBF kernel
+kappa(x, y) = exp(-gamma ||x - y||^2) is approximated by z(x) = sqrt(2/d) cos(W'x + b) with the d columns of W
+drawn from its spectral density N(0, 2 gamma I) and b uniform in [0, 2 pi) (Rahimi & Recht); W and b are
+public (they do not depend on the data). The norm ||z(x)|| is at most sqrt(2) and 1 in expectation squared
+(the paper's Theorem 2), whatever x and d: features clipped to C_s = 1 give noise independent of m and d.
+
+Noise and sensitivities follow the paper (its neighbours differ in one record, which may move between two
+clusters): cluster sizes get N(0, (sqrt(2) sigma_K)^2) (L2 sensitivity sqrt 2), clipped feature sums
+N(0, (sqrt(2) C_s sigma_K)^2) (sensitivity sqrt(2) C_s), DPNorm's norm histogram N(0, (sqrt(2) sigma_C)^2)
+(sensitivity sqrt 2). Each is a Gaussian mechanism with noise multiplier sigma; under add/remove-one
+neighbours the sensitivities are 1, C_s and 1, so the accounting below is conservative.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+import scipy.sparse as sp
+from dp_accounting import dp_event as dpe
+
+from dpalgos.accounting import gaussian_event
+from dpalgos.mechanisms import gaussian_mechanism
+
+SQRT2 = np.sqrt(2.0)
+Stats = Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]]
+
+
+@dataclass(frozen=True)
+class RandomFourierFeatures:
+    """z(x) = sqrt(2/d) cos(x W + b) for the RBF kernel exp(-gamma ||x - y||^2). W: (m, d), b: (d,)."""
+    W: np.ndarray
+    b: np.ndarray
+    gamma: float
+
+    @property
+    def dim(self) -> int:
+        return self.b.size
+
+    def transform(self, X) -> np.ndarray:
+        """Features (n, d) of records X: dense (n, m) or sparse CSR (a sparse-dense product)."""
+        proj = X @ self.W if sp.issparse(X) else np.asarray(X, dtype=np.float64) @ self.W
+        return np.sqrt(2.0 / self.dim) * np.cos(np.asarray(proj) + self.b)
+
+
+def rbf_features(m: int, d: int, gamma: float, rng: np.random.Generator) -> RandomFourierFeatures:
+    """Random Fourier features of the RBF kernel: W columns ~ N(0, 2 gamma I_m), b ~ U[0, 2 pi)^d."""
+    if gamma <= 0 or d < 1 or m < 1:
+        raise ValueError(f"need gamma > 0, d >= 1, m >= 1; got gamma={gamma}, d={d}, m={m}")
+    return RandomFourierFeatures(rng.normal(0.0, np.sqrt(2.0 * gamma), size=(m, d)),
+                                 rng.uniform(0.0, 2.0 * np.pi, size=d), float(gamma))
+
+
+def clip_rows(Z: np.ndarray, bound: float) -> np.ndarray:
+    """z / max(1, ||z|| / bound) row-wise: every row's L2 norm at most `bound`."""
+    norms = np.linalg.norm(Z, axis=1)
+    return Z / np.maximum(1.0, norms / bound)[:, None]
+
+
+def norm_histogram(norms: np.ndarray, c_max: float, bins: int) -> np.ndarray:
+    """t_j = #{C_{j-1} < ||.|| <= C_j}, C_j = j c_max / bins, j = 1..bins (norms above c_max are not counted)."""
+    idx = np.ceil(np.asarray(norms) / (c_max / bins)).astype(np.int64)
+    ok = (idx >= 1) & (idx <= bins)
+    return np.bincount(idx[ok] - 1, minlength=bins).astype(np.float64)
+
+
+def dp_norm(histogram: np.ndarray, *, c_max: float, sigma: float, rng: np.random.Generator) -> float:
+    """DPNorm (Algorithm 3): the upper edge of the noisy mode of the norm histogram.
+
+    `histogram` is `norm_histogram` of the records (its sum over the data: additive across partitions).
+    """
+    bins = histogram.size
+    # Sensitivity sqrt 2 (paper's neighbours: one record may leave one bin and enter another).
+    noisy = gaussian_mechanism(histogram, sensitivity=SQRT2, noise_multiplier=sigma, rng=rng)
+    return (int(np.argmax(noisy)) + 1) * c_max / bins
+
+
+def dp_norm_event(sigma: float) -> dpe.DpEvent:
+    return gaussian_event(noise_multiplier=sigma)
+
+
+def feature_stats(X, rff: RandomFourierFeatures, clip: float, centres: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Sums (k, d) and counts (k,) of the clipped features of X grouped by nearest centre (one partition)."""
+    Z = clip_rows(rff.transform(X), clip)
+    return _grouped(Z, centres)
+
+
+def _grouped(Z: np.ndarray, centres: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    k = centres.shape[0]
+    labels = nearest(Z, centres)
+    counts = np.bincount(labels, minlength=k).astype(np.float64)
+    sums = np.zeros((k, Z.shape[1]))
+    np.add.at(sums, labels, Z)
+    return sums, counts
+
+
+def nearest(Z: np.ndarray, centres: np.ndarray) -> np.ndarray:
+    """Index of the nearest centre of every row (squared Euclidean)."""
+    c2 = np.einsum("kd,kd->k", centres, centres)
+    return np.argmin(c2[None, :] - 2.0 * Z @ centres.T, axis=1)
+
+
+def feature_norms(X, rff: RandomFourierFeatures) -> np.ndarray:
+    return np.linalg.norm(rff.transform(X), axis=1)
+
+
+@dataclass(frozen=True)
+class KernelKMeansResult:
+    """centres (k, d): noisy centres in feature space after the last iteration; trajectory (T, k, d);
+    noisy_counts (T, k); clip: C_s used."""
+    centres: np.ndarray
+    trajectory: np.ndarray
+    noisy_counts: np.ndarray
+    clip: float
+
+
+def dp_lloyd(stats: Stats, initial: np.ndarray, *, iterations: int, sigma: float, clip: float,
+             rng: np.random.Generator, on_iteration: Callable[[int], None] | None = None) -> KernelKMeansResult:
+    """Lines 6-11 of Algorithm 2 (and Blum et al.'s DP k-means): T noisy Lloyd iterations on vectors whose
+    L2 norm is at most `clip`, from centres chosen without the private data.
+
+    stats(centres) -> (sums (k, d), counts (k,)) of the clipped vectors grouped by nearest centre.
+    A cluster whose noisy size is below 1 keeps its previous centre (it carries no usable estimate).
+    """
+    if sigma <= 0 or iterations < 1:
+        raise ValueError(f"need sigma > 0 and iterations >= 1, got sigma={sigma}, iterations={iterations}")
+    C = np.array(initial, dtype=np.float64)
+    k, d = C.shape
+    traj, counts_t = np.empty((iterations, k, d)), np.empty((iterations, k))
+    for t in range(iterations):
+        sums, counts = stats(C)
+        # Sizes: a record moving between two clusters changes two sizes by 1 -> L2 sensitivity sqrt 2.
+        n_hat = gaussian_mechanism(counts, sensitivity=SQRT2, noise_multiplier=sigma, rng=rng)
+        # Sums of clipped vectors: the record's vector (norm <= clip) leaves one sum and enters another
+        # -> L2 sensitivity sqrt(2) clip.
+        s_hat = gaussian_mechanism(sums, sensitivity=SQRT2 * clip, noise_multiplier=sigma, rng=rng)
+        ok = n_hat >= 1.0
+        C[ok] = s_hat[ok] / n_hat[ok, None]
+        traj[t], counts_t[t] = C, n_hat
+        if on_iteration is not None:
+            on_iteration(t + 1)
+    return KernelKMeansResult(C, traj, counts_t, float(clip))
+
+
+def privacy_event(*, iterations: int, sigma: float, dpnorm_sigma: float | None = None) -> dpe.DpEvent:
+    """T iterations of two Gaussian mechanisms (sizes, sums) with noise multiplier sigma, plus DPNorm."""
+    iteration = dpe.ComposedDpEvent([gaussian_event(noise_multiplier=sigma)] * 2)
+    parts = [dpe.SelfComposedDpEvent(iteration, iterations)]
+    if dpnorm_sigma is not None:
+        parts.append(dp_norm_event(dpnorm_sigma))
+    return parts[0] if len(parts) == 1 else dpe.ComposedDpEvent(parts)
+
+
+def calibrate_sigma(*, epsilon: float, delta: float, iterations: int, dpnorm: bool = False) -> float:
+    """The smallest sigma (shared by every Gaussian mechanism of the run) giving (epsilon, delta), by
+    dp_accounting's RDP accountant and its calibration search."""
+    from dp_accounting import calibrate_dp_mechanism
+    from dp_accounting.rdp import RdpAccountant
+
+    make = lambda s: privacy_event(iterations=iterations, sigma=s, dpnorm_sigma=s if dpnorm else None)
+    return float(calibrate_dp_mechanism(RdpAccountant, make, epsilon, delta, bracket_interval=None))
+
+
+def lemma1_log_moment(lam: float, sigma: float) -> float:
+    """The paper's Lemma 1: alpha(lambda) = (lambda^2 + lambda) / (4 sigma^2) for one Gaussian mechanism.
+
+    The exact log-moment of the Gaussian privacy loss N(1/(2 sigma^2), 1/sigma) is (lambda^2 + lambda) /
+    (2 sigma^2): the lemma is off by a factor 2 (see tests/test_kernel_kmeans.py); accounting here uses
+    dp_accounting, which has the exact value."""
+    return (lam * lam + lam) / (4.0 * sigma * sigma)
+
+
+def clustering_accuracy(labels: np.ndarray, truth: np.ndarray) -> float:
+    """Unsupervised clustering accuracy: the best one-to-one matching of clusters to classes (Hungarian
+    algorithm), as a fraction of records correctly labelled."""
+    from scipy.optimize import linear_sum_assignment
+
+    labels, truth = np.asarray(labels), np.asarray(truth)
+    k = int(max(labels.max(), truth.max())) + 1
+    table = np.zeros((k, k), dtype=np.int64)
+    np.add.at(table, (labels, truth), 1)
+    rows, cols = linear_sum_assignment(-table)
+    return float(table[rows, cols].sum() / labels.size)
