@@ -175,3 +175,18 @@ def indexed_table(stage: str, index: str, size: int, values: Sequence[str], *, n
             + _finite(gxe, values)
             + [gxe.ExpectColumnValuesToBeBetween(column=c, min_value=0) for c in nonnegative])
     return Contract(stage, rows=rows, table=table, partitioned=False)
+
+
+def ingested_sets(column: str, item_count: int) -> Contract:
+    """Set-valued records: the list column and its per-row summaries; every record non-empty with item ids
+    in [0, item_count)."""
+    import great_expectations.expectations as gxe
+
+    return Contract("ingested",
+                    rows=[gxe.ExpectTableColumnsToMatchOrderedList(column_list=[column, "n_items", "min_item",
+                                                                                "max_item"]),
+                          gxe.ExpectColumnValuesToNotBeNull(column=column),
+                          gxe.ExpectColumnValuesToBeBetween(column="n_items", min_value=1, max_value=item_count),
+                          gxe.ExpectColumnValuesToBeBetween(column="min_item", min_value=0),
+                          gxe.ExpectColumnValuesToBeBetween(column="max_item", max_value=item_count - 1)],
+                    table=_row_count_at_least(gxe, 1))

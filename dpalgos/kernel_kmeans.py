@@ -43,9 +43,17 @@ class RandomFourierFeatures:
         return self.b.size
 
     def transform(self, X) -> np.ndarray:
-        """Features (n, d) of records X: dense (n, m) or sparse CSR (a sparse-dense product)."""
-        proj = X @ self.W if sp.issparse(X) else np.asarray(X, dtype=np.float64) @ self.W
-        return np.sqrt(2.0 / self.dim) * np.cos(np.asarray(proj) + self.b)
+        """Features (n, d) float32 of records X: dense (n, m) or sparse CSR (a sparse-dense product).
+
+        Single precision: the arguments of the cosine are O(1-10) and the features enter sums that get
+        Gaussian noise; it makes the pass ~5x faster (numpy's float32 cos is vectorised)."""
+        W = self.W.astype(np.float32)
+        X = X.astype(np.float32) if sp.issparse(X) else np.asarray(X, dtype=np.float32)
+        proj = np.asarray(X @ W)
+        proj += self.b.astype(np.float32)
+        np.cos(proj, out=proj)
+        proj *= np.float32(np.sqrt(2.0 / self.dim))
+        return proj
 
 
 def rbf_features(m: int, d: int, gamma: float, rng: np.random.Generator) -> RandomFourierFeatures:
@@ -57,9 +65,11 @@ def rbf_features(m: int, d: int, gamma: float, rng: np.random.Generator) -> Rand
 
 
 def clip_rows(Z: np.ndarray, bound: float) -> np.ndarray:
-    """z / max(1, ||z|| / bound) row-wise: every row's L2 norm at most `bound`."""
+    """z / max(1, ||z|| / bound) row-wise: every row's L2 norm at most `bound` (float32 rounding aside,
+    which the sensitivity argument absorbs by clipping slightly inside: bound * (1 - 1e-6))."""
     norms = np.linalg.norm(Z, axis=1)
-    return Z / np.maximum(1.0, norms / bound)[:, None]
+    scale = np.maximum(1.0, norms / (bound * (1.0 - 1e-6))).astype(Z.dtype)
+    return Z / scale[:, None]
 
 
 def norm_histogram(norms: np.ndarray, c_max: float, bins: int) -> np.ndarray:
@@ -87,22 +97,23 @@ def dp_norm_event(sigma: float) -> dpe.DpEvent:
 def feature_stats(X, rff: RandomFourierFeatures, clip: float, centres: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Sums (k, d) and counts (k,) of the clipped features of X grouped by nearest centre (one partition)."""
     Z = clip_rows(rff.transform(X), clip)
-    return _grouped(Z, centres)
+    return grouped_stats(Z, centres)
 
 
-def _grouped(Z: np.ndarray, centres: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    k = centres.shape[0]
+def grouped_stats(Z: np.ndarray, centres: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Sums (k, d) and counts (k,) of the rows of Z grouped by nearest centre."""
+    k, n = centres.shape[0], Z.shape[0]
     labels = nearest(Z, centres)
-    counts = np.bincount(labels, minlength=k).astype(np.float64)
-    sums = np.zeros((k, Z.shape[1]))
-    np.add.at(sums, labels, Z)
-    return sums, counts
+    one_hot = sp.csr_matrix((np.ones(n, dtype=Z.dtype), (labels, np.arange(n))), shape=(k, n))
+    sums = np.asarray(one_hot @ Z, dtype=np.float64)
+    return sums, np.bincount(labels, minlength=k).astype(np.float64)
 
 
 def nearest(Z: np.ndarray, centres: np.ndarray) -> np.ndarray:
     """Index of the nearest centre of every row (squared Euclidean)."""
-    c2 = np.einsum("kd,kd->k", centres, centres)
-    return np.argmin(c2[None, :] - 2.0 * Z @ centres.T, axis=1)
+    C = np.asarray(centres, dtype=Z.dtype)
+    c2 = np.einsum("kd,kd->k", C, C)
+    return np.argmin(c2[None, :] - 2.0 * (Z @ C.T), axis=1)
 
 
 def feature_norms(X, rff: RandomFourierFeatures) -> np.ndarray:

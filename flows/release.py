@@ -98,11 +98,14 @@ def _stages(spec: ReleaseSpec, release_id: str, run: RunPaths, timer: _Timer):
     contracts_dir = run.internal / "contracts"
     with timer.stage("ingest"):
         ingested = ingest(ds, run.internal / "ingested")
-        check_contract("ingested", ingested.path,
-                       suites.ingested(list(ds.bounds or {}), ds.categories, ds.weight_column), contracts_dir)
-    with timer.stage(kind.prepared_stage):
-        prepared = prepare(spec, ingested, run)
-        check_contract(kind.prepared_stage, prepared.path, kind.prepared_contract(spec), contracts_dir)
+        contract = (suites.ingested_sets(ds.items_column, ds.item_count) if ds.items_column else
+                    suites.ingested(list(ds.bounds or {}), ds.categories, ds.weight_column))
+        check_contract("ingested", ingested.path, contract, contracts_dir)
+    prepared = ingested
+    if kind.prepared_stage is not None:
+        with timer.stage(kind.prepared_stage):
+            prepared = prepare(spec, ingested, run)
+            check_contract(kind.prepared_stage, prepared.path, kind.prepared_contract(spec), contracts_dir)
     with timer.stage("dp measurement"):
         measured = measure(spec, release_id, run, prepared)
         name, contract = kind.measurements_contract(spec)

@@ -15,6 +15,7 @@ from prefect.cache_policies import NO_CACHE
 from data_contracts.validate import parquet_files
 from tasks.errors import InputError
 from tasks.example_data import is_builtin, materialise
+from tasks.sets import ingest_sets
 from tasks.spec import DatasetSpec
 
 _NUMBER = re.compile(r"^[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?$|^[+-]?(nan|inf|infinity)$", re.IGNORECASE)
@@ -122,6 +123,19 @@ def _typed(frame, numeric: list[str], categorical: list[str]):
     return pd.DataFrame(out, index=frame.index)[list(frame.columns)]
 
 
+def _ingest_sets(dataset: DatasetSpec, source: Path, out_dir: Path, log) -> StageOutput:
+    if not source.exists():
+        raise InputError(f"dataset '{dataset.id}': {source} does not exist")
+    if out_dir.exists():
+        shutil.rmtree(out_dir)
+    fmt = dataset.format or dataset.source_format
+    rows, parts = ingest_sets(source, fmt, dataset.items_column, out_dir)
+    if rows == 0:
+        raise InputError(f"dataset '{dataset.id}': {dataset.path} has no records")
+    log.info("ingested %d set-valued records into %d partitions", rows, parts)
+    return StageOutput(str(out_dir), rows, parts)
+
+
 @task(name="ingest", cache_policy=NO_CACHE)
 def ingest(dataset: DatasetSpec, out_dir: Path) -> StageOutput:
     """Read the source with dask and write it as partitioned Parquet (float64 columns) to `out_dir`."""
@@ -134,6 +148,8 @@ def ingest(dataset: DatasetSpec, out_dir: Path) -> StageOutput:
         log.info("generated the built-in dataset %s (public synthetic data)", dataset.path)
     else:
         source = Path(dataset.path)
+    if dataset.items_column:
+        return _ingest_sets(dataset, source, out_dir, log)
     ddf = read_source(dataset, source)
     if out_dir.exists():
         shutil.rmtree(out_dir)

@@ -102,8 +102,11 @@ class PrivacyLedger:
         return (row["epsilon"], row["delta"]) if row else None
 
     def charge(self, *, dataset_id: str, release_id: str, kind: str, fingerprint: str, event: dpe.DpEvent,
-               budget: tuple[float, float]) -> Charge:
+               budget: tuple[float, float], release_delta: float | None = None) -> Charge:
         """Record the spend of `release_id` unless it is recorded already; refuse it if over budget.
+
+        The release's own guarantee is stated at `release_delta` (its spec's target) when given, else at the
+        budget's delta; the budget check composes everything at the budget's delta.
 
         `budget` (epsilon, delta) is registered as the dataset's lifetime budget on its first release;
         a later spec that disagrees with the ledger is refused (change budgets with `set_budget`).
@@ -118,11 +121,11 @@ class PrivacyLedger:
                         f"parameters {prior['fingerprint']}) with different data or parameters "
                         f"({dataset_id}, {fingerprint}); choose a new release id")
                 events = self._events_locked(db, dataset_id)
-                own = accounting.release_guarantee(event, bud_delta)
+                own = accounting.release_guarantee(event, release_delta or bud_delta)
                 total = accounting.epsilon_at(accounting.compose_events(events), bud_delta)
                 return Charge(release_id, False, own, total, bud_eps, bud_delta)
             events = self._events_locked(db, dataset_id) + [event]
-            own = accounting.release_guarantee(event, bud_delta)
+            own = accounting.release_guarantee(event, release_delta or bud_delta)
             total = accounting.epsilon_at(accounting.compose_events(events), bud_delta)
             if total.epsilon > bud_eps * (1 + _TOLERANCE):
                 spent = (accounting.epsilon_at(accounting.compose_events(events[:-1]), bud_delta).epsilon

@@ -13,6 +13,7 @@ from typing import Callable, Iterator, Sequence
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+import scipy.sparse as sp
 
 from dpalgos import domain
 from tasks.spec import DaskSpec
@@ -79,7 +80,7 @@ def index_counts(path: str, index: str, weighted: bool, size: int) -> np.ndarray
     return np.bincount(table.column(index).to_numpy(), weights=w, minlength=size).astype(np.float64)
 
 
-def _bernoulli_rows(X: np.ndarray, fraction: float, seed: int) -> np.ndarray:
+def _bernoulli_rows(X, fraction: float, seed: int):
     return X if fraction >= 1.0 else X[np.random.default_rng(seed).random(X.shape[0]) < fraction]
 
 
@@ -89,17 +90,32 @@ def _add(a, b):
     return a + b
 
 
-class PartitionedPoints:
-    """Points of a partitioned Parquet output, held as numpy arrays in the dask workers' memory.
+class Partitioned:
+    """The partitions of a Parquet output loaded into the dask workers' memory (numpy arrays of points, or
+    CSR matrices of set-valued records).
 
     `reduce(fn, *args)` computes fn(partition, *args) on every partition where it lives and sums the
     results (arrays, floats, or tuples of them) on the driver: only aggregates leave the workers.
     """
 
-    def __init__(self, client, files: Sequence[Path], columns: Sequence[str]):
+    def __init__(self, client, files: Sequence[Path], loader: Callable, **loader_kwargs):
         self._client = client
-        self._parts = client.map(read_points, [str(f) for f in files], columns=list(columns))
+        self._parts = client.map(loader, [str(f) for f in files], **loader_kwargs)
         self.n_partitions = len(self._parts)
+
+    @classmethod
+    def points(cls, client, files: Sequence[Path], columns: Sequence[str]) -> "Partitioned":
+        return cls(client, files, read_points, columns=list(columns))
+
+    @classmethod
+    def sets(cls, client, files: Sequence[Path], column: str, item_count: int) -> "Partitioned":
+        from tasks.sets import read_sets
+
+        return cls(client, files, read_sets, column=column, item_count=item_count)
+
+    def map(self, fn: Callable, *args) -> list:
+        """fn(partition, *args) of every partition, brought to the driver (for per-record outputs)."""
+        return self._client.gather(self._client.map(fn, self._parts, *[[a] * self.n_partitions for a in args]))
 
     def reduce(self, fn: Callable, *args):
         futures = self._client.map(fn, self._parts, *[[a] * self.n_partitions for a in args])
@@ -113,7 +129,8 @@ class PartitionedPoints:
         fraction = min(1.0, max_rows / max(total_rows, 1))
         futures = self._client.map(_bernoulli_rows, self._parts, [fraction] * self.n_partitions,
                                    [seed + i for i in range(self.n_partitions)])
-        return np.concatenate(self._client.gather(futures), axis=0)
+        parts = self._client.gather(futures)
+        return sp.vstack(parts).tocsr() if sp.issparse(parts[0]) else np.concatenate(parts, axis=0)
 
     def close(self) -> None:
         self._client.cancel(self._parts)

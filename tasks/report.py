@@ -14,6 +14,14 @@ from tasks.run import RunPaths
 from tasks.spec import ReleaseSpec
 
 
+def _sensitivity(m: dict) -> str:
+    return f"L1 {m['l1_sensitivity']:g}" if "l1_sensitivity" in m else f"L2 {m['l2_sensitivity']}"
+
+
+def _noise(m: dict) -> str:
+    return f"Laplace scale {m['scale']:.4g}" if "scale" in m else f"Gaussian std {m['std']}"
+
+
 def _table(header: list[str], rows: list[list]) -> list[str]:
     out = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     return out + ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]
@@ -34,8 +42,8 @@ def write_report(spec: ReleaseSpec, release_id: str, run: RunPaths, manifest: di
              "## Privacy", "",
              f"This release: epsilon = {privacy['epsilon']:.6g}, delta = {privacy['delta']:.3g} "
              f"({privacy['accounting']}); neighbours: {privacy['neighbouring_relation']}.", ""]
-    lines += _table(["mechanism", "query", "L1 sensitivity", "scale", "repetitions"],
-                    [[m["mechanism"], m["query"], f"{m['l1_sensitivity']:g}", f"{m['scale']:.4g}", m["repetitions"]]
+    lines += _table(["mechanism", "query", "sensitivity", "noise", "repetitions"],
+                    [[m["mechanism"], m["query"], _sensitivity(m), _noise(m), m["repetitions"]]
                      for m in privacy["mechanisms"]])
     lines += ["", f"Dataset `{spec.dataset.id}`: lifetime budget epsilon = {budget['epsilon']:g}, delta = "
                   f"{budget['delta']:g}; spent epsilon = {budget['spent_epsilon']:.6g} ({budget['spent_accounting']}); "

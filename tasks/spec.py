@@ -35,12 +35,16 @@ class DatasetSpec(_Strict):
     """
     id: str = Field(pattern=ID_PATTERN, description="privacy-ledger key: releases of one id share a budget")
     path: str
-    format: Literal["csv", "parquet"] | None = Field(None, description="default: from the file suffix")
+    format: Literal["csv", "parquet", "transactions"] | None = Field(
+        None, description="default: from the file suffix; transactions: one record per line, item ids separated "
+                          "by spaces (optionally gzipped)")
     header: bool | None = Field(None, description="CSV only; default: detected from the first line")
     delimiter: str | None = Field(None, description="CSV only; default: ',' or tab if present, else whitespace")
     bounds: dict[str, tuple[float, float]] | None = None
     categories: dict[str, list[str]] | None = None
     weight_column: str | None = None
+    items_column: str | None = Field(None, description="set-valued records: a list<int> column of item ids")
+    item_count: int | None = Field(None, ge=1, description="PUBLIC size of the item universe: ids in [0, item_count)")
 
     @field_validator("bounds")
     @classmethod
@@ -73,6 +77,14 @@ class DatasetSpec(_Strict):
 
     @model_validator(mode="after")
     def _has_columns(self):
+        if self.items_column is not None:
+            if self.item_count is None:
+                raise ValueError("set-valued records need the public item_count (item ids in [0, item_count))")
+            if self.bounds or self.categories:
+                raise ValueError("set-valued records (items_column) take no bounds or categories")
+            return self
+        if self.format == "transactions":
+            raise ValueError("the transactions format holds set-valued records: give items_column and item_count")
         if self.bounds is None and self.categories is None:
             raise ValueError("bounds are missing: give public bounds (numeric) or categories (categorical)")
         if self.bounds and self.categories and set(self.bounds) & set(self.categories):
@@ -84,6 +96,8 @@ class DatasetSpec(_Strict):
 
     @property
     def columns(self) -> list[str]:
+        if self.items_column:
+            return [self.items_column]
         return list(self.bounds or {}) + list(self.categories or {})
 
     @property
@@ -91,7 +105,9 @@ class DatasetSpec(_Strict):
         if self.format:
             return self.format
         suffixes = Path(self.path).suffixes
-        return "parquet" if ".parquet" in suffixes or ".pq" in suffixes or Path(self.path).is_dir() else "csv"
+        if ".parquet" in suffixes or ".pq" in suffixes or Path(self.path).is_dir():
+            return "parquet"
+        return "transactions" if ".dat" in suffixes else "csv"
 
 
 def _finite_epsilon(eps: float) -> float:
@@ -181,8 +197,31 @@ class MatrixMechanismRelease(_Consistency):
         return self
 
 
-ReleaseParams = Annotated[Union[KMeansRelease, HistogramRelease, ContingencyRelease, MatrixMechanismRelease],
-                          Field(discriminator="kind")]
+class KernelKMeansRelease(_Release):
+    """DP kernel k-means of set-valued records (Acs et al. Algorithm 2): random Fourier features of an RBF
+    kernel, T noisy Lloyd iterations with the Gaussian mechanism, sigma calibrated to (epsilon, delta)."""
+    kind: Literal["kernel_kmeans"] = "kernel_kmeans"
+    k: int = Field(10, ge=1)
+    iterations: int = Field(20, ge=1, le=1000)
+    delta: float = Field(1e-6, gt=0, lt=1, description="delta of this release's (epsilon, delta) target")
+    features: int = Field(200, ge=1, description="d, the number of random Fourier features")
+    gamma: float | None = Field(None, gt=0, description="RBF width exp(-gamma ||x - y||^2); default: median "
+                                                       "heuristic on the public sample")
+    public_sample: str | None = Field(None, description="PUBLIC records (same format) for the initial centres")
+    random_init_items: int = Field(10, ge=1, description="without a public sample: initial centres are the "
+                                                        "features of random sets of this many items")
+    clip: float | Literal["dpnorm"] = Field(1.0, description="feature clipping bound C_s (1 for RBF, the paper's "
+                                                             "choice) or 'dpnorm' (Algorithm 3)")
+
+    @model_validator(mode="after")
+    def _gamma_source(self):
+        if self.gamma is None and self.public_sample is None:
+            raise ValueError("give gamma, or a public_sample to choose it by the median heuristic")
+        return self
+
+
+ReleaseParams = Annotated[Union[KMeansRelease, HistogramRelease, ContingencyRelease, MatrixMechanismRelease,
+                                KernelKMeansRelease], Field(discriminator="kind")]
 
 
 class LedgerSpec(_Strict):
@@ -228,6 +267,13 @@ class ReleaseSpec(_Strict):
             raise ValueError(f"{kind} releases need exactly one numeric column with bounds")
         if kind == "contingency" and (not ds.categories or ds.bounds):
             raise ValueError("contingency releases need categorical columns with public levels (categories)")
+        if kind == "kernel_kmeans" and not ds.items_column:
+            raise ValueError("kernel_kmeans releases need set-valued records (items_column, item_count)")
+        if ds.items_column and kind != "kernel_kmeans":
+            raise ValueError(f"{kind} releases do not take set-valued records")
+        if getattr(self.release, "delta", 0.0) > self.ledger.lifetime_delta:
+            raise ValueError(f"release.delta ({self.release.delta:g}) exceeds the lifetime delta "
+                             f"({self.ledger.lifetime_delta:g})")
         return self
 
     @property
@@ -237,7 +283,8 @@ class ReleaseSpec(_Strict):
     def fingerprint(self) -> str:
         """Hash of everything that determines the DP measurements; a resumed release must match it."""
         basis = {"dataset": self.dataset.id, "bounds": self.dataset.bounds, "categories": self.dataset.categories,
-                 "weight": self.dataset.weight_column, "release": self.release.model_dump(), "mode": self.mode,
+                 "weight": self.dataset.weight_column, "items": [self.dataset.items_column, self.dataset.item_count],
+                 "release": self.release.model_dump(), "mode": self.mode,
                  "seed": self.seed}
         return hashlib.sha256(json.dumps(basis, sort_keys=True).encode()).hexdigest()[:16]
 
@@ -269,7 +316,7 @@ def parse_spec(data: dict, source: str = "spec") -> ReleaseSpec:
         raise SpecError(f"invalid release spec ({source}): {problems}") from None
 
 
-_KINDS = ("kmeans", "histogram", "contingency", "matrix_mechanism")
+_KINDS = ("kmeans", "histogram", "contingency", "matrix_mechanism", "kernel_kmeans")
 
 
 def _where(loc: tuple) -> str:

@@ -64,7 +64,8 @@ def measure(spec: ReleaseSpec, release_id: str, run: RunPaths, prepared: StageOu
     event = kind.event(spec)
     charge = ledger.charge(dataset_id=spec.dataset.id, release_id=release_id, kind=kind.name,
                            fingerprint=spec.fingerprint(), event=event,
-                           budget=(spec.ledger.lifetime_epsilon, spec.ledger.lifetime_delta))
+                           budget=(spec.ledger.lifetime_epsilon, spec.ledger.lifetime_delta),
+                           release_delta=getattr(spec.release, "delta", None))
     log.info("privacy ledger: release %s costs epsilon=%.4g, delta=%.3g (%s); dataset '%s' total epsilon=%.4g "
              "of %.4g", release_id, charge.release.epsilon, charge.release.delta,
              "charged" if charge.new else "already charged", spec.dataset.id, charge.total.epsilon,

@@ -110,3 +110,27 @@ def test_matrix_mechanism_release(tmp_path, workload):
     assert s["evaluation"]["workload_mse"] >= 0
     # The strategy is the binary tree: its sensitivity is the number of levels (7 for 64 bins).
     assert json.loads((rel / "manifest.json").read_text())["privacy"]["mechanisms"][0]["l1_sensitivity"] == 7
+
+
+def test_kernel_kmeans_release_on_generated_cdr(tmp_path):
+    from tasks import generators
+
+    generators.generate(generators.CDR, tmp_path / "cdr", users=30_000, seed=1, partition_rows=10_000)
+    generators.generate(generators.CDR, tmp_path / "public", users=2_000, seed=9)
+    d = _base(tmp_path, {"id": "cdr", "path": str(tmp_path / "cdr"), "items_column": "towers", "item_count": 1303},
+              {"kind": "kernel_kmeans", "k": 4, "iterations": 5, "epsilon": 1.0, "delta": 1e-6, "features": 32,
+               "public_sample": str(tmp_path / "public")})
+    d["ledger"] = {"lifetime_epsilon": 10.0, "lifetime_delta": 1e-5}
+    s = _run(d)
+    rel = Path(s["release_dir"])
+    centres = pq.read_table(rel / "centres.parquet").to_pandas()
+    assert len(centres) == 4 and centres["noisy_size"].min() >= 0
+    assert (rel / "measurements" / "rff_W.npy").exists() and (rel / "assignment_rule.json").exists()
+    manifest = json.loads((rel / "manifest.json").read_text())
+    assert manifest["privacy"]["delta"] == 1e-6 and manifest["privacy"]["epsilon"] <= 1.0 + 1e-6
+    internal = Path(s["internal_dir"])
+    labels = np.concatenate([pq.read_table(f).column("cluster").to_numpy()
+                             for f in sorted((internal / "assignments").glob("*.parquet"))])
+    assert labels.size == 30_000 and set(np.unique(labels)) <= set(range(4))
+    assert sum(s["evaluation"]["cluster_sizes"]) == 30_000
+    assert not list(rel.rglob("assignments*"))  # per-record outputs stay internal

@@ -31,8 +31,8 @@ class Draw:
 
 class ReleaseKind(ABC):
     name: str
-    #: contract stage name of the prepared data
-    prepared_stage: str
+    #: contract stage name of the prepared data; None: no prepare stage (the ingested data are used as they are)
+    prepared_stage: str | None
 
     def check_feasible(self, spec: ReleaseSpec, prepared: StageOutput) -> None:
         """Refuse a release that cannot be made (e.g. K > N) before anything is charged."""

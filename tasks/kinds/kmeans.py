@@ -16,7 +16,7 @@ from dpalgos import domain, dpkmeans, leekifer, metrics
 from tasks.errors import InputError
 from tasks.ingest import StageOutput
 from tasks.kinds.base import Draw, ReleaseKind
-from tasks.partitions import PartitionedPoints, normalise_partition
+from tasks.partitions import Partitioned, normalise_partition
 from tasks.progress import Progress, gather
 from tasks.run import RunPaths
 
@@ -125,7 +125,7 @@ class KMeansKind(ReleaseKind):
         d = len(spec.dataset.columns)
         # Initial centroids depend only on (K, d) and fresh randomness: data-independent, so they cost nothing.
         initial, min_distance = dpkmeans.data_independent_centroids(p.k, d, rng, min_distance=p.min_centroid_distance)
-        points = PartitionedPoints(_client(), parquet_files(prepared.path), spec.dataset.columns)
+        points = Partitioned.points(_client(), parquet_files(prepared.path), spec.dataset.columns)
         try:
             traj = dpkmeans.dp_kmeans(lambda C: points.reduce(dpkmeans.cluster_stats, C), initial,
                                       epsilon=p.epsilon, iterations=p.iterations, rng=rng,
@@ -198,7 +198,7 @@ class KMeansKind(ReleaseKind):
         traj, _ = read_trajectory(run.release / "measurements")
         cols = spec.dataset.columns
         released = pq.read_table(run.release / CENTROIDS).to_pandas()[cols].to_numpy()
-        points = PartitionedPoints(_client(), parquet_files(prepared.path), spec.dataset.columns)
+        points = Partitioned.points(_client(), parquet_files(prepared.path), spec.dataset.columns)
         try:
             per_iteration = [points.reduce(metrics.wcss, C) for C in traj.centroids]
             released_wcss = points.reduce(metrics.wcss, released)

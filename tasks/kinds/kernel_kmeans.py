@@ -1,0 +1,239 @@
+"""The `kernel_kmeans` release kind: DP kernel k-means of set-valued records (Acs et al. Algorithm 2) on dask.
+
+Every pass recomputes the random Fourier features of each partition from its sparse records (the N x d
+feature matrix of 4.4M records would not fit), so only per-cluster sums and counts leave the workers.
+Released: the noisy centres in feature space and the public feature map (W, b) with the clipping bound: the
+assignment rule of a record x is argmin_j || clip(z(x)) - c_j ||. The assignment of every private record is
+raw-derived and stays in internal/.
+"""
+
+from __future__ import annotations
+
+import json
+from functools import lru_cache
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import scipy.sparse as sp
+
+from data_contracts import suites
+from data_contracts.validate import parquet_files
+from dpalgos import kernel_kmeans as kk
+from tasks.kinds.base import Draw, ReleaseKind
+from tasks.partitions import Partitioned
+from tasks.sets import read_sets
+
+TRAJECTORY = "trajectory.parquet"
+W_FILE, B_FILE = "rff_W.npy", "rff_b.npy"
+CENTRES = "centres.parquet"
+RULE = "assignment_rule.json"
+NORM_C_MAX, NORM_BINS = 2.0, 100  # RFF norms are at most sqrt(2)
+REFERENCE_ROWS = 50_000
+
+
+def _client():
+    from distributed import get_client
+
+    return get_client()
+
+
+@lru_cache(maxsize=32)
+def sigma_of(epsilon: float, delta: float, iterations: int, dpnorm: bool) -> float:
+    """Noise multiplier of every Gaussian mechanism of the run, calibrated with dp_accounting."""
+    return kk.calibrate_sigma(epsilon=epsilon, delta=delta, iterations=iterations, dpnorm=dpnorm)
+
+
+def _sigma(spec) -> float:
+    p = spec.release
+    return sigma_of(p.epsilon, p.delta, p.iterations, p.clip == "dpnorm")
+
+
+def public_records(spec, limit: int = 20_000) -> sp.csr_matrix:
+    """The PUBLIC sample of the spec as CSR (first `limit` records)."""
+    from pathlib import Path
+
+    import tempfile
+
+    from tasks.sets import ingest_sets
+
+    ds = spec.dataset
+    src = Path(spec.release.public_sample)
+    fmt = "parquet" if src.is_dir() or src.suffix == ".parquet" else "transactions"
+    with tempfile.TemporaryDirectory() as tmp:
+        ingest_sets(src, fmt, ds.items_column, Path(tmp) / "public")
+        parts = [read_sets(str(f), ds.items_column, ds.item_count) for f in parquet_files(Path(tmp) / "public")]
+    X = sp.vstack(parts).tocsr()
+    return X[:limit]
+
+
+def median_gamma_sets(X: sp.csr_matrix, pairs: int = 5000, seed: int = 0) -> float:
+    """gamma = 1 / median ||x - y||^2 over random pairs of public binary records (|x| + |y| - 2 |x & y|)."""
+    rng = np.random.default_rng(seed)
+    i, j = rng.integers(0, X.shape[0], pairs), rng.integers(0, X.shape[0], pairs)
+    sizes = np.asarray(X.sum(axis=1)).ravel()
+    inter = np.asarray(X[i].multiply(X[j]).sum(axis=1)).ravel()
+    d2 = sizes[i] + sizes[j] - 2 * inter
+    return 1.0 / float(np.median(d2[d2 > 0]))
+
+
+def partition_norm_histogram(X, rff, c_max: float, bins: int) -> np.ndarray:
+    return kk.norm_histogram(kk.feature_norms(X, rff), c_max, bins)
+
+
+def partition_assignment(X, rff, clip: float, centres: np.ndarray) -> np.ndarray:
+    return kk.nearest(kk.clip_rows(rff.transform(X), clip), centres).astype(np.int32)
+
+
+class KernelKMeansKind(ReleaseKind):
+    name = "kernel_kmeans"
+    prepared_stage = None  # set-valued records are normalised at ingest
+
+    def prepare(self, spec, ingested, run, log):
+        return ingested
+
+    def prepared_contract(self, spec):
+        raise NotImplementedError("kernel_kmeans has no prepare stage")
+
+    def event(self, spec):
+        p = spec.release
+        sigma = _sigma(spec)
+        return kk.privacy_event(iterations=p.iterations, sigma=sigma,
+                                dpnorm_sigma=sigma if p.clip == "dpnorm" else None)
+
+    def draw(self, spec, prepared, rng, log):
+        p, ds = spec.release, spec.dataset
+        sigma = _sigma(spec)
+        public = public_records(spec) if p.public_sample else None
+        gamma = p.gamma if p.gamma is not None else median_gamma_sets(public)
+        # The feature map and the initial centres use public randomness and public records only.
+        rff = kk.rbf_features(ds.item_count, p.features, gamma, rng)
+        if public is not None:
+            init = rff.transform(public[rng.choice(public.shape[0], p.k, replace=public.shape[0] < p.k)])
+        else:
+            rows = np.repeat(np.arange(p.k), p.random_init_items)
+            cols = np.concatenate([rng.choice(ds.item_count, p.random_init_items, replace=False) for _ in range(p.k)])
+            init = rff.transform(sp.csr_matrix((np.ones(rows.size), (rows, cols)), shape=(p.k, ds.item_count)))
+        data = Partitioned.sets(_client(), parquet_files(prepared.path), ds.items_column, ds.item_count)
+        try:
+            if p.clip == "dpnorm":
+                hist = data.reduce(partition_norm_histogram, rff, NORM_C_MAX, NORM_BINS)
+                clip = kk.dp_norm(hist, c_max=NORM_C_MAX, sigma=sigma, rng=rng)
+                log.info("DPNorm clipping bound C_s = %.4g", clip)
+            else:
+                clip = float(p.clip)
+            log.info("DP kernel k-means: k=%d, d=%d, gamma=%.4g, sigma=%.4g, %d iterations", p.k, p.features,
+                     gamma, sigma, p.iterations)
+            res = kk.dp_lloyd(lambda C: data.reduce(kk.feature_stats, rff, clip, C), init,
+                              iterations=p.iterations, sigma=sigma, clip=clip, rng=rng,
+                              on_iteration=lambda t: log.info("DP kernel k-means iteration %d/%d", t, p.iterations))
+        finally:
+            data.close()
+        meta = {"k": p.k, "iterations": p.iterations, "features": p.features, "gamma": gamma, "clip": clip,
+                "sigma": sigma, "epsilon": p.epsilon, "delta": p.delta, "item_count": ds.item_count}
+
+        def write(folder):
+            T, k, d = res.trajectory.shape
+            cols = {"iteration": np.repeat(np.arange(1, T + 1, dtype=np.int32), k),
+                    "cluster": np.tile(np.arange(k, dtype=np.int32), T),
+                    "noisy_count": res.noisy_counts.reshape(-1)}
+            cols.update({f"f_{j}": res.trajectory[:, :, j].reshape(-1) for j in range(d)})
+            pq.write_table(pa.table(cols), folder / TRAJECTORY)
+            np.save(folder / W_FILE, rff.W)
+            np.save(folder / B_FILE, rff.b)
+        return Draw(write=write, meta=meta)
+
+    def measurements_contract(self, spec):
+        p = spec.release
+        cols = ["iteration", "cluster", "noisy_count"] + [f"f_{j}" for j in range(p.features)]
+        import great_expectations.expectations as gxe
+
+        rows = [gxe.ExpectTableColumnsToMatchOrderedList(column_list=cols)] + suites._finite(gxe, cols)
+        return TRAJECTORY, suites.Contract("measurements", rows=rows, partitioned=False,
+                                           table=[gxe.ExpectTableRowCountToEqual(value=p.k * p.iterations)])
+
+    def postprocess(self, spec, measurements, staging, internal, log):
+        """The last iteration's noisy centres and noisy cluster sizes, and the assignment rule."""
+        from tasks.stages import read_meta
+
+        meta = read_meta(measurements)
+        traj = pq.read_table(measurements / TRAJECTORY).to_pandas()
+        last = traj[traj["iteration"] == meta["iterations"]].sort_values("cluster")
+        feats = [f"f_{j}" for j in range(meta["features"])]
+        pq.write_table(pa.table({"cluster": last["cluster"].to_numpy(),
+                                 "noisy_size": np.maximum(last["noisy_count"].to_numpy(), 0.0),
+                                 **{f: last[f].to_numpy() for f in feats}}), staging / CENTRES)
+        (staging / RULE).write_text(json.dumps({
+            "features": f"z(x) = sqrt(2/d) cos(x W + b), W = measurements/{W_FILE} (item_count x d), "
+                        f"b = measurements/{B_FILE} (d), x the binary item vector of a record",
+            "clip": meta["clip"], "assign": "argmin_j || z(x) / max(1, ||z(x)|| / clip) - c_j ||^2, c_j in "
+                                            f"{CENTRES}", "gamma": meta["gamma"], "d": meta["features"]}, indent=2))
+        return [CENTRES, RULE]
+
+    def release_contract(self, spec):
+        import great_expectations.expectations as gxe
+
+        feats = [f"f_{j}" for j in range(spec.release.features)]
+        rows = ([gxe.ExpectTableColumnsToMatchOrderedList(column_list=["cluster", "noisy_size"] + feats)]
+                + suites._finite(gxe, feats) + [gxe.ExpectColumnValuesToBeBetween(column="noisy_size", min_value=0)])
+        return CENTRES, suites.Contract("release", rows=rows, partitioned=False,
+                                        table=[gxe.ExpectTableRowCountToEqual(value=spec.release.k)])
+
+    def mechanisms(self, spec):
+        p = spec.release
+        sigma = _sigma(spec)
+        out = [{"mechanism": "Gaussian", "query": "cluster sizes at each iteration", "l2_sensitivity": float(kk.SQRT2),
+                "std": float(kk.SQRT2 * sigma), "noise_multiplier": sigma, "repetitions": p.iterations},
+               {"mechanism": "Gaussian", "query": "sums of clipped random Fourier features per cluster at each "
+                                                  "iteration", "l2_sensitivity": f"sqrt(2) * C_s",
+                "std": f"sqrt(2) * C_s * {sigma:.6g}", "noise_multiplier": sigma, "repetitions": p.iterations}]
+        if p.clip == "dpnorm":
+            out.append({"mechanism": "Gaussian", "query": "histogram of feature norms (DPNorm)",
+                        "l2_sensitivity": float(kk.SQRT2), "std": float(kk.SQRT2 * sigma), "noise_multiplier": sigma,
+                        "repetitions": 1})
+        return out
+
+    def evaluate(self, spec, run, prepared, log):
+        """Internal: every record's final cluster (internal/assignments/), exact vs noisy cluster sizes, and the
+        feature-space WCSS of the released centres against noise-free Lloyd iterations started from them (on a
+        sample of at most REFERENCE_ROWS records)."""
+        from tasks.stages import read_meta
+
+        ds = spec.dataset
+        folder = run.release / "measurements"
+        meta = read_meta(folder)
+        rff = kk.RandomFourierFeatures(np.load(folder / W_FILE), np.load(folder / B_FILE), meta["gamma"])
+        centres_tab = pq.read_table(run.release / CENTRES).to_pandas()
+        centres = centres_tab[[f"f_{j}" for j in range(meta["features"])]].to_numpy()
+        files = parquet_files(prepared.path)
+        data = Partitioned.sets(_client(), files, ds.items_column, ds.item_count)
+        try:
+            labels = data.map(partition_assignment, rff, meta["clip"], centres)
+            sample = data.sample(REFERENCE_ROWS, prepared.rows, seed=0)
+        finally:
+            data.close()
+        out = run.internal / "assignments"
+        out.mkdir(parents=True, exist_ok=True)
+        start = 0
+        for f, lab in zip(files, labels):
+            pq.write_table(pa.table({"record": np.arange(start, start + lab.size, dtype=np.int64), "cluster": lab}),
+                           out / f.name)
+            start += lab.size
+        exact = np.bincount(np.concatenate(labels), minlength=meta["k"])
+        Z = kk.clip_rows(rff.transform(sample), meta["clip"])
+        # Reference: noise-free Lloyd iterations started from the released centres, on the sample.
+        ref = centres.copy()
+        for _ in range(meta["iterations"]):
+            s, n = kk.grouped_stats(Z, ref)
+            ok = n > 0
+            ref[ok] = s[ok] / n[ok, None]
+        wcss = lambda C: float(((Z - C[kk.nearest(Z, C)]) ** 2).sum())
+        ratio = wcss(centres) / wcss(ref)
+        size_err = float(np.abs(centres_tab["noisy_size"].to_numpy() - exact).mean())
+        return {"records": int(prepared.rows), "cluster_sizes": exact.tolist(),
+                "noisy_size_mean_abs_error": size_err, "feature_wcss_ratio_to_noise_free_lloyd": ratio,
+                "headline": f"{meta['k']} clusters, sizes {sorted(exact.tolist(), reverse=True)[:5]}..., feature "
+                            f"WCSS / noise-free Lloyd = {ratio:.3f}"}
+
+
+KIND = KernelKMeansKind()

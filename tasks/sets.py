@@ -1,0 +1,105 @@
+"""Set-valued records (call-detail records, transit histories, baskets): reading them from Parquet
+(a list<int> column) or from a transactions text file, and normalising every record to a sorted set of
+distinct item ids. Written with the per-row summaries the data contract checks (n_items, min_item,
+max_item), since great-expectations cannot look inside list values."""
+
+from __future__ import annotations
+
+import gzip
+from pathlib import Path
+from typing import Iterator
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import scipy.sparse as sp
+
+from tasks.errors import InputError
+
+ROWS_PER_PART = 200_000
+
+
+def _normalise(offsets: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Sorted distinct items per row, from list offsets (n+1,) and flat values."""
+    rows = np.repeat(np.arange(offsets.size - 1), np.diff(offsets))
+    # Shift by the smallest id so that negative ids (refused by the contract) still decode correctly.
+    low = min(int(values.min()), 0) if values.size else 0
+    span = int(values.max()) - low + 1 if values.size else 1
+    key = np.unique(rows.astype(np.int64) * span + (values.astype(np.int64) - low))
+    row, item = key // span, (key % span + low).astype(np.int32)
+    new_offsets = np.concatenate([[0], np.cumsum(np.bincount(row, minlength=offsets.size - 1))]).astype(np.int32)
+    return new_offsets, item
+
+
+def set_table(column: str, offsets: np.ndarray, values: np.ndarray) -> pa.Table:
+    offsets, values = _normalise(np.asarray(offsets), np.asarray(values))
+    n_items = np.diff(offsets).astype(np.int32)
+    nonempty = n_items > 0
+    mins = np.full(n_items.size, -1, dtype=np.int32)
+    maxs = np.full(n_items.size, -1, dtype=np.int32)
+    if values.size:
+        starts = offsets[:-1][nonempty]
+        mins[nonempty] = values[starts]
+        maxs[nonempty] = values[offsets[1:][nonempty] - 1]
+    return pa.table({column: pa.ListArray.from_arrays(pa.array(offsets), pa.array(values, type=pa.int32())),
+                     "n_items": n_items, "min_item": mins, "max_item": maxs})
+
+
+def _transaction_chunks(path: Path) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    opener = gzip.open if path.suffix == ".gz" else open
+    lengths, values = [], []
+    with opener(path, "rt") as fh:
+        for lineno, line in enumerate(fh, start=1):
+            tokens = line.split()
+            try:
+                items = [int(t) for t in tokens]
+            except ValueError:
+                raise InputError(f"{path}, line {lineno}: item ids must be integers, got {line.strip()[:80]!r}") \
+                    from None
+            lengths.append(len(items))
+            values.extend(items)
+            if len(lengths) == ROWS_PER_PART:
+                yield np.concatenate([[0], np.cumsum(lengths)]), np.array(values, dtype=np.int64)
+                lengths, values = [], []
+    if lengths:
+        yield np.concatenate([[0], np.cumsum(lengths)]), np.array(values, dtype=np.int64)
+
+
+def _parquet_chunks(path: Path, column: str) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    files = sorted(path.glob("*.parquet")) if path.is_dir() else [path]
+    for f in files:
+        table = pq.read_table(f, columns=[column])
+        arr = table.column(column).combine_chunks()
+        if not pa.types.is_list(arr.type) and not pa.types.is_large_list(arr.type):
+            raise InputError(f"{f}: column '{column}' is {arr.type}, not a list of item ids")
+        if not pa.types.is_integer(arr.type.value_type):
+            raise InputError(f"{f}: column '{column}' holds {arr.type.value_type}, not integer item ids")
+        if arr.null_count:
+            raise InputError(f"{f}: column '{column}' has {arr.null_count} null records")
+        values = arr.values.to_numpy(zero_copy_only=False)
+        offsets = arr.offsets.to_numpy()
+        yield offsets - offsets[0], values[offsets[0]:offsets[-1]]
+
+
+def ingest_sets(path: Path, fmt: str, column: str, out_dir: Path) -> tuple[int, int]:
+    """Write the records of `path` as out_dir/part.<i>.parquet; returns (rows, partitions)."""
+    chunks = _transaction_chunks(path) if fmt == "transactions" else _parquet_chunks(path, column)
+    out_dir.mkdir(parents=True)
+    rows = parts = 0
+    try:
+        for offsets, values in chunks:
+            pq.write_table(set_table(column, offsets, values), out_dir / f"part.{parts}.parquet")
+            rows += offsets.size - 1
+            parts += 1
+    except (OSError, EOFError, pa.ArrowInvalid) as exc:
+        raise InputError(f"cannot read {path}: {exc}") from None
+    return rows, parts
+
+
+def read_sets(path: str, column: str, item_count: int) -> sp.csr_matrix:
+    """One partition of set-valued records as a binary CSR matrix (n, item_count) float32."""
+    arr = pq.read_table(path, columns=[column]).column(column).combine_chunks()
+    offsets = arr.offsets.to_numpy()
+    values = arr.values.to_numpy(zero_copy_only=False)[offsets[0]:offsets[-1]]
+    return sp.csr_matrix((np.ones(values.size, dtype=np.float32), values, offsets - offsets[0]),
+                         shape=(offsets.size - 1, item_count))

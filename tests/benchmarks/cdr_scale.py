@@ -1,0 +1,114 @@
+"""CDR-scale release through the real flow: generate the synthetic call-detail records (4.4M subscribers,
+1,303 towers; cached between runs), then run the `kernel_kmeans` release (d = 200, k = 10, 20 iterations)
+with Prefect's ephemeral API and dask (a local cluster, or --distributed: a `dask scheduler` and two
+`dask worker` processes started on loopback). Peak RSS covers the flow process and the dask workers.
+Last line:
+    RESULT users=<n> seconds_per_iteration=<s> peak_rss_gb=<g>
+
+    python tests/benchmarks/cdr_scale.py --users 4400000
+    python tests/benchmarks/cdr_scale.py --users 4400000 --distributed
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import tasks  # noqa: F401
+
+CACHE = Path(os.environ.get("DPRELEASE_BENCH_CACHE", Path(tempfile.gettempdir()) / "dprelease-bench"))
+
+
+def ensure_data(users: int, seed: int) -> tuple[Path, Path]:
+    from tasks import generators
+
+    data, public = CACHE / f"cdr-{users}-{seed}", CACHE / f"cdr-public-{seed + 1}"
+    for path, n, s in ((data, users, seed), (public, 20_000, seed + 1)):
+        if not (path / "_complete").exists():
+            t0 = time.perf_counter()
+            from distributed import Client, LocalCluster
+
+            with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1",
+                              dashboard_address="127.0.0.1:0") as cluster, Client(cluster) as client:
+                generators.generate(generators.CDR, path, users=n, seed=s, client=client)
+            (path / "_complete").write_text("ok")
+            print(f"generated {n} CDR records in {time.perf_counter() - t0:.1f}s -> {path}", flush=True)
+    return data, public
+
+
+def start_cluster(tmp: Path):
+    bin_dir = Path(sys.executable).parent
+    port = 8786 + os.getpid() % 1000
+    env = {**os.environ, "DASK_LOGGING__DISTRIBUTED": "warning"}
+    procs = [subprocess.Popen([str(bin_dir / "dask"), "scheduler", "--host", "127.0.0.1", "--port", str(port),
+                               "--dashboard-address", "127.0.0.1:0"], env=env, stdout=open(tmp / "s.log", "w"),
+                              stderr=subprocess.STDOUT, start_new_session=True)]
+    time.sleep(3)
+    procs.append(subprocess.Popen([str(bin_dir / "dask"), "worker", f"tcp://127.0.0.1:{port}", "--nworkers", "2",
+                                   "--nthreads", "1", "--host", "127.0.0.1", "--memory-limit", "0"], env=env,
+                                  stdout=open(tmp / "w.log", "w"), stderr=subprocess.STDOUT, start_new_session=True))
+    from distributed import Client
+
+    with Client(f"tcp://127.0.0.1:{port}", timeout=60) as c:
+        c.wait_for_workers(2, timeout=120)
+    return f"tcp://127.0.0.1:{port}", procs
+
+
+def worker_peak_gb(address: str) -> float:
+    from distributed import Client
+
+    with Client(address) as c:
+        peaks = c.run(lambda: resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
+    return sum(peaks.values()) / 1024 ** 2
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--users", type=int, default=4_400_000)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--release", choices=["kernel_kmeans"], default="kernel_kmeans")
+    ap.add_argument("--distributed", action="store_true", help="run on a dask scheduler + 2 worker processes")
+    ap.add_argument("--iterations", type=int, default=20)
+    args = ap.parse_args()
+    data, public = ensure_data(args.users, args.seed)
+    tmp = Path(tempfile.mkdtemp(prefix="cdr-scale-"))
+    procs, dask = [], {"n_workers": 1, "threads_per_worker": 2}
+    if args.distributed:
+        address, procs = start_cluster(tmp)
+        dask = {"address": address}
+    from flows.release import release
+    from tasks.spec import parse_spec
+
+    spec = parse_spec({
+        "dataset": {"id": "cdr-bench", "path": str(data), "items_column": "towers", "item_count": 1303},
+        "release": {"kind": "kernel_kmeans", "k": 10, "iterations": args.iterations, "epsilon": 1.0,
+                    "delta": 1e-7, "features": 200, "public_sample": str(public)},
+        "ledger": {"lifetime_epsilon": 1000.0, "lifetime_delta": 1e-6}, "output_dir": str(tmp / "runs"),
+        "dask": dask})
+    try:
+        t0 = time.perf_counter()
+        summary = release(spec=spec)
+        total = time.perf_counter() - t0
+        workers_gb = worker_peak_gb(dask["address"]) if args.distributed else 0.0
+    finally:
+        for p in reversed(procs):
+            p.terminate()
+    flow_gb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024 ** 2
+    dp = summary["timings"]["dp measurement"]
+    per_iteration = dp / args.iterations
+    print(json.dumps(summary["timings"], indent=1))
+    print(f"{args.users} records; flow {total:.0f}s; DP stage {dp:.1f}s = {per_iteration:.2f}s per iteration; "
+          f"feature pass {args.users / per_iteration:.3g} records/s; peak RSS flow {flow_gb:.2f} GB + dask workers "
+          f"{workers_gb:.2f} GB; {summary['evaluation']['headline'] if summary['evaluation'] else ''}")
+    print(f"RESULT users={args.users} seconds_per_iteration={per_iteration:.2f} peak_rss_gb={flow_gb + workers_gb:.2f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,139 @@
+"""DP kernel k-means (Acs et al.): random Fourier features, DPNorm, accounting, an empirical DP audit."""
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+from scipy import stats
+
+import dp_accounting
+from dp_accounting.rdp import RdpAccountant
+
+from dpalgos import kernel_kmeans as kk
+
+
+def _binary(n, m, p, seed):
+    return (np.random.default_rng(seed).random((n, m)) < p).astype(np.float64)
+
+
+def test_rff_inner_products_approximate_the_rbf_kernel_better_with_more_features():
+    X = _binary(60, 50, 0.2, 0)
+    gamma = 0.05
+    K = np.exp(-gamma * ((X[:, None] - X[None]) ** 2).sum(-1))
+    errors = []
+    for d in (50, 500, 5000):
+        Z = kk.rbf_features(50, d, gamma, np.random.default_rng(d)).transform(X).astype(np.float64)
+        errors.append(np.abs(Z @ Z.T - K).mean())
+    assert errors[0] > errors[1] > errors[2] and errors[2] < 0.02
+
+
+def test_feature_norms_are_one_in_expectation_and_at_most_sqrt2():
+    X = sp.csr_matrix(_binary(2000, 300, 0.05, 1))
+    norms = kk.feature_norms(X, kk.rbf_features(300, 200, 0.1, np.random.default_rng(2)))
+    assert np.mean(norms ** 2) == pytest.approx(1.0, abs=0.02)
+    assert norms.max() <= np.sqrt(2) + 1e-6
+
+
+def test_sparse_and_dense_records_give_the_same_features():
+    X = _binary(100, 40, 0.3, 3)
+    rff = kk.rbf_features(40, 64, 0.1, np.random.default_rng(4))
+    assert np.allclose(rff.transform(X), rff.transform(sp.csr_matrix(X)), atol=1e-6)
+
+
+def test_dpnorm_picks_the_crowded_bin_and_its_noise_has_the_stated_scale():
+    norms = np.r_[np.full(5000, 0.93), np.random.default_rng(5).uniform(0, 2, 300)]
+    hist = kk.norm_histogram(norms, 2.0, 100)
+    rng = np.random.default_rng(6)
+    assert {kk.dp_norm(hist, c_max=2.0, sigma=20.0, rng=rng) for _ in range(50)} == {0.94}
+    # Two bins 10 apart: the smaller wins when (N1 - N2) > 10 with N_i ~ N(0, (sqrt2 sigma)^2),
+    # i.e. with probability Phi(-10 / (2 sigma)).
+    two = np.zeros(10)
+    two[3], two[6] = 100.0, 90.0
+    sigma, draws = 6.0, 6000
+    picks = np.array([kk.dp_norm(two, c_max=1.0, sigma=sigma, rng=rng) for _ in range(draws)])
+    frac = np.mean(np.isclose(picks, 0.7))
+    expected = stats.norm.cdf(-10 / (2 * sigma))
+    assert abs(frac - expected) < 4 * np.sqrt(expected * (1 - expected) / draws)
+
+
+def test_noise_free_limit_is_lloyd_on_the_features():
+    X = sp.csr_matrix(_binary(500, 30, 0.2, 7))
+    rff = kk.rbf_features(30, 40, 0.2, np.random.default_rng(8))
+    Z = kk.clip_rows(rff.transform(X), 1.0).astype(np.float64)
+    init = Z[:3].copy()
+    res = kk.dp_lloyd(lambda C: kk.feature_stats(X, rff, 1.0, C), init, iterations=5, sigma=1e-12, clip=1.0,
+                      rng=np.random.default_rng(0))
+    C = init.copy()
+    for _ in range(5):
+        s, n = kk.grouped_stats(Z, C)
+        C[n > 0] = s[n > 0] / n[n > 0, None]
+    assert np.allclose(res.centres, C, atol=1e-5)
+
+
+def test_accounting_matches_dp_accounting_and_exposes_lemma1s_factor_two():
+    sigma = 3.0
+    acc = RdpAccountant(orders=[2.0, 3.0, 5.0, 9.0, 17.0])
+    acc.compose(dp_accounting.GaussianDpEvent(sigma))
+    for order, rdp in zip([2, 3, 5, 9, 17], acc._rdp):
+        lam = order - 1
+        exact_log_moment = lam * rdp  # alpha(lambda) = lambda * RDP(lambda + 1)
+        assert exact_log_moment == pytest.approx((lam * lam + lam) / (2 * sigma ** 2))
+        # The paper's Lemma 1 states half of it (it understates the privacy loss).
+        assert exact_log_moment == pytest.approx(2 * kk.lemma1_log_moment(lam, sigma))
+    # The run's event is T iterations of two Gaussian mechanisms (+ DPNorm): dp_accounting on it directly.
+    ev = kk.privacy_event(iterations=20, sigma=25.0, dpnorm_sigma=25.0)
+    direct = RdpAccountant()
+    direct.compose(dp_accounting.SelfComposedDpEvent(dp_accounting.GaussianDpEvent(25.0), 41))
+    ours = RdpAccountant()
+    ours.compose(ev)
+    assert ours.get_epsilon(1e-5) == pytest.approx(direct.get_epsilon(1e-5), rel=1e-9)
+
+
+@pytest.mark.parametrize("eps", [0.5, 2.0])
+def test_calibration_hits_the_target(eps):
+    sigma = kk.calibrate_sigma(epsilon=eps, delta=1e-5, iterations=20)
+    acc = RdpAccountant()
+    acc.compose(kk.privacy_event(iterations=20, sigma=sigma))
+    assert acc.get_epsilon(1e-5) == pytest.approx(eps, rel=1e-3)
+    acc = RdpAccountant()
+    acc.compose(kk.privacy_event(iterations=20, sigma=0.97 * sigma))
+    assert acc.get_epsilon(1e-5) > eps
+
+
+def _audit_statistic(sigma_claimed: float, noise_factor: float, draws: int) -> tuple[np.ndarray, np.ndarray]:
+    """One real dp_lloyd iteration on D and on D' = D with one record moved from cluster a to cluster b (the
+    paper's neighbours). Returns (n_b - n_a) / sqrt 2 of the noisy sizes on both: the privacy loss of the
+    sizes mechanism depends on the output only through this projection (a Gaussian shift of sqrt 2)."""
+    sums = np.zeros((2, 3))
+    counts_d, counts_dp = np.array([50.0, 40.0]), np.array([49.0, 41.0])
+    init = np.array([[0.0, 0.0, 0.0], [1.0, 1.0, 1.0]])
+    out = []
+    for counts in (counts_d, counts_dp):
+        rng = np.random.default_rng(int(counts[0]))
+        # noise_factor < 1 simulates an implementation that draws less noise than it claims
+        n = np.array([kk.dp_lloyd(lambda C: (sums, counts), init, iterations=1, sigma=sigma_claimed * noise_factor,
+                                  clip=1.0, rng=rng).noisy_counts[0] for _ in range(draws)])
+        out.append((n[:, 1] - n[:, 0]) / np.sqrt(2))
+    return out[0], out[1]
+
+
+def _hockey_stick(a: np.ndarray, b: np.ndarray, eps: float) -> float:
+    edges = np.linspace(min(a.min(), b.min()), max(a.max(), b.max()), 121)
+    p = np.histogram(a, edges)[0] / a.size
+    q = np.histogram(b, edges)[0] / b.size
+    return float(max(np.maximum(p - np.exp(eps) * q, 0).sum(), np.maximum(q - np.exp(eps) * p, 0).sum()))
+
+
+def test_empirical_dp_audit_of_one_iteration():
+    sigma, eps, draws = 1.0, 1.0, 40_000
+    # Claimed for the sizes: GaussianDpEvent(sigma); its exact delta(eps) (Balle & Wang 2018).
+    claimed = stats.norm.cdf(-eps * sigma + 1 / (2 * sigma)) - np.exp(eps) * stats.norm.cdf(-eps * sigma - 1 / (2 * sigma))
+    slack = 4 * np.sqrt(2 / draws)
+    assert _hockey_stick(*_audit_statistic(sigma, 1.0, draws), eps) <= claimed + slack
+    # An implementation drawing half the noise is caught at the same (eps, delta).
+    assert _hockey_stick(*_audit_statistic(sigma, 0.5, draws), eps) > claimed + slack
+
+
+def test_clustering_accuracy_uses_the_best_matching():
+    truth = np.array([0, 0, 1, 1, 2, 2])
+    assert kk.clustering_accuracy(np.array([2, 2, 0, 0, 1, 1]), truth) == 1.0
+    assert kk.clustering_accuracy(np.array([1, 1, 1, 0, 0, 2]), truth) == pytest.approx(4 / 6)

@@ -1,0 +1,63 @@
+"""Set-valued records: ingest normalisation, the transactions format, the CDR / transit generators."""
+
+import gzip
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from data_contracts import ContractViolation, suites, validate_parquet
+from tasks import generators
+from tasks.errors import InputError
+from tasks.sets import ingest_sets, read_sets
+
+
+def test_records_become_sorted_distinct_sets_with_their_summaries(tmp_path):
+    src = tmp_path / "t.dat.gz"
+    with gzip.open(src, "wt") as fh:
+        fh.write("5 3 5 1\n7\n2 2 2\n")
+    rows, parts = ingest_sets(src, "transactions", "items", tmp_path / "out")
+    table = pq.read_table(tmp_path / "out" / "part.0.parquet")
+    assert (rows, parts) == (3, 1)
+    assert table.column("items").to_pylist() == [[1, 3, 5], [7], [2]]
+    assert table.column("n_items").to_pylist() == [3, 1, 1]
+    assert table.column("min_item").to_pylist() == [1, 7, 2] and table.column("max_item").to_pylist() == [5, 7, 2]
+    validate_parquet(tmp_path / "out", suites.ingested_sets("items", 8))
+    X = read_sets(str(tmp_path / "out" / "part.0.parquet"), "items", 8)
+    assert X.shape == (3, 8) and X.toarray()[0].tolist() == [0, 1, 0, 1, 0, 1, 0, 0]
+
+
+def test_out_of_range_and_empty_records_break_the_contract(tmp_path):
+    src = tmp_path / "t.dat"
+    src.write_text("1 2\n9\n\n-1 3\n")
+    ingest_sets(src, "transactions", "items", tmp_path / "out")
+    with pytest.raises(ContractViolation) as info:
+        validate_parquet(tmp_path / "out", suites.ingested_sets("items", 5))
+    failed = {(f.column, f.expectation) for f in info.value.failures}
+    assert ("max_item", "expect_column_values_to_be_between") in failed   # 9 >= item_count
+    assert ("n_items", "expect_column_values_to_be_between") in failed    # the empty line
+    assert ("min_item", "expect_column_values_to_be_between") in failed   # -1
+
+
+def test_bad_tokens_and_wrong_column_types_are_clear_errors(tmp_path):
+    (tmp_path / "bad.dat").write_text("1 2\n3 x\n")
+    with pytest.raises(InputError, match="line 2"):
+        ingest_sets(tmp_path / "bad.dat", "transactions", "items", tmp_path / "o1")
+    pq.write_table(pa.table({"items": ["a", "b"]}), tmp_path / "s.parquet")
+    with pytest.raises(InputError, match="not a list"):
+        ingest_sets(tmp_path / "s.parquet", "parquet", "items", tmp_path / "o2")
+
+
+def test_cdr_generator_is_deterministic_realistic_and_heavy_tailed(tmp_path):
+    a = generators.generate(generators.CDR, tmp_path / "a", users=60_000, seed=3, partition_rows=30_000)
+    b = generators.generate(generators.CDR, tmp_path / "b", users=60_000, seed=3, partition_rows=30_000)
+    assert [pq.read_table(x).equals(pq.read_table(y)) for x, y in zip(a, b)] == [True, True]
+    towers = pq.read_table(a[0]).column("towers")
+    lengths = np.diff(towers.combine_chunks().offsets.to_numpy())
+    assert 9.5 < lengths.mean() < 13.5 and lengths.min() >= 1 and lengths.max() > 60
+    pop = np.bincount(towers.combine_chunks().values.to_numpy(), minlength=1303)
+    assert pop.std() / pop.mean() > 0.8                     # heavy-tailed tower popularity
+    transit = generators.generate(generators.TRANSIT, tmp_path / "t", users=30_000, seed=3)
+    lengths = np.diff(pq.read_table(transit[0]).column("stations").combine_chunks().offsets.to_numpy())
+    assert 4.5 < lengths.mean() < 6.0
