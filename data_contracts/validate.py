@@ -97,7 +97,13 @@ def validate_parquet(path: str | Path, contract: Contract) -> dict:
     files = parquet_files(path)
     for f in files:
         try:
-            frame = pq.read_table(f).to_pandas()
+            if contract.schema is not None:
+                names = pq.ParquetFile(f).schema_arrow.names
+                if names != contract.schema:
+                    failures.append(Failure(contract.stage, f.name, None, "expect_table_columns_to_match_ordered_list",
+                                            f"observed {names!r}, expected {contract.schema!r}"))
+                    continue
+            frame = pq.read_table(f, columns=contract.load_columns).to_pandas()
         except Exception as exc:  # a corrupt file is a contract failure of the stage that wrote it
             failures.append(Failure(contract.stage, f.name, None, "readable_parquet", str(exc)))
             continue

@@ -128,8 +128,10 @@ def _ingest_sets(dataset: DatasetSpec, source: Path, out_dir: Path, log) -> Stag
         raise InputError(f"dataset '{dataset.id}': {source} does not exist")
     if out_dir.exists():
         shutil.rmtree(out_dir)
+    from distributed import get_client
+
     fmt = dataset.format or dataset.source_format
-    rows, parts = ingest_sets(source, fmt, dataset.items_column, out_dir)
+    rows, parts = ingest_sets(source, fmt, dataset.items_column, out_dir, client=get_client())
     if rows == 0:
         raise InputError(f"dataset '{dataset.id}': {dataset.path} has no records")
     log.info("ingested %d set-valued records into %d partitions", rows, parts)

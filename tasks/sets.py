@@ -81,8 +81,26 @@ def _parquet_chunks(path: Path, column: str) -> Iterator[tuple[np.ndarray, np.nd
         yield offsets - offsets[0], values[offsets[0]:offsets[-1]]
 
 
-def ingest_sets(path: Path, fmt: str, column: str, out_dir: Path) -> tuple[int, int]:
-    """Write the records of `path` as out_dir/part.<i>.parquet; returns (rows, partitions)."""
+def _normalise_file(src: str, dst: str, column: str) -> int:
+    """One Parquet source file -> one normalised partition; returns its number of records."""
+    offsets, values = next(_parquet_chunks(Path(src), column))
+    pq.write_table(set_table(column, offsets, values), dst)
+    return offsets.size - 1
+
+
+def ingest_sets(path: Path, fmt: str, column: str, out_dir: Path, client=None) -> tuple[int, int]:
+    """Write the records of `path` as out_dir/part.<i>.parquet; returns (rows, partitions). With a dask
+    client, the files of a Parquet folder are normalised in parallel, one task per file."""
+    if client is not None and fmt == "parquet" and path.is_dir():
+        files = sorted(path.glob("*.parquet"))
+        out_dir.mkdir(parents=True)
+        try:
+            rows = client.gather(client.map(_normalise_file, [str(f) for f in files],
+                                            [str(out_dir / f"part.{i}.parquet") for i in range(len(files))],
+                                            column=column))
+        except (OSError, pa.ArrowInvalid) as exc:
+            raise InputError(f"cannot read {path}: {exc}") from None
+        return int(sum(rows)), len(files)
     chunks = _transaction_chunks(path) if fmt == "transactions" else _parquet_chunks(path, column)
     out_dir.mkdir(parents=True)
     rows = parts = 0

@@ -15,7 +15,7 @@ from tasks.experiments import matrix_mechanism as exp_mm
 
 
 @pytest.mark.usefixtures("prefect_api")
-@pytest.mark.parametrize("name", ["kmeans", "contingency", "histogram", "matrix_mechanism"])
+@pytest.mark.parametrize("name", ["kmeans", "contingency", "histogram", "matrix_mechanism", "mnist_clustering"])
 def test_experiment_flow_writes_table_and_plots(tmp_path, shared_data, name):
     from flows.experiments import experiment
 
@@ -24,7 +24,8 @@ def test_experiment_flow_writes_table_and_plots(tmp_path, shared_data, name):
     assert out["plots"] and all(Path(p).stat().st_size > 0 for p in out["plots"])
     for t in out["tables"]:
         frame = pd.read_parquet(t)
-        assert len(frame) and np.isfinite(frame["ratio" if name == "kmeans" else "mse"]).all()
+        metric = {"kmeans": "ratio", "mnist_clustering": "accuracy"}.get(name, "mse")
+        assert len(frame) and np.isfinite(frame[metric]).all()
     assert Path(out["internal_dir"]).name == "internal"
 
 
