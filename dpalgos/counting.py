@@ -7,8 +7,9 @@ Queries: random item sets in 5 length buckets, the length of a query of bucket i
 Relative error |Q(D) - Q(D^)| / max(Q(D), s), sanity bound s = 0.1% of |D|.
 
 Baselines: MWEM (Hardt et al.) on the item histogram for the linear class, with records clipped to at most
-`max_items` items (L1 sensitivity max_items); for the any-of class, records drawn with independent items from
-DP item marginals and a DP record-length histogram.
+`max_items` items (L1 sensitivity max_items; `mwem_linear` takes the counts of clipped records, or of records
+weighted by min(1, max_items / |record|), same bound); for the any-of class, records drawn with independent
+items from DP item marginals and a DP record-length histogram.
 """
 
 from __future__ import annotations
@@ -107,20 +108,28 @@ def mwem_linear(clipped_counts: np.ndarray, Q: sp.csr_matrix, *, epsilon: float,
 
 def independent_records(X: sp.csr_matrix, *, epsilon: float, max_items: int, n: int,
                         rng: np.random.Generator) -> sp.csr_matrix:
-    """Records with independent items: half of epsilon for the item marginals of the clipped records (L1
-    sensitivity max_items), half for the histogram of record lengths 1..max_items (sensitivity 1); n records
-    drawn with a noisy length and items drawn in proportion to the noisy marginals."""
-    Xc = clip_records(X, max_items, rng)
-    marg = np.maximum(laplace_mechanism(item_counts(Xc), sensitivity=max_items, epsilon=epsilon / 2, rng=rng), 0.0)
-    lengths = np.minimum(np.diff(Xc.indptr), max_items)
-    hist = np.bincount(lengths, minlength=max_items + 1)[1:].astype(np.float64)
-    hist = np.maximum(laplace_mechanism(hist, sensitivity=1.0, epsilon=epsilon / 2, rng=rng), 0.0)
+    """`independent_from_stats` of the records X."""
+    lengths = np.diff(X.indptr)
+    w = np.minimum(1.0, max_items / np.maximum(lengths, 1))
+    clipped = np.asarray((sp.diags(w) @ X).sum(axis=0), dtype=np.float64).ravel()
+    hist = np.bincount(np.minimum(lengths, max_items), minlength=max_items + 1)[1:].astype(np.float64)
+    return independent_from_stats(clipped, hist, epsilon=epsilon, max_items=max_items, n=n,
+                                  rng=rng)
+
+
+def independent_from_stats(clipped_counts: np.ndarray, length_hist: np.ndarray, *, epsilon: float, max_items: int,
+                           n: int, rng: np.random.Generator) -> sp.csr_matrix:
+    """n records with independent items, from the item counts of records weighted by min(1, max_items /
+    |record|) (L1 sensitivity max_items) and the histogram of record lengths capped at max_items
+    (sensitivity 1), each measured with the Laplace mechanism at epsilon / 2. Every record gets a noisy
+    length and items drawn in proportion to the noisy marginals (a repeated draw is dropped)."""
+    m = clipped_counts.size
+    marg = np.maximum(laplace_mechanism(clipped_counts, sensitivity=max_items, epsilon=epsilon / 2, rng=rng), 0.0)
+    hist = np.maximum(laplace_mechanism(length_hist, sensitivity=1.0, epsilon=epsilon / 2, rng=rng), 0.0)
     p_len = hist / hist.sum() if hist.sum() > 0 else np.full(max_items, 1.0 / max_items)
-    p_item = marg / marg.sum() if marg.sum() > 0 else np.full(X.shape[1], 1.0 / X.shape[1])
+    p_item = marg / marg.sum() if marg.sum() > 0 else np.full(m, 1.0 / m)
     L = rng.choice(np.arange(1, max_items + 1), size=n, p=p_len)
-    # Items drawn independently in proportion to the noisy marginals; a repeated draw is dropped.
     rows = np.repeat(np.arange(n), L)
-    cols = rng.choice(X.shape[1], size=rows.size, p=p_item)
-    key = np.unique(rows.astype(np.int64) * X.shape[1] + cols)
-    return sp.csr_matrix((np.ones(key.size, dtype=np.float32), (key // X.shape[1], key % X.shape[1])),
-                         shape=(n, X.shape[1]))
+    cols = rng.choice(m, size=rows.size, p=p_item)
+    key = np.unique(rows.astype(np.int64) * m + cols)
+    return sp.csr_matrix((np.ones(key.size, dtype=np.float32), (key // m, key % m)), shape=(n, m))

@@ -17,13 +17,19 @@ privacy, the signal-to-noise of a model update is the same as Algorithm 1's unde
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Literal
+from typing import Callable, Iterator, Literal
 
 import numpy as np
 import scipy.sparse as sp
 
+from dp_accounting import calibrate_dp_mechanism
+from dp_accounting import dp_event as dpe
+from dp_accounting.rdp import RdpAccountant
+
 from dpalgos import dpsgd
+from dpalgos import kernel_kmeans as kk
 from dpalgos.generative import RBM, VAE
+from dpalgos.mechanisms import gaussian_mechanism
 
 ModelKind = Literal["vae", "rbm"]
 
@@ -41,10 +47,110 @@ class SGDConfig:
     lr: float | None = None          # default: Adam 0.01 (VAE), 0.01 (RBM, the paper)
 
 
-def make_model(config: SGDConfig, m: int, rng: np.random.Generator):
+@dataclass(frozen=True)
+class NoisePlan:
+    """Noise multipliers of the three parts of DPGM (std / L2 sensitivity)."""
+    sigma_kmeans: float
+    sigma_marginals: float
+    sigma_sgd: float
+
+
+def privacy_event(plan: NoisePlan, *, kmeans_iterations: int, q: float, steps: int) -> dpe.DpEvent:
+    """Clustering (2 Gaussian mechanisms per iteration), per-cluster marginals (one Gaussian), DP-SGD."""
+    return dpe.ComposedDpEvent([
+        kk.privacy_event(iterations=kmeans_iterations, sigma=plan.sigma_kmeans),
+        dpe.GaussianDpEvent(plan.sigma_marginals),
+        dpsgd.training_event(q=q, steps=steps, sigma_grad=plan.sigma_sgd, sigma_norm=plan.sigma_sgd)])
+
+
+def calibrate(*, epsilon: float, delta: float, kmeans_iterations: int, q: float, steps: int,
+              shares: tuple[float, float, float] = (0.2, 0.1, 0.7)) -> NoisePlan:
+    """Noise multipliers meeting (epsilon, delta) in total.
+
+    Each part is first calibrated alone to its share of epsilon (at delta/3); composing them is then
+    tighter than the sum of the shares, so all three multipliers are scaled down by one common factor
+    until the composition is exactly (epsilon, delta)."""
+    if not epsilon > 0 or not 0 < delta < 1:
+        raise ValueError(f"need epsilon > 0 and 0 < delta < 1, got {epsilon}, {delta}")
+    cal = lambda make, eps: float(calibrate_dp_mechanism(RdpAccountant, make, eps, delta / 3, bracket_interval=None))
+    base = NoisePlan(
+        kk.calibrate_sigma(epsilon=shares[0] * epsilon, delta=delta / 3, iterations=kmeans_iterations),
+        cal(dpe.GaussianDpEvent, shares[1] * epsilon),
+        cal(lambda s: dpsgd.training_event(q=q, steps=steps, sigma_grad=s, sigma_norm=s), shares[2] * epsilon))
+    scaled = lambda t: NoisePlan(base.sigma_kmeans * t, base.sigma_marginals * t, base.sigma_sgd * t)
+    make = lambda t: privacy_event(scaled(t), kmeans_iterations=kmeans_iterations, q=q, steps=steps)
+    t = float(calibrate_dp_mechanism(RdpAccountant, make, epsilon, delta, bracket_interval=None))
+    return scaled(min(t, 1.0))
+
+
+def _quiet_rdp(fn):
+    """The RDP accountant logs a warning for every fractional order it drops while the search probes small
+    noise multipliers; the orders it keeps still give a valid bound."""
+    def wrapper(*args, **kwargs):
+        from absl import logging as absl_logging
+
+        level = absl_logging.get_verbosity()
+        absl_logging.set_verbosity(absl_logging.ERROR)
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            absl_logging.set_verbosity(level)
+    return wrapper
+
+
+calibrate = _quiet_rdp(calibrate)
+
+
+def cluster_counts(X: sp.csr_matrix, labels: np.ndarray, k: int, max_items: int) -> np.ndarray:
+    """(k, m + 1) table: per cluster, its item counts with every record weighted by min(1, max_items /
+    |record|), and (last column) its number of records.
+
+    One record adds to one row only: at most sqrt(min(|x|, max_items)) <= sqrt(max_items) in L2 to the item
+    counts and 1 to the record count, so the table has L2 sensitivity sqrt(max_items + 1)."""
+    X = X.tocsr()
+    lengths = np.diff(X.indptr)
+    w = np.minimum(1.0, max_items / np.maximum(lengths, 1))
+    member = sp.csr_matrix((w, (labels, np.arange(X.shape[0]))), shape=(k, X.shape[0]))
+    table = np.zeros((k, X.shape[1] + 1))
+    table[:, :-1] = (member @ X).toarray()
+    table[:, -1] = np.bincount(labels, minlength=k)
+    return table
+
+
+def noisy_cluster_table(table: np.ndarray, *, max_items: int, sigma: float, rng: np.random.Generator) -> np.ndarray:
+    """The Gaussian measurement of `cluster_counts`."""
+    # L2 sensitivity sqrt(max_items + 1) (see cluster_counts): std sigma * sqrt(max_items + 1) per cell.
+    return gaussian_mechanism(table, sensitivity=float(np.sqrt(max_items + 1)), noise_multiplier=sigma, rng=rng)
+
+
+def project_simplex(v: np.ndarray, total: float) -> np.ndarray:
+    """Euclidean projection of v (m,) onto {x >= 0, sum x = total} (Duchi et al. 2008)."""
+    u = np.sort(v)[::-1]
+    css = np.cumsum(u) - total
+    rho = np.flatnonzero(u - css / np.arange(1, v.size + 1) > 0)[-1]
+    return np.maximum(v - css[rho] / (rho + 1), 0.0)
+
+
+def marginals_and_sizes(noisy_table: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Item probabilities (k, m) and cluster sizes (k,) from the noisy table (post-processing).
+
+    Clipping negative noisy counts at zero would add the positive half of the noise of every rare item and
+    inflate the expected record length many times over when items are many and records few; instead every
+    row of counts is projected onto the nonnegative vectors with the row's noisy total (which is unbiased)."""
+    sizes = np.maximum(noisy_table[:, -1], 1.0)
+    counts = np.array([project_simplex(row, max(row.sum(), 1.0)) for row in noisy_table[:, :-1]])
+    return np.clip(counts / sizes[:, None], 1e-4, 1 - 1e-4), sizes
+
+
+def make_model(config: SGDConfig, m: int, rng: np.random.Generator, marginals: np.ndarray | None = None):
+    """A fresh model; with `marginals` (m,), it starts as the independent-items model of those marginals."""
     if config.model == "vae":
-        return VAE(m, rng, hidden=config.hidden, lr=config.lr or 0.01)
-    return RBM(m, rng, hidden=config.hidden[0], lr=config.lr or 0.01)
+        model = VAE(m, rng, hidden=config.hidden, lr=config.lr or 0.01)
+    else:
+        model = RBM(m, rng, hidden=config.hidden[0], lr=config.lr or 0.01)
+    if marginals is not None:
+        model.start_at(marginals, rng)
+    return model
 
 
 def train(models: list, batches: Callable[[int], list], expected_sizes: np.ndarray, config: SGDConfig,
@@ -80,31 +186,43 @@ def _empty_layers(model) -> list[dpsgd.LayerGrad]:
     return [dpsgd.LayerGrad(None if l.a is None else l.a[:0], l.delta[:0], l.bias) for l in layers]
 
 
-def synthesize(models: list, weights: np.ndarray, n: int, rng: np.random.Generator, nonempty: bool = True,
-               chunk: int = 50_000) -> sp.csr_matrix:
-    """n synthetic records (§4.4): each from model s with probability weights_s / sum(weights); with
-    `nonempty`, empty draws are redrawn (real records have at least one item)."""
+def synthesize_chunks(models: list, weights: np.ndarray, n: int, rng: np.random.Generator, nonempty: bool = True,
+                      chunk: int = 50_000) -> Iterator[sp.csr_matrix]:
+    """n synthetic records (§4.4) in shuffled chunks of at most `chunk`: each record from model s with
+    probability weights_s / sum(weights); with `nonempty`, empty draws are redrawn (real records have at
+    least one item; after 50 rounds a model that only draws empty records leaves its share unfilled)."""
     w = np.maximum(np.asarray(weights, dtype=np.float64), 0.0)
-    counts = rng.multinomial(n, w / w.sum())
-    parts = []
-    for model, c in zip(models, counts):
-        rows, todo = [], int(c)
-        for _ in range(50):
-            if todo == 0:
-                break
-            draw = model.sample(min(todo, chunk) if not nonempty else min(2 * todo, chunk), rng)
-            if nonempty:
-                draw = draw[np.diff(draw.indptr) > 0]
-            draw = draw[:todo]
-            rows.append(draw)
-            todo -= draw.shape[0]
-        parts.extend(rows)
-    out = sp.vstack(parts).tocsr() if parts else sp.csr_matrix((0, models[0].m))
-    return out[rng.permutation(out.shape[0])]
+    for start in range(0, n, chunk):
+        parts = []
+        for model, c in zip(models, rng.multinomial(min(chunk, n - start), w / w.sum())):
+            todo = int(c)
+            for _ in range(50):
+                if todo == 0:
+                    break
+                draw = model.sample(2 * todo if nonempty else todo, rng)
+                if nonempty:
+                    draw = draw[np.diff(draw.indptr) > 0]
+                parts.append(draw[:todo])
+                todo -= parts[-1].shape[0]
+        out = sp.vstack(parts).tocsr() if parts else sp.csr_matrix((0, models[0].m))
+        yield out[rng.permutation(out.shape[0])]
 
 
-def model_arrays(model) -> dict[str, np.ndarray]:
-    """The released parameters of a model, by name."""
+def synthesize(models: list, weights: np.ndarray, n: int, rng: np.random.Generator, nonempty: bool = True) -> sp.csr_matrix:
+    """All of `synthesize_chunks` in one matrix."""
+    return sp.vstack(list(synthesize_chunks(models, weights, n, rng, nonempty))).tocsr()
+
+
+def load_model(kind: ModelKind, arrays: dict[str, np.ndarray], hidden: tuple[int, ...] = (200,)):
+    """A model rebuilt from `model_arrays` (for sampling; the optimiser state is not kept)."""
+    m = arrays["b"].size if kind == "rbm" else arrays["enc0_W"].shape[0]
+    model = make_model(SGDConfig(model=kind, hidden=tuple(hidden)), m, np.random.default_rng(0))
+    for name, target in _parameters(model).items():
+        target[...] = arrays[name]
+    return model
+
+
+def _parameters(model) -> dict[str, np.ndarray]:
     if isinstance(model, RBM):
         return {"W": model.W, "b": model.b, "c": model.c}
     out = {}
@@ -114,3 +232,8 @@ def model_arrays(model) -> dict[str, np.ndarray]:
     out["mu_W"], out["mu_b"] = model.mu
     out["logvar_W"], out["logvar_b"] = model.logvar
     return out
+
+
+def model_arrays(model) -> dict[str, np.ndarray]:
+    """The released parameters of a model, by name (copies)."""
+    return {name: a.copy() for name, a in _parameters(model).items()}

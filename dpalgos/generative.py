@@ -97,6 +97,12 @@ class VAE:
         """One Adam step with per-layer (weight, bias) gradients of the mean loss."""
         self.optimizer.step([g for pair in grads for g in pair])
 
+    def start_at(self, p: np.ndarray, rng: np.random.Generator) -> None:
+        """Output logits logit(p) whatever the latent: last decoder layer scaled to 1% of its initial size."""
+        W, b = self.dec[-1]
+        W *= 0.01
+        b[:] = np.log(p) - np.log1p(-p)
+
     def sample(self, n: int, rng: np.random.Generator) -> sp.csr_matrix:
         """n records: z ~ N(0, I), items ~ Bernoulli(sigmoid(decoder(z)))."""
         a = rng.standard_normal((n, self.latent))
@@ -115,6 +121,12 @@ class RBM:
         self.c = np.zeros(hidden)
         self.params = [self.W, self.c, self.b]
         self.fantasy = (rng.random((particles, m)) < 0.5).astype(np.float64)
+
+    def start_at(self, p: np.ndarray, rng: np.random.Generator) -> None:
+        """Visible biases log(p / (1 - p)) (Hinton, A Practical Guide to Training RBMs, §8.1), fantasy
+        particles drawn from p."""
+        self.b[:] = np.log(p) - np.log1p(-p)
+        self.fantasy = (rng.random(self.fantasy.shape) < p).astype(np.float64)
 
     def loss_and_gradients(self, X, rng: np.random.Generator) -> tuple[np.ndarray, list[LayerGrad]]:
         """Free energy (B,) and the per-example positive phase: d/dW = outer(x_i, p(h|x_i)), d/dc = p(h|x_i),
@@ -141,9 +153,9 @@ class RBM:
 
     def sample(self, n: int, rng: np.random.Generator, chains: int = 1000, burn_in: int = 300,
                thinning: int = 2) -> sp.csr_matrix:
-        """n records from `chains` Gibbs chains started at random: after `burn_in` steps, every `thinning`-th
+        """n records from `chains` Gibbs chains started from the visible biases alone: after `burn_in` steps, every `thinning`-th
         state of every chain is a record."""
-        V = (rng.random((min(chains, n), self.m)) < 0.5).astype(np.float64)
+        V = (rng.random((min(chains, n), self.m)) < _sigmoid(self.b)).astype(np.float64)
         for _ in range(burn_in):
             V = self._gibbs(V, rng)
         out, have = [], 0

@@ -117,6 +117,12 @@ class Partitioned:
         """fn(partition, *args) of every partition, brought to the driver (for per-record outputs)."""
         return self._client.gather(self._client.map(fn, self._parts, *[[a] * self.n_partitions for a in args]))
 
+    def map_seeded(self, fn: Callable, rng: np.random.Generator, *args) -> list:
+        """fn(partition, seed, *args) of every partition, each with its own seed drawn from `rng`."""
+        seeds = [int(s) for s in rng.integers(0, 2 ** 63 - 1, self.n_partitions)]
+        return self._client.gather(self._client.map(fn, self._parts, seeds,
+                                                    *[[a] * self.n_partitions for a in args]))
+
     def reduce(self, fn: Callable, *args):
         futures = self._client.map(fn, self._parts, *[[a] * self.n_partitions for a in args])
         total = None

@@ -220,8 +220,37 @@ class KernelKMeansRelease(_Release):
         return self
 
 
+class SyntheticRelease(KernelKMeansRelease):
+    """DPGM (Acs et al. Algorithm 1): DP kernel k-means into k clusters, one generative model per cluster
+    trained with DP-SGD, synthetic set-valued records sampled from the mixture. epsilon and delta cover all of
+    it (clustering, per-cluster marginals, DP-SGD), the noise calibrated together with dp_accounting."""
+    kind: Literal["synthetic"] = "synthetic"  # type: ignore[assignment]
+    iterations: int = Field(10, ge=1, le=1000, description="DP kernel k-means iterations")
+    model: Literal["vae", "rbm"] = Field("vae", description="generative model of every cluster")
+    hidden: list[int] = Field([200], min_length=1, max_length=2, description="hidden units: [200] is the paper's "
+                                                                             "VAE, [200, 200] its appendix variant")
+    steps: int = Field(300, ge=1, le=100_000, description="DP-SGD steps (every step updates every cluster model)")
+    q: float = Field(0.02, gt=0, le=1, description="Poisson sampling rate of every record at every step")
+    lr: float = Field(0.01, gt=0, description="learning rate (Adam for the VAE, plain for the RBM)")
+    max_items: int = Field(12, ge=1, description="record clipping bound of the per-cluster item marginals")
+    c_max: float = Field(10.0, gt=0, description="DPNorm range (0, c_max] of per-example gradient norms")
+    norm_bins: int = Field(100, ge=2, description="DPNorm histogram bins")
+    budget_shares: tuple[float, float, float] = Field(
+        (0.2, 0.1, 0.7), description="starting split of epsilon (clustering, marginals, SGD) before the common "
+                                     "rescaling to the exact total")
+    queries: int = Field(1000, ge=5, description="random counting queries of the internal evaluation")
+
+    @model_validator(mode="after")
+    def _shares(self):
+        if min(self.budget_shares) <= 0 or abs(sum(self.budget_shares) - 1.0) > 1e-9:
+            raise ValueError("budget_shares must be three positive numbers summing to 1")
+        if self.clip == "dpnorm":
+            raise ValueError("synthetic releases take a numeric clip (DPNorm is used inside DP-SGD)")
+        return self
+
+
 ReleaseParams = Annotated[Union[KMeansRelease, HistogramRelease, ContingencyRelease, MatrixMechanismRelease,
-                                KernelKMeansRelease], Field(discriminator="kind")]
+                                KernelKMeansRelease, SyntheticRelease], Field(discriminator="kind")]
 
 
 class LedgerSpec(_Strict):
@@ -267,9 +296,9 @@ class ReleaseSpec(_Strict):
             raise ValueError(f"{kind} releases need exactly one numeric column with bounds")
         if kind == "contingency" and (not ds.categories or ds.bounds):
             raise ValueError("contingency releases need categorical columns with public levels (categories)")
-        if kind == "kernel_kmeans" and not ds.items_column:
-            raise ValueError("kernel_kmeans releases need set-valued records (items_column, item_count)")
-        if ds.items_column and kind != "kernel_kmeans":
+        if kind in ("kernel_kmeans", "synthetic") and not ds.items_column:
+            raise ValueError(f"{kind} releases need set-valued records (items_column, item_count)")
+        if ds.items_column and kind not in ("kernel_kmeans", "synthetic"):
             raise ValueError(f"{kind} releases do not take set-valued records")
         if getattr(self.release, "delta", 0.0) > self.ledger.lifetime_delta:
             raise ValueError(f"release.delta ({self.release.delta:g}) exceeds the lifetime delta "

@@ -6,8 +6,8 @@ from tasks.kinds.base import ReleaseKind
 
 
 def kind_of(spec) -> ReleaseKind:
-    from tasks.kinds import contingency, histogram, kernel_kmeans, kmeans, matrix_mechanism
+    from tasks.kinds import contingency, histogram, kernel_kmeans, kmeans, matrix_mechanism, synthetic
 
     kinds = {k.name: k for k in (kmeans.KIND, histogram.KIND, contingency.KIND, matrix_mechanism.KIND,
-                                 kernel_kmeans.KIND)}
+                                 kernel_kmeans.KIND, synthetic.KIND)}
     return kinds[spec.release.kind]

@@ -85,6 +85,56 @@ def partition_assignment(X, rff, clip: float, centres: np.ndarray) -> np.ndarray
     return kk.nearest(kk.clip_rows(rff.transform(X), clip), centres).astype(np.int32)
 
 
+def cluster_records(spec, data: Partitioned, sigma: float, rng: np.random.Generator, log):
+    """DP kernel k-means of the records in `data` (DPNorm first if the spec asks): returns (feature map,
+    gamma, clipping bound, dp_lloyd result)."""
+    p, ds = spec.release, spec.dataset
+    public = public_records(spec) if p.public_sample else None
+    gamma = p.gamma if p.gamma is not None else median_gamma_sets(public)
+    # The feature map and the initial centres use public randomness and public records only.
+    rff = kk.rbf_features(ds.item_count, p.features, gamma, rng)
+    if public is not None:
+        init = rff.transform(public[rng.choice(public.shape[0], p.k, replace=public.shape[0] < p.k)])
+    else:
+        rows = np.repeat(np.arange(p.k), p.random_init_items)
+        cols = np.concatenate([rng.choice(ds.item_count, p.random_init_items, replace=False) for _ in range(p.k)])
+        init = rff.transform(sp.csr_matrix((np.ones(rows.size), (rows, cols)), shape=(p.k, ds.item_count)))
+    if p.clip == "dpnorm":
+        hist = data.reduce(partition_norm_histogram, rff, NORM_C_MAX, NORM_BINS)
+        clip = kk.dp_norm(hist, c_max=NORM_C_MAX, sigma=sigma, rng=rng)
+        log.info("DPNorm clipping bound C_s = %.4g", clip)
+    else:
+        clip = float(p.clip)
+    log.info("DP kernel k-means: k=%d, d=%d, gamma=%.4g, sigma=%.4g, %d iterations", p.k, p.features,
+             gamma, sigma, p.iterations)
+    res = kk.dp_lloyd(lambda C: data.reduce(kk.feature_stats, rff, clip, C), init,
+                      iterations=p.iterations, sigma=sigma, clip=clip, rng=rng,
+                      on_iteration=lambda t: log.info("DP kernel k-means iteration %d/%d", t, p.iterations))
+    return rff, gamma, clip, res
+
+
+def write_clustering(folder, rff, res) -> None:
+    """The noisy trajectory (TRAJECTORY) and the public feature map (W_FILE, B_FILE)."""
+    T, k, d = res.trajectory.shape
+    cols = {"iteration": np.repeat(np.arange(1, T + 1, dtype=np.int32), k),
+            "cluster": np.tile(np.arange(k, dtype=np.int32), T),
+            "noisy_count": res.noisy_counts.reshape(-1)}
+    cols.update({f"f_{j}": res.trajectory[:, :, j].reshape(-1) for j in range(d)})
+    pq.write_table(pa.table(cols), folder / TRAJECTORY)
+    np.save(folder / W_FILE, rff.W)
+    np.save(folder / B_FILE, rff.b)
+
+
+def trajectory_contract(k: int, iterations: int, features: int):
+    """(TRAJECTORY, its contract)."""
+    import great_expectations.expectations as gxe
+
+    cols = ["iteration", "cluster", "noisy_count"] + [f"f_{j}" for j in range(features)]
+    rows = [gxe.ExpectTableColumnsToMatchOrderedList(column_list=cols)] + suites._finite(gxe, cols)
+    return TRAJECTORY, suites.Contract("measurements", rows=rows, partitioned=False,
+                                       table=[gxe.ExpectTableRowCountToEqual(value=k * iterations)])
+
+
 class KernelKMeansKind(ReleaseKind):
     name = "kernel_kmeans"
     prepared_stage = None  # set-valued records are normalised at ingest
@@ -102,55 +152,19 @@ class KernelKMeansKind(ReleaseKind):
                                 dpnorm_sigma=sigma if p.clip == "dpnorm" else None)
 
     def draw(self, spec, prepared, rng, log):
-        p, ds = spec.release, spec.dataset
-        sigma = _sigma(spec)
-        public = public_records(spec) if p.public_sample else None
-        gamma = p.gamma if p.gamma is not None else median_gamma_sets(public)
-        # The feature map and the initial centres use public randomness and public records only.
-        rff = kk.rbf_features(ds.item_count, p.features, gamma, rng)
-        if public is not None:
-            init = rff.transform(public[rng.choice(public.shape[0], p.k, replace=public.shape[0] < p.k)])
-        else:
-            rows = np.repeat(np.arange(p.k), p.random_init_items)
-            cols = np.concatenate([rng.choice(ds.item_count, p.random_init_items, replace=False) for _ in range(p.k)])
-            init = rff.transform(sp.csr_matrix((np.ones(rows.size), (rows, cols)), shape=(p.k, ds.item_count)))
-        data = Partitioned.sets(_client(), parquet_files(prepared.path), ds.items_column, ds.item_count)
+        p = spec.release
+        data = Partitioned.sets(_client(), parquet_files(prepared.path), spec.dataset.items_column,
+                                spec.dataset.item_count)
         try:
-            if p.clip == "dpnorm":
-                hist = data.reduce(partition_norm_histogram, rff, NORM_C_MAX, NORM_BINS)
-                clip = kk.dp_norm(hist, c_max=NORM_C_MAX, sigma=sigma, rng=rng)
-                log.info("DPNorm clipping bound C_s = %.4g", clip)
-            else:
-                clip = float(p.clip)
-            log.info("DP kernel k-means: k=%d, d=%d, gamma=%.4g, sigma=%.4g, %d iterations", p.k, p.features,
-                     gamma, sigma, p.iterations)
-            res = kk.dp_lloyd(lambda C: data.reduce(kk.feature_stats, rff, clip, C), init,
-                              iterations=p.iterations, sigma=sigma, clip=clip, rng=rng,
-                              on_iteration=lambda t: log.info("DP kernel k-means iteration %d/%d", t, p.iterations))
+            rff, gamma, clip, res = cluster_records(spec, data, _sigma(spec), rng, log)
         finally:
             data.close()
         meta = {"k": p.k, "iterations": p.iterations, "features": p.features, "gamma": gamma, "clip": clip,
-                "sigma": sigma, "epsilon": p.epsilon, "delta": p.delta, "item_count": ds.item_count}
-
-        def write(folder):
-            T, k, d = res.trajectory.shape
-            cols = {"iteration": np.repeat(np.arange(1, T + 1, dtype=np.int32), k),
-                    "cluster": np.tile(np.arange(k, dtype=np.int32), T),
-                    "noisy_count": res.noisy_counts.reshape(-1)}
-            cols.update({f"f_{j}": res.trajectory[:, :, j].reshape(-1) for j in range(d)})
-            pq.write_table(pa.table(cols), folder / TRAJECTORY)
-            np.save(folder / W_FILE, rff.W)
-            np.save(folder / B_FILE, rff.b)
-        return Draw(write=write, meta=meta)
+                "sigma": _sigma(spec), "epsilon": p.epsilon, "delta": p.delta, "item_count": spec.dataset.item_count}
+        return Draw(write=lambda folder: write_clustering(folder, rff, res), meta=meta)
 
     def measurements_contract(self, spec):
-        p = spec.release
-        cols = ["iteration", "cluster", "noisy_count"] + [f"f_{j}" for j in range(p.features)]
-        import great_expectations.expectations as gxe
-
-        rows = [gxe.ExpectTableColumnsToMatchOrderedList(column_list=cols)] + suites._finite(gxe, cols)
-        return TRAJECTORY, suites.Contract("measurements", rows=rows, partitioned=False,
-                                           table=[gxe.ExpectTableRowCountToEqual(value=p.k * p.iterations)])
+        return trajectory_contract(spec.release.k, spec.release.iterations, spec.release.features)
 
     def postprocess(self, spec, measurements, staging, internal, log):
         """The last iteration's noisy centres and noisy cluster sizes, and the assignment rule."""
