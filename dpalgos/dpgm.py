@@ -199,7 +199,7 @@ def synthesize_chunks(models: list, weights: np.ndarray, n: int, rng: np.random.
             for _ in range(50):
                 if todo == 0:
                     break
-                draw = model.sample(2 * todo if nonempty else todo, rng)
+                draw = model.sample(todo, rng)
                 if nonempty:
                     draw = draw[np.diff(draw.indptr) > 0]
                 parts.append(draw[:todo])

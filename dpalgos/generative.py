@@ -28,7 +28,10 @@ def _dense(X) -> np.ndarray:
 
 
 def _bernoulli_rows(P: np.ndarray, rng: np.random.Generator) -> sp.csr_matrix:
-    return sp.csr_matrix((rng.random(P.shape) < P).astype(np.float32))
+    """Independent Bernoulli(P) draws (n, m) as CSR, without a dense float copy of the draws."""
+    rows, cols = np.nonzero(rng.random(P.shape, dtype=np.float32) < P)
+    indptr = np.concatenate([[0], np.cumsum(np.bincount(rows, minlength=P.shape[0]))])
+    return sp.csr_matrix((np.ones(cols.size, dtype=np.float32), cols, indptr), shape=P.shape)
 
 
 class VAE:
@@ -103,14 +106,18 @@ class VAE:
         W *= 0.01
         b[:] = np.log(p) - np.log1p(-p)
 
-    def sample(self, n: int, rng: np.random.Generator) -> sp.csr_matrix:
-        """n records: z ~ N(0, I), items ~ Bernoulli(sigmoid(decoder(z)))."""
-        a = rng.standard_normal((n, self.latent))
-        for i, (W, b) in enumerate(self.dec):
-            a = a @ W + b
-            if i < len(self.dec) - 1:
-                a = np.maximum(a, 0.0)
-        return _bernoulli_rows(_sigmoid(a), rng)
+    def sample(self, n: int, rng: np.random.Generator, chunk: int = 20_000) -> sp.csr_matrix:
+        """n records: z ~ N(0, I), items ~ Bernoulli(sigmoid(decoder(z))) (float32, in chunks of rows)."""
+        layers = [(W.astype(np.float32), b.astype(np.float32)) for W, b in self.dec]
+        out = []
+        for start in range(0, n, chunk):
+            a = rng.standard_normal((min(chunk, n - start), self.latent), dtype=np.float32)
+            for i, (W, b) in enumerate(layers):
+                a = a @ W + b
+                if i < len(layers) - 1:
+                    a = np.maximum(a, 0.0)
+            out.append(_bernoulli_rows(_sigmoid(a), rng))
+        return sp.vstack(out).tocsr() if out else sp.csr_matrix((0, self.m), dtype=np.float32)
 
 
 class RBM:

@@ -120,7 +120,8 @@ def test_marginal_initialisation_starts_every_model_at_the_independent_items_mod
     for kind in ("vae", "rbm"):
         model = dpgm.make_model(dpgm.SGDConfig(model=kind), 30, rng, marginals=p)
         freq = np.asarray(model.sample(20_000, rng).mean(axis=0)).ravel()
-        np.testing.assert_allclose(freq, p, atol=0.06 if kind == "rbm" else 0.03)
+        # (uninitialised, every item would come out near 0.5; the RBM's random weights couple the items a little)
+        assert np.abs(freq - p).mean() < (0.03 if kind == "rbm" else 0.006)
 
 
 def test_training_improves_the_fit_and_synthesis_is_reproducible_from_the_stored_models():
