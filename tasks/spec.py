@@ -231,7 +231,8 @@ class SyntheticRelease(KernelKMeansRelease):
                                                                              "VAE, [200, 200] its appendix variant")
     steps: int = Field(300, ge=1, le=100_000, description="DP-SGD steps (every step updates every cluster model)")
     q: float = Field(0.02, gt=0, le=1, description="Poisson sampling rate of every record at every step")
-    lr: float = Field(0.01, gt=0, description="learning rate (Adam for the VAE, plain for the RBM)")
+    lr: float | None = Field(None, gt=0, description="learning rate; default Adam 0.001 (VAE), 0.01 (RBM, the "
+                                                     "paper's)")
     max_items: int = Field(12, ge=1, description="record clipping bound of the per-cluster item marginals")
     c_max: float = Field(10.0, gt=0, description="DPNorm range (0, c_max] of per-example gradient norms")
     norm_bins: int = Field(100, ge=2, description="DPNorm histogram bins")

@@ -5,7 +5,6 @@ import pytest
 import scipy.sparse as sp
 from dp_accounting import dp_event as dpe
 from dp_accounting.pld import PLDAccountant
-from dp_accounting.rdp import RdpAccountant
 
 from dpalgos import counting, dpgm, dpsgd
 from dpalgos.generative import RBM, VAE
@@ -90,12 +89,11 @@ def test_calibrated_plan_meets_the_budget_recomputed_from_scratch():
     eps, delta, T, q, steps = 1.5, 1e-6, 10, 0.02, 300
     plan = dpgm.calibrate(epsilon=eps, delta=delta, kmeans_iterations=T, q=q, steps=steps)
     # Recompute: 2T Gaussians (k-means), one Gaussian (marginals), `steps` Poisson-subsampled Gaussians.
-    acc = RdpAccountant()
+    acc = PLDAccountant()
     acc.compose(dpe.GaussianDpEvent(plan.sigma_kmeans), 2 * T)
     acc.compose(dpe.GaussianDpEvent(plan.sigma_marginals))
     acc.compose(dpe.PoissonSampledDpEvent(q, dpe.GaussianDpEvent(plan.sigma_sgd / np.sqrt(2))), steps)
-    assert acc.get_epsilon(delta) == pytest.approx(eps, rel=0.01)
-    assert acc.get_epsilon(delta) <= eps * (1 + 1e-6)
+    assert 0.97 * eps <= acc.get_epsilon(delta) <= eps
     # The shares order the noise: the part with the largest share gets the smallest multiplier.
     assert plan.sigma_kmeans > plan.sigma_marginals
 

@@ -146,7 +146,7 @@ def test_synthetic_release_end_to_end_on_generated_cdr(tmp_path):
     generators.generate(generators.CDR, tmp_path / "cdr", users=8_000, seed=2, partition_rows=3_000)
     d = _base(tmp_path, {"id": "cdr", "path": str(tmp_path / "cdr"), "items_column": "towers", "item_count": 1303},
               {"kind": "synthetic", "k": 3, "iterations": 4, "epsilon": 2.0, "delta": 1e-6, "features": 32,
-               "gamma": 0.05, "steps": 30, "q": 0.05, "hidden": [32], "queries": 100, "max_items": 30, "lr": 0.001})
+               "gamma": 0.05, "steps": 30, "q": 0.05, "hidden": [32], "queries": 100, "max_items": 30})
     d["ledger"] = {"lifetime_epsilon": 10.0, "lifetime_delta": 1e-5}
     s = _run(d)
     rel, internal = Path(s["release_dir"]), Path(s["internal_dir"])

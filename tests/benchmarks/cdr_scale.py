@@ -98,7 +98,7 @@ def main() -> None:
                       "epsilon": args.epsilon or 1.0, "delta": 1e-7, "features": 200, "public_sample": str(public)}
     if args.release == "synthetic":
         release_params.update(kind="synthetic", iterations=10, epsilon=args.epsilon or 1.74, model=args.model,
-                              steps=args.steps, q=args.q, max_items=30)
+                              steps=args.steps, q=args.q, max_items=100)
     spec = parse_spec({
         "dataset": {"id": "cdr-bench", "path": str(data), "items_column": "towers", "item_count": 1303},
         "release": release_params,
