@@ -106,6 +106,26 @@ class VAE:
         W *= 0.01
         b[:] = np.log(p) - np.log1p(-p)
 
+    def _logits(self, z: np.ndarray) -> np.ndarray:
+        a = z
+        for i, (W, b) in enumerate(self.dec):
+            a = a @ W + b
+            if i < len(self.dec) - 1:
+                a = np.maximum(a, 0.0)
+        return a
+
+    def match_marginals(self, p: np.ndarray, rng: np.random.Generator, latents: int = 2000,
+                        newton_steps: int = 30) -> None:
+        """Shift the output biases so that every item's probability, averaged over z ~ N(0, I), is p_j
+        (Newton's method on each item's shift over a fixed sample of latents)."""
+        L = self._logits(rng.standard_normal((latents, self.latent)))
+        shift = np.zeros(self.m)
+        for _ in range(newton_steps):
+            P = _sigmoid(L + shift)
+            shift -= (P.mean(axis=0) - p) / np.maximum((P * (1 - P)).mean(axis=0), 1e-12)
+            shift = np.clip(shift, -30.0, 30.0)
+        self.dec[-1][1][:] += shift
+
     def sample(self, n: int, rng: np.random.Generator, chunk: int = 20_000) -> sp.csr_matrix:
         """n records: z ~ N(0, I), items ~ Bernoulli(sigmoid(decoder(z))) (float32, in chunks of rows)."""
         layers = [(W.astype(np.float32), b.astype(np.float32)) for W, b in self.dec]

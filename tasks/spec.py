@@ -239,6 +239,8 @@ class SyntheticRelease(KernelKMeansRelease):
     budget_shares: tuple[float, float, float] = Field(
         (0.2, 0.1, 0.7), description="starting split of epsilon (clustering, marginals, SGD) before the common "
                                      "rescaling to the exact total")
+    match_marginals: bool = Field(True, description="VAE: shift the output biases so the mixture's item "
+                                                    "frequencies equal the DP marginals (post-processing)")
     queries: int = Field(1000, ge=5, description="random counting queries of the internal evaluation")
 
     @model_validator(mode="after")

@@ -122,6 +122,15 @@ def test_marginal_initialisation_starts_every_model_at_the_independent_items_mod
         assert np.abs(freq - p).mean() < (0.03 if kind == "rbm" else 0.006)
 
 
+def test_matching_the_marginals_sets_every_items_average_probability():
+    rng = np.random.default_rng(16)
+    vae = VAE(40, rng, hidden=(24,))            # a random decoder: item probabilities depend on z
+    p = np.linspace(0.002, 0.4, 40)
+    dpgm.match_marginals([vae], p[None], rng)
+    freq = np.asarray(vae.sample(40_000, rng).mean(axis=0)).ravel()
+    assert np.abs(freq - p).mean() < 0.004
+
+
 def test_training_improves_the_fit_and_synthesis_is_reproducible_from_the_stored_models():
     rng = np.random.default_rng(11)
     # Two clusters with different popular items; models start from flat marginals and must learn them.

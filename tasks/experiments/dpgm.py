@@ -26,6 +26,7 @@ class DPGMSettings:
     gamma: float = 0.05
     init_items: int = 10
     max_items: int = 12
+    match_marginals: bool = True
     sgd: dpgm.SGDConfig = field(default_factory=dpgm.SGDConfig)
 
 
@@ -57,6 +58,8 @@ def run(X: sp.csr_matrix, settings: DPGMSettings, rng: np.random.Generator):
     def batches(step):
         return [X[idx[rng.random(idx.size) < cfg.q]] for idx in members]
     dpgm.train(models, batches, sizes, cfg, rng)
+    if settings.match_marginals:
+        dpgm.match_marginals(models, marg, rng)
     synthetic = dpgm.synthesize(models, sizes, int(round(sizes.sum())), rng)
     event = dpgm.privacy_event(plan, kmeans_iterations=settings.kmeans_iterations, q=cfg.q, steps=cfg.steps)
     guarantee = accounting.epsilon_at(event, settings.delta)

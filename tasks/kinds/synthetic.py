@@ -172,6 +172,8 @@ class SyntheticKind(ReleaseKind):
         models = load_models(measurements, meta)
         weights = pq.read_table(measurements / MIXTURE).column("noisy_size").to_numpy()
         rng = np.random.default_rng(meta["synthesis_seed"])
+        if spec.release.match_marginals:
+            dpgm.match_marginals(models, dpgm.marginals_and_sizes(np.load(measurements / TABLE))[0], rng)
         out = staging / SYNTHETIC
         out.mkdir()
         done = 0

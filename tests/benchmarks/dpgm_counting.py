@@ -34,6 +34,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=300)
     ap.add_argument("--q", type=float, default=0.02, help="Poisson sampling rate of DP-SGD")
     ap.add_argument("--lr", type=float, default=None, help="learning rate (default: the model's)")
+    ap.add_argument("--no-match-marginals", action="store_true", help="skip matching the VAE to the DP marginals")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
     t0 = time.perf_counter()
@@ -45,6 +46,7 @@ def main() -> None:
     for model in args.model.split(","):
         rng = np.random.default_rng(args.seed)
         settings = E.DPGMSettings(epsilon=args.epsilon, delta=delta, k=args.k,
+                                  match_marginals=not args.no_match_marginals,
                                   sgd=dpgm.SGDConfig(model=model, steps=args.steps, q=args.q, lr=args.lr))
         t0 = time.perf_counter()
         synthetic, guarantee, diag = E.run(X, settings, rng)
