@@ -65,7 +65,7 @@ def privacy_event(plan: NoisePlan, *, kmeans_iterations: int, q: float, steps: i
 
 
 def calibrate(*, epsilon: float, delta: float, kmeans_iterations: int, q: float, steps: int,
-              shares: tuple[float, float, float] = (0.2, 0.1, 0.7)) -> NoisePlan:
+              shares: tuple[float, float, float] = (0.15, 0.35, 0.5)) -> NoisePlan:
     """Noise multipliers meeting (epsilon, delta) in total.
 
     Each part is first calibrated alone to its share of epsilon (at delta/3); composing them is then

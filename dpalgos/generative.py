@@ -116,13 +116,15 @@ class VAE:
 
     def match_marginals(self, p: np.ndarray, rng: np.random.Generator, latents: int = 2000,
                         newton_steps: int = 30) -> None:
-        """Shift the output biases so that every item's probability, averaged over z ~ N(0, I), is p_j
-        (Newton's method on each item's shift over a fixed sample of latents)."""
+        """Shift the output biases so that every item's probability among NON-EMPTY records (synthesis drops
+        empty draws), averaged over z ~ N(0, I), is p_j: E[x_j] = p_j P(record non-empty), by Newton's method on
+        each item's shift over a fixed sample of latents, P(non-empty) updated at every step."""
         L = self._logits(rng.standard_normal((latents, self.latent)))
         shift = np.zeros(self.m)
         for _ in range(newton_steps):
             P = _sigmoid(L + shift)
-            shift -= (P.mean(axis=0) - p) / np.maximum((P * (1 - P)).mean(axis=0), 1e-12)
+            nonempty = 1.0 - np.exp(np.log1p(-np.minimum(P, 1 - 1e-12)).sum(axis=1)).mean()
+            shift -= (P.mean(axis=0) - p * nonempty) / np.maximum((P * (1 - P)).mean(axis=0), 1e-12)
             shift = np.clip(shift, -30.0, 30.0)
         self.dec[-1][1][:] += shift
 

@@ -233,11 +233,12 @@ class SyntheticRelease(KernelKMeansRelease):
     q: float = Field(0.02, gt=0, le=1, description="Poisson sampling rate of every record at every step")
     lr: float | None = Field(None, gt=0, description="learning rate; default Adam 0.001 (VAE), 0.01 (RBM, the "
                                                      "paper's)")
-    max_items: int = Field(12, ge=1, description="record clipping bound of the per-cluster item marginals")
+    max_items: int = Field(30, ge=1, description="per-cluster item marginals: records weighted to at most this "
+                                                 "many items (L2 sensitivity sqrt(max_items + 1))")
     c_max: float = Field(10.0, gt=0, description="DPNorm range (0, c_max] of per-example gradient norms")
     norm_bins: int = Field(100, ge=2, description="DPNorm histogram bins")
     budget_shares: tuple[float, float, float] = Field(
-        (0.2, 0.1, 0.7), description="starting split of epsilon (clustering, marginals, SGD) before the common "
+        (0.15, 0.35, 0.5), description="starting split of epsilon (clustering, marginals, SGD) before the common "
                                      "rescaling to the exact total")
     match_marginals: bool = Field(True, description="VAE: shift the output biases so the mixture's item "
                                                     "frequencies equal the DP marginals (post-processing)")

@@ -125,10 +125,11 @@ def test_marginal_initialisation_starts_every_model_at_the_independent_items_mod
 def test_matching_the_marginals_sets_every_items_average_probability():
     rng = np.random.default_rng(16)
     vae = VAE(40, rng, hidden=(24,))            # a random decoder: item probabilities depend on z
-    p = np.linspace(0.002, 0.4, 40)
+    p = np.linspace(0.001, 0.08, 40)            # short records: many empty draws, which synthesis drops
     dpgm.match_marginals([vae], p[None], rng)
-    freq = np.asarray(vae.sample(40_000, rng).mean(axis=0)).ravel()
-    assert np.abs(freq - p).mean() < 0.004
+    S = vae.sample(40_000, rng)
+    freq = np.asarray(S[np.diff(S.indptr) > 0].mean(axis=0)).ravel()
+    assert np.abs(freq - p).mean() < 0.002 and np.diff(S.indptr).min() == 0
 
 
 def test_training_improves_the_fit_and_synthesis_is_reproducible_from_the_stored_models():

@@ -25,8 +25,9 @@ class DPGMSettings:
     features: int = 200
     gamma: float = 0.05
     init_items: int = 10
-    max_items: int = 12
+    max_items: int = 30
     match_marginals: bool = True
+    shares: tuple[float, float, float] = (0.15, 0.35, 0.5)
     sgd: dpgm.SGDConfig = field(default_factory=dpgm.SGDConfig)
 
 
@@ -46,7 +47,8 @@ def run(X: sp.csr_matrix, settings: DPGMSettings, rng: np.random.Generator):
     """Train the mixture; returns (synthetic records, guarantee, diagnostics)."""
     cfg = settings.sgd
     plan = dpgm.calibrate(epsilon=settings.epsilon, delta=settings.delta,
-                          kmeans_iterations=settings.kmeans_iterations, q=cfg.q, steps=cfg.steps)
+                          kmeans_iterations=settings.kmeans_iterations, q=cfg.q, steps=cfg.steps,
+                          shares=settings.shares)
     _, labels = cluster(X, settings, plan.sigma_kmeans, rng)
     table = dpgm.cluster_counts(X, labels, settings.k, settings.max_items)
     marg, sizes = dpgm.marginals_and_sizes(dpgm.noisy_cluster_table(table, max_items=settings.max_items,

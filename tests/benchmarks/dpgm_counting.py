@@ -34,6 +34,10 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=300)
     ap.add_argument("--q", type=float, default=0.02, help="Poisson sampling rate of DP-SGD")
     ap.add_argument("--lr", type=float, default=None, help="learning rate (default: the model's)")
+    ap.add_argument("--max-items", type=int, default=30,
+                    help="DPGM's per-cluster marginals weight records to at most this many items (the baselines "
+                         "clip to 12, as the paper configures MWEM)")
+    ap.add_argument("--shares", default="0.15,0.35,0.5", help="starting split of epsilon: clustering, marginals, SGD")
     ap.add_argument("--no-match-marginals", action="store_true", help="skip matching the VAE to the DP marginals")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
@@ -45,7 +49,8 @@ def main() -> None:
     results = {}
     for model in args.model.split(","):
         rng = np.random.default_rng(args.seed)
-        settings = E.DPGMSettings(epsilon=args.epsilon, delta=delta, k=args.k,
+        settings = E.DPGMSettings(epsilon=args.epsilon, delta=delta, k=args.k, max_items=args.max_items,
+                                  shares=tuple(float(x) for x in args.shares.split(",")),
                                   match_marginals=not args.no_match_marginals,
                                   sgd=dpgm.SGDConfig(model=model, steps=args.steps, q=args.q, lr=args.lr))
         t0 = time.perf_counter()
