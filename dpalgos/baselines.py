@@ -129,13 +129,14 @@ def efpa(x: np.ndarray, *, epsilon: float, rng: np.random.Generator) -> np.ndarr
 
 
 def mwem(x: np.ndarray, queries: np.ndarray, *, epsilon: float, rounds: int, total: float,
-         rng: np.random.Generator, update_passes: int = 10) -> np.ndarray:
+         rng: np.random.Generator, update_passes: int = 10, sensitivity: float = 1.0) -> np.ndarray:
     """MWEM for the workload `queries` (q, n) of 0/1 (or bounded by 1 in absolute value) linear queries.
 
-    `total` is the public number of records (M0). Each round spends eps/(2T) on the exponential mechanism
-    choosing the worst-answered query (score |q.A - q.x|, sensitivity 1) and eps/(2T) on a Laplace
-    measurement of it (sensitivity 1); the estimate is updated by multiplicative weights over all
-    measurements so far, and the average of the rounds' estimates is returned.
+    `total` is the public (or separately measured) mass of x. One record changes every query answer by at
+    most `sensitivity` (1 for a histogram of records). Each round spends eps/(2T) on the exponential
+    mechanism choosing the worst-answered query (score |q.A - q.x|) and eps/(2T) on a Laplace measurement of
+    it; the estimate is updated by multiplicative weights over all measurements so far, and the average of
+    the rounds' estimates is returned.
     """
     x = np.asarray(x, dtype=np.float64)
     Q = np.asarray(queries, dtype=np.float64)
@@ -147,12 +148,13 @@ def mwem(x: np.ndarray, queries: np.ndarray, *, epsilon: float, rounds: int, tot
     average = np.zeros(n)
     for _ in range(rounds):
         error = np.abs(Q @ A - true)
-        # Exponential mechanism with eps_round, score sensitivity 1: weights exp(eps_round * score / 2).
-        logits = eps_round * error / 2.0
+        # Exponential mechanism, score sensitivity `sensitivity`: weights exp(eps_round * score / (2 sens)).
+        logits = eps_round * error / (2.0 * sensitivity)
         p = np.exp(logits - logits.max())
         i = int(rng.choice(Q.shape[0], p=p / p.sum()))
-        # One query answer, sensitivity 1.
-        measured.append((i, float(laplace_mechanism(true[i], sensitivity=1.0, epsilon=eps_round, rng=rng))))
+        # One query answer, sensitivity `sensitivity`.
+        measured.append((i, float(laplace_mechanism(true[i], sensitivity=sensitivity, epsilon=eps_round,
+                                                     rng=rng))))
         for _ in range(update_passes):
             for j, m in measured:
                 A = A * np.exp(Q[j] * (m - Q[j] @ A) / (2.0 * total))

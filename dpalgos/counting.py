@@ -17,6 +17,7 @@ from __future__ import annotations
 import numpy as np
 import scipy.sparse as sp
 
+from dpalgos import baselines
 from dpalgos.mechanisms import laplace_mechanism
 
 BUCKETS = 5
@@ -79,31 +80,13 @@ def clip_records(X: sp.csr_matrix, max_items: int, rng: np.random.Generator) -> 
 def mwem_linear(clipped_counts: np.ndarray, Q: sp.csr_matrix, *, epsilon: float, max_items: int, rounds: int,
                 rng: np.random.Generator, update_passes: int = 10) -> np.ndarray:
     """MWEM over the item histogram h (the linear queries are Q h). One record changes h by at most max_items
-    in L1 and every query answer by at most max_items: the exponential mechanism (score sensitivity max_items)
-    and the Laplace measurements use it. 10% of epsilon estimates the total, the rest goes to the rounds."""
+    in L1, so the total and every query answer by at most max_items: 10% of epsilon measures the total
+    (Laplace), the rest goes to the rounds of `baselines.mwem` with that sensitivity."""
+    # Sensitivity max_items: one record holds at most max_items (weighted) items.
     total = max(float(laplace_mechanism(clipped_counts.sum(), sensitivity=max_items, epsilon=0.1 * epsilon,
                                         rng=rng)), 1.0)
-    eps_round = 0.9 * epsilon / (2.0 * rounds)
-    Qd = Q.toarray()
-    m = clipped_counts.size
-    A = np.full(m, total / m)
-    true = Qd @ clipped_counts
-    measured: list[tuple[int, float]] = []
-    average = np.zeros(m)
-    for _ in range(rounds):
-        error = np.abs(Qd @ A - true)
-        # Exponential mechanism, score sensitivity max_items: weights exp(eps_round * score / (2 max_items)).
-        logits = eps_round * error / (2.0 * max_items)
-        p = np.exp(logits - logits.max())
-        i = int(rng.choice(Qd.shape[0], p=p / p.sum()))
-        # The chosen query's answer, sensitivity max_items.
-        measured.append((i, float(laplace_mechanism(true[i], sensitivity=max_items, epsilon=eps_round, rng=rng))))
-        for _ in range(update_passes):
-            for j, v in measured:
-                A = A * np.exp(Qd[j] * (v - Qd[j] @ A) / (2.0 * total))
-                A *= total / A.sum()
-        average += A
-    return average / rounds
+    return baselines.mwem(clipped_counts, Q.toarray(), epsilon=0.9 * epsilon, rounds=rounds, total=total, rng=rng,
+                          update_passes=update_passes, sensitivity=max_items)
 
 
 def independent_records(X: sp.csr_matrix, *, epsilon: float, max_items: int, n: int,

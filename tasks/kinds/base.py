@@ -72,3 +72,14 @@ class ReleaseKind(ABC):
     @abstractmethod
     def evaluate(self, spec: ReleaseSpec, run: RunPaths, prepared: StageOutput, log) -> dict:
         """Internal utility report against the raw data (never published). Must hold a 'headline' string."""
+
+
+class IngestedAsPrepared(ReleaseKind, ABC):
+    """A kind whose records need no prepare stage (set-valued records are normalised at ingest)."""
+    prepared_stage = None
+
+    def prepare(self, spec: ReleaseSpec, ingested: StageOutput, run: RunPaths, log) -> StageOutput:
+        return ingested
+
+    def prepared_contract(self, spec: ReleaseSpec) -> Contract:
+        raise NotImplementedError(f"{self.name} has no prepare stage")

@@ -20,7 +20,7 @@ import scipy.sparse as sp
 from data_contracts import suites
 from data_contracts.validate import parquet_files
 from dpalgos import kernel_kmeans as kk
-from tasks.kinds.base import Draw, ReleaseKind
+from tasks.kinds.base import Draw, IngestedAsPrepared
 from tasks.partitions import Partitioned
 from tasks.sets import read_sets
 
@@ -135,15 +135,8 @@ def trajectory_contract(k: int, iterations: int, features: int):
                                        table=[gxe.ExpectTableRowCountToEqual(value=k * iterations)])
 
 
-class KernelKMeansKind(ReleaseKind):
+class KernelKMeansKind(IngestedAsPrepared):
     name = "kernel_kmeans"
-    prepared_stage = None  # set-valued records are normalised at ingest
-
-    def prepare(self, spec, ingested, run, log):
-        return ingested
-
-    def prepared_contract(self, spec):
-        raise NotImplementedError("kernel_kmeans has no prepare stage")
 
     def event(self, spec):
         p = spec.release

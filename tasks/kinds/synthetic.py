@@ -27,7 +27,7 @@ from data_contracts import suites
 from data_contracts.validate import parquet_files
 from dpalgos import counting, dpgm
 from dpalgos import kernel_kmeans as kk
-from tasks.kinds.base import Draw, ReleaseKind
+from tasks.kinds.base import Draw, IngestedAsPrepared
 from tasks.kinds.kernel_kmeans import _client, cluster_records, trajectory_contract, write_clustering
 from tasks.partitions import Partitioned
 from tasks.sets import set_table
@@ -97,15 +97,8 @@ class BatchStream:
         return [self.rows[self.bounds[base + c]:self.bounds[base + c + 1]] for c in range(self.k)]
 
 
-class SyntheticKind(ReleaseKind):
+class SyntheticKind(IngestedAsPrepared):
     name = "synthetic"
-    prepared_stage = None  # set-valued records are normalised at ingest
-
-    def prepare(self, spec, ingested, run, log):
-        return ingested
-
-    def prepared_contract(self, spec):
-        raise NotImplementedError("synthetic has no prepare stage")
 
     def check_feasible(self, spec, prepared):
         if spec.release.k > prepared.rows:
