@@ -89,15 +89,27 @@ def mwem_linear(clipped_counts: np.ndarray, Q: sp.csr_matrix, *, epsilon: float,
                           update_passes=update_passes, sensitivity=max_items)
 
 
+def record_weights(X: sp.csr_matrix, max_items: int) -> np.ndarray:
+    """min(1, max_items / |record|) per record: weighted, one record holds at most max_items items."""
+    return np.minimum(1.0, max_items / np.maximum(np.diff(X.indptr), 1))
+
+
+def weighted_item_counts(X: sp.csr_matrix, max_items: int) -> np.ndarray:
+    """Item counts (m,) with every record weighted by `record_weights` (L1 sensitivity max_items)."""
+    return np.asarray((sp.diags(record_weights(X, max_items)) @ X).sum(axis=0), dtype=np.float64).ravel()
+
+
+def length_histogram(X: sp.csr_matrix, max_items: int) -> np.ndarray:
+    """Number of records of each length 1..max_items (longer ones in the last bin)."""
+    lengths = np.minimum(np.diff(X.indptr), max_items)
+    return np.bincount(lengths, minlength=max_items + 1)[1:].astype(np.float64)
+
+
 def independent_records(X: sp.csr_matrix, *, epsilon: float, max_items: int, n: int,
                         rng: np.random.Generator) -> sp.csr_matrix:
     """`independent_from_stats` of the records X."""
-    lengths = np.diff(X.indptr)
-    w = np.minimum(1.0, max_items / np.maximum(lengths, 1))
-    clipped = np.asarray((sp.diags(w) @ X).sum(axis=0), dtype=np.float64).ravel()
-    hist = np.bincount(np.minimum(lengths, max_items), minlength=max_items + 1)[1:].astype(np.float64)
-    return independent_from_stats(clipped, hist, epsilon=epsilon, max_items=max_items, n=n,
-                                  rng=rng)
+    return independent_from_stats(weighted_item_counts(X, max_items), length_histogram(X, max_items),
+                                  epsilon=epsilon, max_items=max_items, n=n, rng=rng)
 
 
 def independent_from_stats(clipped_counts: np.ndarray, length_hist: np.ndarray, *, epsilon: float, max_items: int,
@@ -107,7 +119,9 @@ def independent_from_stats(clipped_counts: np.ndarray, length_hist: np.ndarray, 
     (sensitivity 1), each measured with the Laplace mechanism at epsilon / 2. Every record gets a noisy
     length and items drawn in proportion to the noisy marginals (a repeated draw is dropped)."""
     m = clipped_counts.size
+    # One record adds at most max_items (weighted) items to the counts: L1 sensitivity max_items.
     marg = np.maximum(laplace_mechanism(clipped_counts, sensitivity=max_items, epsilon=epsilon / 2, rng=rng), 0.0)
+    # One record is in one length bin: L1 sensitivity 1.
     hist = np.maximum(laplace_mechanism(length_hist, sensitivity=1.0, epsilon=epsilon / 2, rng=rng), 0.0)
     p_len = hist / hist.sum() if hist.sum() > 0 else np.full(max_items, 1.0 / max_items)
     p_item = marg / marg.sum() if marg.sum() > 0 else np.full(m, 1.0 / m)

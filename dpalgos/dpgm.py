@@ -27,7 +27,7 @@ from dp_accounting import dp_event as dpe
 from dp_accounting.pld import PLDAccountant
 from dp_accounting.rdp import RdpAccountant
 
-from dpalgos import dpsgd
+from dpalgos import counting, dpsgd
 from dpalgos import kernel_kmeans as kk
 from dpalgos.generative import RBM, VAE
 from dpalgos.mechanisms import gaussian_mechanism
@@ -111,9 +111,7 @@ def cluster_counts(X: sp.csr_matrix, labels: np.ndarray, k: int, max_items: int)
     One record adds to one row only: at most sqrt(min(|x|, max_items)) <= sqrt(max_items) in L2 to the item
     counts and 1 to the record count, so the table has L2 sensitivity sqrt(max_items + 1)."""
     X = X.tocsr()
-    lengths = np.diff(X.indptr)
-    w = np.minimum(1.0, max_items / np.maximum(lengths, 1))
-    member = sp.csr_matrix((w, (labels, np.arange(X.shape[0]))), shape=(k, X.shape[0]))
+    member = sp.csr_matrix((counting.record_weights(X, max_items), (labels, np.arange(X.shape[0]))), shape=(k, X.shape[0]))
     table = np.zeros((k, X.shape[1] + 1))
     table[:, :-1] = (member @ X).toarray()
     table[:, -1] = np.bincount(labels, minlength=k)

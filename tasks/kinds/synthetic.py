@@ -221,12 +221,14 @@ def load_models(measurements, meta) -> list:
 
 
 def partition_counting(X, Q, max_items):
-    """(item counts, any-of answers, clipped item counts, record-length histogram 1..max_items) of a partition."""
-    lengths = np.minimum(np.diff(X.indptr), max_items)
-    w = np.minimum(1.0, max_items / np.maximum(np.diff(X.indptr), 1))
-    clipped = np.asarray((sp.diags(w) @ X).sum(axis=0), dtype=np.float64).ravel()
-    return (counting.item_counts(X), counting.anyof_answers(X, Q), clipped,
-            np.bincount(lengths, minlength=max_items + 1)[1:].astype(np.float64))
+    """(item counts, any-of answers, weighted item counts, record-length histogram 1..max_items) of a partition."""
+    return (counting.item_counts(X), counting.anyof_answers(X, Q), counting.weighted_item_counts(X, max_items),
+            counting.length_histogram(X, max_items))
+
+
+def partition_synthetic_counting(X, Q):
+    """(item counts, any-of answers) of a partition of synthetic records."""
+    return counting.item_counts(X), counting.anyof_answers(X, Q)
 
 
 def evaluate_counting(spec, run, prepared, log, max_items: int = 12, mwem_rounds: int = 50) -> dict:
@@ -240,7 +242,7 @@ def evaluate_counting(spec, run, prepared, log, max_items: int = 12, mwem_rounds
     syn = Partitioned.sets(client, parquet_files(run.release / SYNTHETIC), ds.items_column, ds.item_count)
     try:
         counts, anyof, clipped, lengths = raw.reduce(partition_counting, Q, max_items)
-        s_counts, s_anyof, _, _ = syn.reduce(partition_counting, Q, max_items)
+        s_counts, s_anyof = syn.reduce(partition_synthetic_counting, Q)
     finally:
         raw.close()
         syn.close()
