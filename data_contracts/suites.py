@@ -193,3 +193,43 @@ def ingested_sets(column: str, item_count: int) -> Contract:
                           gxe.ExpectColumnValuesToBeBetween(column="min_item", min_value=0),
                           gxe.ExpectColumnValuesToBeBetween(column="max_item", max_value=item_count - 1)],
                     table=_row_count_at_least(gxe, 1))
+
+
+def feature_trajectory(k: int, iterations: int, features: int) -> Contract:
+    """DP kernel k-means measurements: k*T rows of noisy sizes and centres in feature space, all finite."""
+    import great_expectations.expectations as gxe
+
+    cols = ["iteration", "cluster", "noisy_count"] + [f"f_{j}" for j in range(features)]
+    return Contract("measurements", partitioned=False,
+                    rows=[gxe.ExpectTableColumnsToMatchOrderedList(column_list=cols)] + _finite(gxe, cols),
+                    table=[gxe.ExpectTableRowCountToEqual(value=k * iterations)])
+
+
+def feature_centres(k: int, features: int) -> Contract:
+    """Released kernel k-means centres: k rows, finite features, non-negative noisy sizes."""
+    import great_expectations.expectations as gxe
+
+    feats = [f"f_{j}" for j in range(features)]
+    return Contract("release", partitioned=False,
+                    rows=[gxe.ExpectTableColumnsToMatchOrderedList(column_list=["cluster", "noisy_size"] + feats)]
+                    + _finite(gxe, feats) + [gxe.ExpectColumnValuesToBeBetween(column="noisy_size", min_value=0)],
+                    table=[gxe.ExpectTableRowCountToEqual(value=k)])
+
+
+def mixture(k: int) -> Contract:
+    """DPGM mixture weights: k rows, noisy sizes >= 1, weights in [0, 1]."""
+    import great_expectations.expectations as gxe
+
+    cols = ["cluster", "noisy_size", "weight"]
+    return Contract("measurements", partitioned=False,
+                    rows=[gxe.ExpectTableColumnsToMatchOrderedList(column_list=cols)] + _finite(gxe, cols)
+                    + [gxe.ExpectColumnValuesToBeBetween(column="noisy_size", min_value=1),
+                       gxe.ExpectColumnValuesToBeBetween(column="weight", min_value=0, max_value=1)],
+                    table=[gxe.ExpectTableRowCountToEqual(value=k)])
+
+
+def synthetic_sets(column: str, item_count: int) -> Contract:
+    """Synthetic set-valued records: the ingest format's contract, as a release."""
+    contract = ingested_sets(column, item_count)
+    contract.stage = "release"
+    return contract

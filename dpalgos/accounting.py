@@ -7,7 +7,8 @@ store them. The neighbouring relation throughout is add-or-remove one privacy un
 Composition takes the smallest of several valid upper bounds at the requested delta:
   * basic composition of pure-DP events (the sum of their epsilons; the only bound valid at delta = 0),
   * the privacy-loss-distribution accountant (pessimistic discretisation, so an upper bound),
-  * the Renyi-DP accountant (needed for zCDP events, which PLD does not support).
+  * the Renyi-DP accountant (needed for zCDP events, which PLD does not support). It has no discrete Laplace:
+    there an epsilon-DP discrete Laplace enters as (epsilon^2 / 2)-zCDP (Bun & Steinke 2016, Prop. 1.4).
 """
 
 from __future__ import annotations
@@ -56,6 +57,8 @@ def pure_epsilon(event: dpe.DpEvent) -> float:
         return 0.0
     if isinstance(event, dpe.LaplaceDpEvent):
         return 1.0 / event.noise_multiplier
+    if isinstance(event, dpe.DiscreteLaplaceDpEvent):
+        return event.noise_parameter * event.sensitivity
     if isinstance(event, dpe.ComposedDpEvent):
         return math.fsum(pure_epsilon(e) for e in event.events)
     if isinstance(event, dpe.SelfComposedDpEvent):
@@ -71,6 +74,17 @@ def _accountant_epsilon(accountant, event: dpe.DpEvent, delta: float) -> float:
     return float(accountant.get_epsilon(delta))
 
 
+def _as_rdp(event: dpe.DpEvent) -> dpe.DpEvent:
+    """`event` with every discrete Laplace replaced by the zCDP event it implies (see module docstring)."""
+    if isinstance(event, dpe.DiscreteLaplaceDpEvent):
+        return dpe.ZCDpEvent((event.noise_parameter * event.sensitivity) ** 2 / 2.0)
+    if isinstance(event, dpe.ComposedDpEvent):
+        return dpe.ComposedDpEvent([_as_rdp(e) for e in event.events])
+    if isinstance(event, dpe.SelfComposedDpEvent):
+        return dpe.SelfComposedDpEvent(_as_rdp(event.event), event.count)
+    return event
+
+
 def epsilon_at(event: dpe.DpEvent, delta: float) -> Guarantee:
     """The smallest epsilon any of our accountants proves for `event` at `delta`."""
     if not 0.0 <= delta < 1.0:
@@ -78,7 +92,7 @@ def epsilon_at(event: dpe.DpEvent, delta: float) -> Guarantee:
     candidates = [(pure_epsilon(event), "basic composition (pure DP)")]
     if delta > 0:
         candidates.append((_accountant_epsilon(PLDAccountant(), event, delta), "dp_accounting PLD"))
-        candidates.append((_accountant_epsilon(RdpAccountant(), event, delta), "dp_accounting RDP"))
+        candidates.append((_accountant_epsilon(RdpAccountant(), _as_rdp(event), delta), "dp_accounting RDP"))
     eps, method = min(candidates, key=lambda c: c[0])
     return Guarantee(epsilon=eps, delta=0.0 if method.startswith("basic") else delta, method=method)
 

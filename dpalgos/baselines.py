@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from dpalgos.hierarchy import Tree, noisy_tree
+from dpalgos.hierarchy import Tree
 from dpalgos.mechanisms import laplace_mechanism
 
 
@@ -30,14 +30,14 @@ def lm(x: np.ndarray, *, epsilon: float, rng: np.random.Generator) -> np.ndarray
 
 
 def lm_tree(tree: Tree, x: np.ndarray, *, epsilon: float, rng: np.random.Generator) -> np.ndarray:
-    """LM(H): the noisy tree (sensitivity = number of levels, see `noisy_tree`), no inference.
+    """LM(H): the noisy tree, no inference. One record is in one node per level: L1 sensitivity = levels.
     Answer ranges with `tree.range_answer` on the returned node vector."""
-    return noisy_tree(tree, x, epsilon=epsilon, rng=rng)
+    return laplace_mechanism(tree.aggregate(x), sensitivity=float(tree.levels), epsilon=epsilon, rng=rng)
 
 
 def htree(tree: Tree, x: np.ndarray, *, epsilon: float, rng: np.random.Generator) -> np.ndarray:
     """HTree: least-squares consistent tree (Hay et al.'s inference) of the noisy tree; returns leaves."""
-    return tree.leaves_of(tree.htree(noisy_tree(tree, x, epsilon=epsilon, rng=rng)))
+    return tree.leaves_of(tree.htree(lm_tree(tree, x, epsilon=epsilon, rng=rng)))
 
 
 def _haar(x: np.ndarray, levels: int) -> np.ndarray:

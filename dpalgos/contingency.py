@@ -16,7 +16,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from dpalgos import admm
-from dpalgos.mechanisms import laplace_mechanism
+from dpalgos.plan import Mechanism, Plan
 
 
 @dataclass(frozen=True)
@@ -59,9 +59,13 @@ class Table:
             sp.csr_matrix((0, self.size))
 
 
-def noisy_cells(counts: np.ndarray, *, epsilon: float, rng: np.random.Generator) -> np.ndarray:
-    """Laplace mechanism on every cell: one record is in exactly one cell (L1 sensitivity 1)."""
-    return laplace_mechanism(np.asarray(counts, dtype=np.float64), sensitivity=1.0, epsilon=epsilon, rng=rng)
+def cells_plan(table: Table, *, epsilon: float, unit_weight: int = 1) -> Plan:
+    """The Laplace mechanism on every cell of the table (the measurement of Algorithm 2)."""
+    return Plan((Mechanism(
+        "cells", f"every cell count of the {table.size}-cell table", "laplace", float(unit_weight),
+        f"one privacy unit falls in exactly one cell and adds at most {unit_weight} to its count (its weight, "
+        f"capped at the public max_weight, or 1 when weights count records): L1 sensitivity {unit_weight}",
+        1.0 / epsilon, integer=True, values=table.size),))
 
 
 def check_marginals(A: sp.csr_matrix, b: np.ndarray) -> None:

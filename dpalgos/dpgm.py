@@ -23,14 +23,13 @@ import numpy as np
 import scipy.sparse as sp
 
 from dp_accounting import calibrate_dp_mechanism
-from dp_accounting import dp_event as dpe
-from dp_accounting.pld import PLDAccountant
 from dp_accounting.rdp import RdpAccountant
 
 from dpalgos import counting, dpsgd
 from dpalgos import kernel_kmeans as kk
 from dpalgos.generative import RBM, VAE
-from dpalgos.mechanisms import gaussian_mechanism
+from dpalgos.noise import Measure
+from dpalgos.plan import ADD_REMOVE_USER, Mechanism, Plan
 
 ModelKind = Literal["vae", "rbm"]
 
@@ -41,8 +40,6 @@ class SGDConfig:
     hidden: tuple[int, ...] = (200,)
     steps: int = 300
     q: float = 0.01                  # Poisson sampling rate of every record at every step
-    sigma_grad: float = 1.0          # noise multiplier of the clipped gradient sum
-    sigma_norm: float = 1.0          # noise multiplier of the norm histogram (DPNorm)
     c_max: float = 10.0              # the paper's C_max and w (Algorithm 3)
     bins: int = 100
     lr: float | None = None          # default: Adam 0.001 (VAE), 0.01 (RBM, the paper)
@@ -56,34 +53,54 @@ class NoisePlan:
     sigma_sgd: float
 
 
-def privacy_event(plan: NoisePlan, *, kmeans_iterations: int, q: float, steps: int) -> dpe.DpEvent:
-    """Clustering (2 Gaussian mechanisms per iteration), per-cluster marginals (one Gaussian), DP-SGD."""
-    return dpe.ComposedDpEvent([
-        kk.privacy_event(iterations=kmeans_iterations, sigma=plan.sigma_kmeans),
-        dpe.GaussianDpEvent(plan.sigma_marginals),
-        dpsgd.training_event(q=q, steps=steps, sigma_grad=plan.sigma_sgd, sigma_norm=plan.sigma_sgd)])
+def plan(noise: NoisePlan, *, kmeans_iterations: int, q: float, steps: int, max_items: int, k: int | None = None,
+         items: int | None = None, features: int | None = None) -> Plan:
+    """Clustering (sizes and sums per iteration), per-cluster marginals (one Gaussian), DP-SGD (one
+    Poisson-subsampled Gaussian per step)."""
+    clustering = kk.plan(iterations=kmeans_iterations, sigma=noise.sigma_kmeans, k=k, features=features)
+    return Plan(clustering.mechanisms + (
+        Mechanism("marginals", f"per-cluster item counts (records weighted to at most {max_items} items) and "
+                               f"sizes", "gaussian", float(np.sqrt(max_items + 1)),
+                  f"one record is in one cluster's row only and adds its weights w_i = min(1, {max_items}/|x|) to "
+                  f"its |x| items (L2 norm sqrt(|x|) w <= sqrt({max_items})) and 1 to the size: L2 sensitivity "
+                  f"sqrt({max_items} + 1)", noise.sigma_marginals, relation=ADD_REMOVE_USER,
+                  values=None if k is None or items is None else k * (items + 1)),
+        Mechanism("sgd", "DP-SGD step: histogram of per-example gradient norms (DPNorm) and the clipped gradient "
+                         "sum of every cluster's model, on a Poisson sample", "gaussian", None,
+                  "one record is in one cluster's batch with probability q; it adds 1 to one bin of the norm "
+                  "histogram (noise multiplier sqrt 2 x this one) and a clipped gradient of L2 norm <= C_s (the "
+                  "step's DPNorm bound; multiplier sqrt 2 x this one); two Gaussian mechanisms on the same sample "
+                  "compose exactly into one of multiplier (2 / (sqrt 2 sigma)^2)^(-1/2) = sigma",
+                  noise.sigma_sgd / np.sqrt(2.0), sampling_rate=q, repetitions=steps, relation=ADD_REMOVE_USER,
+                  per_step_generator=True)))
 
 
-def calibrate(*, epsilon: float, delta: float, kmeans_iterations: int, q: float, steps: int,
+def calibrate(*, epsilon: float, delta: float, kmeans_iterations: int, q: float, steps: int, max_items: int = 30,
               shares: tuple[float, float, float] = (0.15, 0.35, 0.5)) -> NoisePlan:
     """Noise multipliers meeting (epsilon, delta) in total.
 
     Each part is first calibrated alone to its share of epsilon (at delta/3); composing them is then
     tighter than the sum of the shares, so all three multipliers are scaled down by one common factor
-    until the composition is (epsilon, delta) under the PLD accountant (a coarse discretisation, which is
-    pessimistic: the finer accounting of the manifest proves a slightly smaller epsilon)."""
+    until the plan's whole event is (epsilon, delta) under the RDP accountant (the OpenDP discrete Gaussians
+    of the clustering and the marginals are zCDP events, which the PLD accountant does not take)."""
     if not epsilon > 0 or not 0 < delta < 1:
         raise ValueError(f"need epsilon > 0 and 0 < delta < 1, got {epsilon}, {delta}")
     cal = lambda make, eps: float(calibrate_dp_mechanism(RdpAccountant, make, eps, delta / 3, bracket_interval=None))
-    base = NoisePlan(
-        kk.calibrate_sigma(epsilon=shares[0] * epsilon, delta=delta / 3, iterations=kmeans_iterations),
-        cal(dpe.GaussianDpEvent, shares[1] * epsilon),
-        cal(lambda s: dpsgd.training_event(q=q, steps=steps, sigma_grad=s, sigma_norm=s), shares[2] * epsilon))
+    alone = lambda t, s: plan(NoisePlan(*(s if i == t else 1.0 for i in range(3))), kmeans_iterations=kmeans_iterations,
+                              q=q, steps=steps, max_items=max_items)
+    parts = {0: ("sizes", "sums"), 1: ("marginals",), 2: ("sgd",)}
+    base = NoisePlan(*(cal(lambda s, t=t: _event(alone(t, s), parts[t]), shares[t] * epsilon) for t in range(3)))
     scaled = lambda t: NoisePlan(base.sigma_kmeans * t, base.sigma_marginals * t, base.sigma_sgd * t)
-    make = lambda t: privacy_event(scaled(t), kmeans_iterations=kmeans_iterations, q=q, steps=steps)
-    pld = lambda: PLDAccountant(value_discretization_interval=1e-3)
-    t = float(calibrate_dp_mechanism(pld, make, epsilon, delta, bracket_interval=None, tol=0.002))
+    make = lambda t: plan(scaled(t), kmeans_iterations=kmeans_iterations, q=q, steps=steps, max_items=max_items).event()
+    t = float(calibrate_dp_mechanism(RdpAccountant, make, epsilon, delta, bracket_interval=None, tol=0.002))
     return scaled(t)
+
+
+def _event(p: Plan, names: tuple[str, ...]):
+    from dp_accounting import dp_event as dpe
+
+    events = [p[n].event() for n in names]
+    return events[0] if len(events) == 1 else dpe.ComposedDpEvent(events)
 
 
 def _quiet_rdp(fn):
@@ -118,10 +135,6 @@ def cluster_counts(X: sp.csr_matrix, labels: np.ndarray, k: int, max_items: int)
     return table
 
 
-def noisy_cluster_table(table: np.ndarray, *, max_items: int, sigma: float, rng: np.random.Generator) -> np.ndarray:
-    """The Gaussian measurement of `cluster_counts`."""
-    # L2 sensitivity sqrt(max_items + 1) (see cluster_counts): std sigma * sqrt(max_items + 1) per cell.
-    return gaussian_mechanism(table, sensitivity=float(np.sqrt(max_items + 1)), noise_multiplier=sigma, rng=rng)
 
 
 def project_simplex(v: np.ndarray, total: float) -> np.ndarray:
@@ -158,21 +171,24 @@ def make_model(config: SGDConfig, m: int, rng: np.random.Generator, marginals: n
 
 
 def train(models: list, batches: Callable[[int], list], expected_sizes: np.ndarray, config: SGDConfig,
-          rng: np.random.Generator, progress: Callable[[int, int], None] | None = None) -> list[float]:
-    """DP-SGD on every cluster model at every step.
+          measure: Measure, progress: Callable[[int, int], None] | None = None) -> list[float]:
+    """DP-SGD on every cluster model at every step, the noise of the plan entry "sgd".
 
     batches(step) -> one batch (CSR, possibly empty) per cluster: a Poisson sample of rate q of its records.
     expected_sizes : PUBLIC (noisy) cluster sizes; a batch's gradient is divided by q * size.
+    Every step's noise, and the VAEs' latent draws, come from that step's secret generator.
     Returns the mean clipping bound C_s per step (a diagnostic of public values).
     """
+    # The step's two Gaussian draws each have multiplier sqrt 2 x the entry's (see `plan`).
+    sigma = measure.plan["sgd"].noise_multiplier * np.sqrt(2.0)
     clips = []
     for step in range(config.steps):
+        rng = measure.step_generator("sgd")
         step_clips = []
         for model, batch, size in zip(models, batches(step), expected_sizes):
             _, layers = model.loss_and_gradients(batch, rng) if batch.shape[0] else (None, _empty_layers(model))
-            res = dpsgd.dp_gradient(layers, sigma_grad=config.sigma_grad, sigma_norm=config.sigma_norm,
-                                    c_max=config.c_max, bins=config.bins, expected_batch=max(config.q * size, 1.0),
-                                    rng=rng)
+            res = dpsgd.dp_gradient(layers, sigma_grad=sigma, sigma_norm=sigma, c_max=config.c_max,
+                                    bins=config.bins, expected_batch=max(config.q * size, 1.0), rng=rng)
             if isinstance(model, RBM):
                 model.update(res.grads, rng)
             else:

@@ -21,10 +21,9 @@ from typing import Callable
 
 import numpy as np
 
-from dpalgos.accounting import laplace_event
-from dp_accounting import dp_event as dpe
 from dpalgos.domain import project_l1_ball
-from dpalgos.mechanisms import laplace_mechanism
+from dpalgos.noise import Measure
+from dpalgos.plan import Mechanism, Plan
 
 Stats = Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]]
 
@@ -42,15 +41,13 @@ class Trajectory:
     noisy_sums        : (T, K, d) s~^(t).
     centroids         : (T, K, d) c^(t), derived from the noisy statistics by `update_centroids`;
                         iteration t assigns points with centroids[t-2] (initial_centroids for t = 1).
-    noise_scale       : the Laplace scale b = 2T/eps used for every count and every sum coordinate.
-    epsilon           : total privacy budget of the run (pure DP).
+    noise_scale       : the Laplace scale b = 2T/eps of every count and every sum coordinate (the plan's).
     """
     initial_centroids: np.ndarray
     noisy_counts: np.ndarray
     noisy_sums: np.ndarray
     centroids: np.ndarray
     noise_scale: float
-    epsilon: float
 
     @property
     def iterations(self) -> int:
@@ -117,48 +114,49 @@ def update_centroids(noisy_sums: np.ndarray, noisy_counts: np.ndarray, previous:
     return out
 
 
-def dp_kmeans(stats: Stats, initial_centroids: np.ndarray, *, epsilon: float, iterations: int,
-              rng: np.random.Generator,
+def plan(*, epsilon: float, iterations: int, k: int | None = None, d: int | None = None) -> Plan:
+    """The mechanisms of `dp_kmeans`: the budget eps is split evenly over the T iterations and, within one,
+    between counts and sums: eps/(2T) each, so both get Laplace noise of scale 2T/eps (sensitivity 1)."""
+    if not np.isfinite(epsilon) or epsilon <= 0:
+        raise ValueError(f"epsilon must be positive and finite, got {epsilon}")
+    if iterations < 1:
+        raise ValueError(f"iterations must be >= 1, got {iterations}")
+    multiplier = 2.0 * iterations / epsilon
+    return Plan((
+        Mechanism("counts", "per-cluster point counts n_j at each iteration", "laplace", 1.0,
+                  "adding or removing one point changes exactly one cluster's count by 1 (the centroids it is "
+                  "assigned with are public or noisy values fixed before the pass): L1 sensitivity 1",
+                  multiplier, integer=True, repetitions=iterations, values=k),
+        Mechanism("sums", "per-cluster coordinate sums s_j (K x d values) at each iteration", "laplace", 1.0,
+                  "adding or removing a point x changes one cluster's sum by x, and ||x||_1 <= 1 in the unit L1 "
+                  "ball: L1 sensitivity 1 for the K*d vector", multiplier, repetitions=iterations,
+                  values=None if k is None or d is None else k * d)))
+
+
+def dp_kmeans(stats: Stats, initial_centroids: np.ndarray, *, iterations: int, measure: Measure,
               on_iteration: Callable[[int, np.ndarray], None] | None = None) -> Trajectory:
-    """Run Algorithm 1 for `iterations` (T) steps with total budget `epsilon` (pure DP).
+    """Run Algorithm 1 for `iterations` (T) steps; the noise of `measure` follows `plan`.
 
     stats : sufficient-statistics callable on data inside the unit L1 ball.
     initial_centroids : (K, d), chosen without looking at the data (`data_independent_centroids`).
     on_iteration : called as on_iteration(t, centroids) after each iteration (progress reporting).
     """
-    if not np.isfinite(epsilon) or epsilon <= 0:
-        raise ValueError(f"epsilon must be positive and finite, got {epsilon}")
-    if iterations < 1:
-        raise ValueError(f"iterations must be >= 1, got {iterations}")
     C = np.array(initial_centroids, dtype=np.float64)
     K, d = C.shape
-    # The budget eps is split evenly over the T iterations and, within one, between counts and sums:
-    # eps / (2T) each, hence the Laplace scale 2T / eps for both (their sensitivities are 1, below).
-    per_query_epsilon = epsilon / (2.0 * iterations)
     counts_t = np.empty((iterations, K))
     sums_t = np.empty((iterations, K, d))
     cents_t = np.empty((iterations, K, d))
     for t in range(iterations):
         sums, counts = stats(C)
-        # Sensitivity of the count vector (n_1..n_K): adding or removing one point changes exactly one
-        # cluster's count by 1 (the centroids C are fixed, public or noisy), so the L1 sensitivity is 1.
-        counts_t[t] = laplace_mechanism(counts, sensitivity=1.0, epsilon=per_query_epsilon, rng=rng)
-        # Sensitivity of the sum vectors (s_1..s_K): adding or removing x changes one cluster's sum by x,
-        # and ||x||_1 <= 1 on the unit L1 ball, so the L1 sensitivity of the K*d vector is 1.
-        sums_t[t] = laplace_mechanism(sums, sensitivity=1.0, epsilon=per_query_epsilon, rng=rng)
+        counts_t[t] = measure("counts", counts)
+        sums_t[t] = measure("sums", sums)
         C = update_centroids(sums_t[t], counts_t[t], C)
         cents_t[t] = C
         if on_iteration is not None:
             on_iteration(t + 1, C)
     return Trajectory(initial_centroids=np.array(initial_centroids, dtype=np.float64),
                       noisy_counts=counts_t, noisy_sums=sums_t, centroids=cents_t,
-                      noise_scale=1.0 / per_query_epsilon, epsilon=float(epsilon))
-
-
-def privacy_event(*, epsilon: float, iterations: int) -> dpe.DpEvent:
-    """The dp_accounting description of `dp_kmeans`: 2T Laplace queries of sensitivity 1, scale 2T/eps."""
-    per_query = laplace_event(sensitivity=1.0, epsilon=epsilon / (2.0 * iterations))
-    return dpe.SelfComposedDpEvent(per_query, 2 * iterations)
+                      noise_scale=measure.plan["counts"].scale)
 
 
 def _uniform_l1_ball(n: int, d: int, rng: np.random.Generator) -> np.ndarray:

@@ -16,7 +16,7 @@ Privacy of one step: the two noisy outputs are an adaptive composition of Gaussi
 batch whose normalised shifts are at most 1/sigma_n and 1/sigma_g; their joint privacy loss is dominated by
 one Gaussian mechanism of noise multiplier sigma_eff = (sigma_n^-2 + sigma_g^-2)^(-1/2) on the concatenated
 vector (Gaussian mechanisms compose exactly: mu-GDP with mu^2 = sum of squares), applied to a Poisson sample
-of rate q: `dp_accounting.PoissonSampledDpEvent(q, GaussianDpEvent(sigma_eff))`.
+of rate q: the plan entry "sgd" of `dpalgos.dpgm.plan`, drawn from a per-step generator (dpalgos.noise).
 """
 
 from __future__ import annotations
@@ -25,9 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import scipy.sparse as sp
-from dp_accounting import dp_event as dpe
 
-from dpalgos.mechanisms import gaussian_mechanism
 
 
 @dataclass
@@ -92,8 +90,7 @@ def noisy_mode_bound(norms: np.ndarray, *, c_max: float, bins: int, sigma: float
     idx = np.ceil(np.asarray(norms) / edges).astype(np.int64)
     ok = (idx >= 1) & (idx <= bins)
     hist = np.bincount(idx[ok] - 1, minlength=bins).astype(np.float64)
-    # Sensitivity 1: adding or removing one record changes one bin by 1.
-    noisy = gaussian_mechanism(hist, sensitivity=1.0, noise_multiplier=sigma, rng=rng)
+    noisy = hist + rng.normal(0.0, sigma, size=hist.shape)
     return (int(np.argmax(noisy)) + 1) * edges
 
 
@@ -113,27 +110,10 @@ def dp_gradient(layers: list[LayerGrad], *, sigma_grad: float, sigma_norm: float
     factors = np.minimum(1.0, clip / np.maximum(norms, 1e-12)) if B else np.zeros(0)
     noisy = []
     for w, b in clipped_sums(layers, factors):
-        # Each clipped per-example gradient has norm <= clip over all layers together: the concatenated
-        # sum has L2 sensitivity `clip`, and every coordinate gets N(0, (sigma_grad * clip)^2).
-        nw = None if w is None else gaussian_mechanism(w, sensitivity=clip, noise_multiplier=sigma_grad, rng=rng)
-        nb = None if b is None else gaussian_mechanism(b, sensitivity=clip, noise_multiplier=sigma_grad, rng=rng)
+        nw = None if w is None else w + rng.normal(0.0, sigma_grad * clip, size=w.shape)
+        nb = None if b is None else b + rng.normal(0.0, sigma_grad * clip, size=b.shape)
         noisy.append((None if nw is None else nw / expected_batch, None if nb is None else nb / expected_batch))
     return StepResult(noisy, clip, B)
-
-
-def effective_sigma(sigma_grad: float, sigma_norm: float) -> float:
-    if sigma_grad <= 0 or sigma_norm <= 0:
-        return 0.0
-    return float((sigma_grad ** -2 + sigma_norm ** -2) ** -0.5)
-
-
-def step_event(*, q: float, sigma_grad: float, sigma_norm: float) -> dpe.DpEvent:
-    """One DP-SGD step (noisy norm histogram + noisy clipped gradient sum) on a Poisson sample of rate q."""
-    return dpe.PoissonSampledDpEvent(q, dpe.GaussianDpEvent(effective_sigma(sigma_grad, sigma_norm)))
-
-
-def training_event(*, q: float, steps: int, sigma_grad: float, sigma_norm: float) -> dpe.DpEvent:
-    return dpe.SelfComposedDpEvent(step_event(q=q, sigma_grad=sigma_grad, sigma_norm=sigma_norm), steps)
 
 
 class Adam:

@@ -15,6 +15,8 @@ import numba
 import numpy as np
 import scipy.sparse as sp
 
+from dpalgos.plan import Mechanism, Plan
+
 
 @dataclass(frozen=True)
 class Tree:
@@ -115,16 +117,14 @@ class Tree:
         return self.level(np.asarray(x), self.depth).copy()
 
 
-def noisy_tree(tree: Tree, leaf_counts: np.ndarray, *, epsilon: float, rng: np.random.Generator) -> np.ndarray:
-    """The Laplace mechanism on every node of the tree (LM(H), the measurement of Algorithm 3).
-
-    The budget is split evenly over the levels: each record is in one node per level, so the node vector
-    has L1 sensitivity `tree.levels` and Lap(levels / epsilon) per node is epsilon-DP.
-    """
-    from dpalgos.mechanisms import laplace_mechanism
-
-    # Sensitivity: adding or removing one record changes one node per level by 1: L1 = levels.
-    return laplace_mechanism(tree.aggregate(leaf_counts), sensitivity=float(tree.levels), epsilon=epsilon, rng=rng)
+def tree_plan(tree: Tree, *, epsilon: float, unit_weight: int = 1) -> Plan:
+    """The Laplace mechanism on every node of the tree (LM(H), the measurement of Algorithm 3)."""
+    return Plan((Mechanism(
+        "tree", f"every node count of the {tree.branching}-ary tree over {tree.leaves} bins", "laplace",
+        float(tree.levels * unit_weight),
+        f"one privacy unit falls in one node per level and adds at most {unit_weight} (its capped weight) to "
+        f"each: L1 sensitivity {tree.levels} levels x {unit_weight}", 1.0 / epsilon, integer=True,
+        values=tree.size),))
 
 
 @numba.njit(cache=True)

@@ -8,11 +8,9 @@ drawn from its spectral density N(0, 2 gamma I) and b uniform in [0, 2 pi) (Rahi
 public (they do not depend on the data). The norm ||z(x)|| is at most sqrt(2) and 1 in expectation squared
 (the paper's Theorem 2), whatever x and d: features clipped to C_s = 1 give noise independent of m and d.
 
-Noise and sensitivities follow the paper (its neighbours differ in one record, which may move between two
-clusters): cluster sizes get N(0, (sqrt(2) sigma_K)^2) (L2 sensitivity sqrt 2), clipped feature sums
-N(0, (sqrt(2) C_s sigma_K)^2) (sensitivity sqrt(2) C_s), DPNorm's norm histogram N(0, (sqrt(2) sigma_C)^2)
-(sensitivity sqrt 2). Each is a Gaussian mechanism with noise multiplier sigma; under add/remove-one
-neighbours the sensitivities are 1, C_s and 1, so the accounting below is conservative.
+Sensitivities are those of this pipeline's neighbouring relation, add or remove one record (one user): the
+paper's neighbours replace a record, which may move between two clusters (sensitivities sqrt 2, sqrt(2) C_s,
+sqrt 2); under add/remove the record enters one cluster only (1, C_s, 1). The arguments are in `plan`.
 """
 
 from __future__ import annotations
@@ -22,12 +20,10 @@ from typing import Callable
 
 import numpy as np
 import scipy.sparse as sp
-from dp_accounting import dp_event as dpe
 
-from dpalgos.accounting import gaussian_event
-from dpalgos.mechanisms import gaussian_mechanism
+from dpalgos.noise import Measure
+from dpalgos.plan import ADD_REMOVE_USER, Mechanism, Plan
 
-SQRT2 = np.sqrt(2.0)
 Stats = Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]]
 
 
@@ -79,19 +75,13 @@ def norm_histogram(norms: np.ndarray, c_max: float, bins: int) -> np.ndarray:
     return np.bincount(idx[ok] - 1, minlength=bins).astype(np.float64)
 
 
-def dp_norm(histogram: np.ndarray, *, c_max: float, sigma: float, rng: np.random.Generator) -> float:
+def dp_norm(histogram: np.ndarray, *, c_max: float, measure: Measure, name: str = "norms") -> float:
     """DPNorm (Algorithm 3): the upper edge of the noisy mode of the norm histogram.
 
     `histogram` is `norm_histogram` of the records (its sum over the data: additive across partitions).
     """
-    bins = histogram.size
-    # Sensitivity sqrt 2 (paper's neighbours: one record may leave one bin and enter another).
-    noisy = gaussian_mechanism(histogram, sensitivity=SQRT2, noise_multiplier=sigma, rng=rng)
-    return (int(np.argmax(noisy)) + 1) * c_max / bins
-
-
-def dp_norm_event(sigma: float) -> dpe.DpEvent:
-    return gaussian_event(noise_multiplier=sigma)
+    noisy = measure(name, histogram)
+    return (int(np.argmax(noisy)) + 1) * c_max / histogram.size
 
 
 def feature_stats(X, rff: RandomFourierFeatures, clip: float, centres: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -130,26 +120,22 @@ class KernelKMeansResult:
     clip: float
 
 
-def dp_lloyd(stats: Stats, initial: np.ndarray, *, iterations: int, sigma: float, clip: float,
-             rng: np.random.Generator, on_iteration: Callable[[int], None] | None = None) -> KernelKMeansResult:
+def dp_lloyd(stats: Stats, initial: np.ndarray, *, iterations: int, clip: float, measure: Measure,
+             on_iteration: Callable[[int], None] | None = None) -> KernelKMeansResult:
     """Lines 6-11 of Algorithm 2 (and Blum et al.'s DP k-means): T noisy Lloyd iterations on vectors whose
-    L2 norm is at most `clip`, from centres chosen without the private data.
+    L2 norm is at most `clip`, from centres chosen without the private data; noise from `plan`'s entries
+    "sizes" and "sums".
 
     stats(centres) -> (sums (k, d), counts (k,)) of the clipped vectors grouped by nearest centre.
     A cluster whose noisy size is below 1 keeps its previous centre (it carries no usable estimate).
     """
-    if sigma <= 0 or iterations < 1:
-        raise ValueError(f"need sigma > 0 and iterations >= 1, got sigma={sigma}, iterations={iterations}")
     C = np.array(initial, dtype=np.float64)
     k, d = C.shape
     traj, counts_t = np.empty((iterations, k, d)), np.empty((iterations, k))
     for t in range(iterations):
         sums, counts = stats(C)
-        # Sizes: a record moving between two clusters changes two sizes by 1 -> L2 sensitivity sqrt 2.
-        n_hat = gaussian_mechanism(counts, sensitivity=SQRT2, noise_multiplier=sigma, rng=rng)
-        # Sums of clipped vectors: the record's vector (norm <= clip) leaves one sum and enters another
-        # -> L2 sensitivity sqrt(2) clip.
-        s_hat = gaussian_mechanism(sums, sensitivity=SQRT2 * clip, noise_multiplier=sigma, rng=rng)
+        n_hat = measure("sizes", counts)
+        s_hat = measure("sums", sums, bound=clip)
         ok = n_hat >= 1.0
         C[ok] = s_hat[ok] / n_hat[ok, None]
         traj[t], counts_t[t] = C, n_hat
@@ -158,22 +144,34 @@ def dp_lloyd(stats: Stats, initial: np.ndarray, *, iterations: int, sigma: float
     return KernelKMeansResult(C, traj, counts_t, float(clip))
 
 
-def privacy_event(*, iterations: int, sigma: float, dpnorm_sigma: float | None = None) -> dpe.DpEvent:
-    """T iterations of two Gaussian mechanisms (sizes, sums) with noise multiplier sigma, plus DPNorm."""
-    iteration = dpe.ComposedDpEvent([gaussian_event(noise_multiplier=sigma)] * 2)
-    parts = [dpe.SelfComposedDpEvent(iteration, iterations)]
-    if dpnorm_sigma is not None:
-        parts.append(dp_norm_event(dpnorm_sigma))
-    return parts[0] if len(parts) == 1 else dpe.ComposedDpEvent(parts)
+def plan(*, iterations: int, sigma: float, dpnorm: bool = False, k: int | None = None,
+         features: int | None = None, norm_bins: int | None = None) -> Plan:
+    """The Gaussian mechanisms of DP kernel k-means, all with noise multiplier sigma (one calibration)."""
+    out = []
+    if dpnorm:
+        out.append(Mechanism("norms", "histogram of feature norms (DPNorm, Algorithm 3)", "gaussian", 1.0,
+                             "adding or removing one record changes one bin of the norm histogram by 1: L2 "
+                             "sensitivity 1", sigma, integer=True, relation=ADD_REMOVE_USER, values=norm_bins))
+    out.append(Mechanism("sizes", "cluster sizes at each iteration", "gaussian", 1.0,
+                         "adding or removing one record changes the size of the one cluster it is assigned to "
+                         "(centres fixed before the pass) by 1: L2 sensitivity 1", sigma, integer=True,
+                         repetitions=iterations, relation=ADD_REMOVE_USER, values=k))
+    out.append(Mechanism("sums", "sums of clipped random Fourier features per cluster at each iteration",
+                         "gaussian", None,
+                         "adding or removing one record adds its clipped feature vector, of L2 norm at most C_s "
+                         "(the public or DPNorm clipping bound), to one cluster's sum: L2 sensitivity C_s", sigma,
+                         repetitions=iterations, relation=ADD_REMOVE_USER,
+                         values=None if k is None or features is None else k * features))
+    return Plan(tuple(out))
 
 
 def calibrate_sigma(*, epsilon: float, delta: float, iterations: int, dpnorm: bool = False) -> float:
     """The smallest sigma (shared by every Gaussian mechanism of the run) giving (epsilon, delta), by
-    dp_accounting's RDP accountant and its calibration search."""
+    dp_accounting's RDP accountant and its calibration search on the plan's event."""
     from dp_accounting import calibrate_dp_mechanism
     from dp_accounting.rdp import RdpAccountant
 
-    make = lambda s: privacy_event(iterations=iterations, sigma=s, dpnorm_sigma=s if dpnorm else None)
+    make = lambda s: plan(iterations=iterations, sigma=s, dpnorm=dpnorm).event()
     return float(calibrate_dp_mechanism(RdpAccountant, make, epsilon, delta, bracket_interval=None))
 
 

@@ -16,7 +16,7 @@ import scipy.sparse as sp
 
 from dpalgos import admm
 from dpalgos.hierarchy import Tree
-from dpalgos.mechanisms import laplace_mechanism
+from dpalgos.plan import Mechanism, Plan
 
 WorkloadKind = Literal["identity", "predicate", "all_range", "plus_minus_one"]
 
@@ -94,9 +94,16 @@ def sensitivity(A) -> float:
     return float(np.asarray(abs(A).sum(axis=0)).max())
 
 
-def measure(A, x: np.ndarray, *, epsilon: float, rng: np.random.Generator) -> np.ndarray:
-    """r~ = A x + Lap(Delta_A / eps) per strategy query (L1 sensitivity of A x is Delta_A)."""
-    return laplace_mechanism(A @ np.asarray(x, dtype=np.float64), sensitivity=sensitivity(A), epsilon=epsilon, rng=rng)
+def strategy_plan(A, *, epsilon: float, name: str = "strategy", unit_weight: int = 1) -> Plan:
+    """r~ = A x + Lap(unit_weight Delta_A / eps) on every strategy query."""
+    delta = sensitivity(A) * unit_weight
+    data = A.data if sp.issparse(A) else np.asarray(A)
+    return Plan((Mechanism(
+        "strategy", f"{name} strategy: {A.shape[0]} linear queries over {A.shape[1]} bins", "laplace", delta,
+        f"one privacy unit changes one bin of x by at most {unit_weight} (its capped weight), so A x changes by "
+        f"at most {unit_weight} times a column of A: L1 sensitivity {unit_weight} x Delta_A (the largest column "
+        f"L1 norm, {sensitivity(A):g})", 1.0 / epsilon, integer=bool(np.all(data == np.rint(data))),
+        values=A.shape[0]),))
 
 
 def reconstruct_l2(A, r_tilde: np.ndarray) -> np.ndarray:

@@ -1,12 +1,7 @@
-"""Additive noise mechanisms. The caller states the sensitivity; nothing here looks at data.
-
-Randomness comes from a `numpy.random.Generator` passed in: production code passes one seeded from OS
-entropy (`np.random.default_rng()`), tests may pass a seeded one. Accounting is not done here (see
-`dpalgos.accounting`): these functions only draw noise.
-
-Note: these are floating-point samplers (numpy's inverse-CDF Laplace, Box-Muller-type normal). Mironov
-(CCS 2012) shows textbook floating-point Laplace can leak through the low-order bits of the output; the
-published values here are further processed (divided, projected, rounded) but no snapping is applied.
+"""Simulation noise for the BASELINES of the experiments and of the internal evaluations (LM, Privelet, EFPA,
+MWEM, independent items): numpy's floating-point samplers from a caller's generator, so that a paper figure
+is reproducible from a seed. Never used for a published value: releases draw every noise through a plan
+entry and `dpalgos.noise` (OpenDP's exact samplers). The caller states the sensitivity.
 """
 
 from __future__ import annotations

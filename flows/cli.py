@@ -57,11 +57,13 @@ def format_summary(s: dict) -> str:
     lines = [
         "",
         f"Release {s['release_id']} ({s['kind']} on dataset '{s['dataset_id']}'): {s['status']}",
-        f"  release/   {s['release_dir']}   (safe to publish)",
+        f"  release/   {s['release_dir']}   (safe to publish)" if s["private"] else
+        f"  output     {s['release_dir']}   (TEST MODE: seeded noise, NOT private, never publish)",
         f"  internal/  {s['internal_dir']}   (raw-derived: never publish)",
-        f"  privacy    epsilon={s['epsilon']:.4g}, delta={s['delta']:.3g} ({s['accounting']})",
+        f"  privacy    epsilon={s['epsilon']:.4g}, delta={s['delta']:.3g} ({s['accounting']})"
+        + ("" if s["private"] else " if it were drawn privately"),
         f"  budget     dataset spent epsilon={budget['spent_epsilon']:.4g} of {budget['epsilon']:.4g}, "
-        f"remaining {budget['remaining_epsilon']:.4g}",
+        f"remaining {budget['remaining_epsilon']:.4g}" if budget else "  budget     not charged (test mode)",
     ]
     ev = s.get("evaluation")
     if ev:

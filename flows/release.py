@@ -72,7 +72,7 @@ def release(spec: ReleaseSpec | None = None, spec_file: str | None = None, relea
     spec = spec.model_copy(update={k: v for k, v in {"release_id": release_id, "output_dir": output_dir}.items()
                                    if v is not None})
     release_id = spec.release_id or default_release_id(spec)
-    run = open_run(spec.output_dir, release_id)
+    run = open_run(spec.output_dir, release_id, test=spec.test_mode)
     if run.published():
         log.info("release %s is already published at %s; nothing to do", release_id, run.release)
         return _summary(spec, release_id, run, json.loads(run.manifest.read_text()), None, {}, "already published")
@@ -116,7 +116,7 @@ def _stages(spec: ReleaseSpec, release_id: str, run: RunPaths, timer: _Timer):
         name, contract = kind.release_contract(spec)
         check_contract("release", staging / name, contract, contracts_dir)
     with timer.stage("publish"):
-        manifest = publish_release(spec, release_id, run, staging, measured, kind.mechanisms(spec))
+        manifest = publish_release(spec, release_id, run, staging, measured)
     evaluation = None
     if spec.evaluate:
         with timer.stage("evaluate"):
@@ -129,4 +129,5 @@ def _summary(spec, release_id, run, manifest, evaluation, timings, status) -> di
     return {"status": status, "release_id": release_id, "dataset_id": spec.dataset.id,
             "kind": spec.release.kind, "release_dir": str(run.release), "internal_dir": str(run.internal),
             "epsilon": privacy["epsilon"], "delta": privacy["delta"], "accounting": privacy["accounting"],
-            "dataset_budget": privacy["dataset_budget"], "evaluation": evaluation, "timings": timings}
+            "private": privacy["private"], "dataset_budget": privacy.get("dataset_budget"),
+            "evaluation": evaluation, "timings": timings}

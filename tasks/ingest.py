@@ -16,7 +16,7 @@ from data_contracts.validate import parquet_files
 from tasks.errors import InputError
 from tasks.example_data import is_builtin, materialise
 from tasks.sets import ingest_sets
-from tasks.spec import DatasetSpec
+from tasks.params import DatasetSpec
 
 _NUMBER = re.compile(r"^[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?$|^[+-]?(nan|inf|infinity)$", re.IGNORECASE)
 _CSV_BLOCKSIZE = "64MB"

@@ -3,7 +3,11 @@ budget. Spends are stored as `dp_accounting` events and composed with it (`dpalg
 
 A release is charged BEFORE any noise is drawn, in one write transaction (`BEGIN IMMEDIATE`) that
 serialises concurrent releases of the same ledger: two releases started at once cannot both pass the
-budget check. Charging the same release id again is a no-op, so retries and resumed runs are charged once.
+budget check. Charging the same release id again is a no-op, so retries and resumed runs are charged once,
+except when an earlier attempt drew noise and failed before committing it: that attempt counts as a run of
+the mechanism, and the retry is charged again (`attempts`; see tasks/stages.py).
+
+Statuses: charged -> drawing (noise is being drawn, nothing committed) -> measured -> published.
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ CREATE TABLE IF NOT EXISTS budgets (
 CREATE TABLE IF NOT EXISTS spends (
     release_id TEXT PRIMARY KEY, dataset_id TEXT NOT NULL, kind TEXT NOT NULL, fingerprint TEXT NOT NULL,
     event TEXT NOT NULL, epsilon REAL NOT NULL, delta REAL NOT NULL, status TEXT NOT NULL,
-    created_at TEXT NOT NULL, updated_at TEXT NOT NULL);
+    created_at TEXT NOT NULL, updated_at TEXT NOT NULL, attempts INTEGER NOT NULL DEFAULT 1);
 CREATE INDEX IF NOT EXISTS spends_by_dataset ON spends (dataset_id);
 """
 #: Relative slack on the budget comparison, for the floating-point sum of equal shares.
@@ -41,7 +45,7 @@ def _now() -> str:
 class Charge:
     """The outcome of charging a release: its own guarantee, and the dataset's total after it."""
     release_id: str
-    new: bool
+    state: str
     release: accounting.Guarantee
     total: accounting.Guarantee
     budget_epsilon: float
@@ -59,6 +63,9 @@ class PrivacyLedger:
         db = self._connect()
         try:
             db.executescript(_SCHEMA)  # runs in its own transaction
+            columns = [r[1] for r in db.execute("PRAGMA table_info(spends)")]
+            if "attempts" not in columns:  # a ledger written before attempts were recorded
+                db.execute("ALTER TABLE spends ADD COLUMN attempts INTEGER NOT NULL DEFAULT 1")
         except sqlite3.DatabaseError as exc:
             raise ReleaseError(f"privacy ledger {self.path} is unusable: {exc}") from None
         finally:
@@ -102,8 +109,11 @@ class PrivacyLedger:
         return (row["epsilon"], row["delta"]) if row else None
 
     def charge(self, *, dataset_id: str, release_id: str, kind: str, fingerprint: str, event: dpe.DpEvent,
-               budget: tuple[float, float], release_delta: float | None = None) -> Charge:
+               budget: tuple[float, float], release_delta: float | None = None, redraw: bool = False) -> Charge:
         """Record the spend of `release_id` unless it is recorded already; refuse it if over budget.
+
+        redraw : the measurements are not committed. If an earlier attempt of this release drew noise
+        (status 'drawing'), this attempt is charged again.
 
         The release's own guarantee is stated at `release_delta` (its spec's target) when given, else at the
         budget's delta; the budget check composes everything at the budget's delta.
@@ -114,18 +124,18 @@ class PrivacyLedger:
         with self._transaction(immediate=True) as db:
             bud_eps, bud_delta = self._budget_locked(db, dataset_id, budget)
             prior = db.execute("SELECT * FROM spends WHERE release_id=?", (release_id,)).fetchone()
+            own = accounting.release_guarantee(event, release_delta or bud_delta)
             if prior is not None:
                 if prior["dataset_id"] != dataset_id or prior["fingerprint"] != fingerprint:
                     raise ReleaseConflict(
                         f"release id '{release_id}' was already used (dataset '{prior['dataset_id']}', "
                         f"parameters {prior['fingerprint']}) with different data or parameters "
                         f"({dataset_id}, {fingerprint}); choose a new release id")
-                events = self._events_locked(db, dataset_id)
-                own = accounting.release_guarantee(event, release_delta or bud_delta)
-                total = accounting.epsilon_at(accounting.compose_events(events), bud_delta)
-                return Charge(release_id, False, own, total, bud_eps, bud_delta)
+                if not (redraw and prior["status"] == "drawing"):
+                    total = accounting.epsilon_at(accounting.compose_events(self._events_locked(db, dataset_id)),
+                                                  bud_delta)
+                    return Charge(release_id, "already charged", own, total, bud_eps, bud_delta)
             events = self._events_locked(db, dataset_id) + [event]
-            own = accounting.release_guarantee(event, release_delta or bud_delta)
             total = accounting.epsilon_at(accounting.compose_events(events), bud_delta)
             if total.epsilon > bud_eps * (1 + _TOLERANCE):
                 spent = (accounting.epsilon_at(accounting.compose_events(events[:-1]), bud_delta).epsilon
@@ -135,10 +145,16 @@ class PrivacyLedger:
                     f"dataset '{dataset_id}': spent epsilon={spent:.6g}, composed total would be "
                     f"{total.epsilon:.6g} > budget {bud_eps:.6g} (delta={bud_delta:g}). No noise was drawn.")
             now = _now()
-            db.execute("INSERT INTO spends VALUES (?, ?, ?, ?, ?, ?, ?, 'charged', ?, ?)",
+            if prior is not None:
+                db.execute("UPDATE spends SET attempts=attempts+1, status='charged', updated_at=? WHERE release_id=?",
+                           (now, release_id))
+                return Charge(release_id, "charged again: an earlier attempt drew noise and failed before its "
+                                          "commit", own, total, bud_eps, bud_delta)
+            db.execute("INSERT INTO spends (release_id, dataset_id, kind, fingerprint, event, epsilon, delta, "
+                       "status, created_at, updated_at, attempts) VALUES (?, ?, ?, ?, ?, ?, ?, 'charged', ?, ?, 1)",
                        (release_id, dataset_id, kind, fingerprint, json.dumps(accounting.event_to_json(event)),
                         own.epsilon, own.delta, now, now))
-            return Charge(release_id, True, own, total, bud_eps, bud_delta)
+            return Charge(release_id, "charged", own, total, bud_eps, bud_delta)
 
     def mark(self, release_id: str, status: str) -> None:
         """Advance a release's status: charged -> measured -> published."""
@@ -155,7 +171,7 @@ class PrivacyLedger:
 
     def releases(self, dataset_id: str) -> list[dict]:
         with self._transaction() as db:
-            rows = db.execute("SELECT release_id, kind, epsilon, delta, status, created_at FROM spends "
+            rows = db.execute("SELECT release_id, kind, epsilon, delta, status, attempts, created_at FROM spends "
                               "WHERE dataset_id=? ORDER BY created_at, release_id", (dataset_id,)).fetchall()
         return [dict(r) for r in rows]
 
@@ -170,8 +186,12 @@ class PrivacyLedger:
 
     @staticmethod
     def _events_locked(db, dataset_id: str) -> list[dpe.DpEvent]:
-        rows = db.execute("SELECT event FROM spends WHERE dataset_id=? ORDER BY created_at", (dataset_id,))
-        return [accounting.event_from_json(json.loads(r["event"])) for r in rows]
+        rows = db.execute("SELECT event, attempts FROM spends WHERE dataset_id=? ORDER BY created_at", (dataset_id,))
+        events = []
+        for r in rows:
+            event = accounting.event_from_json(json.loads(r["event"]))
+            events.append(event if r["attempts"] == 1 else dpe.SelfComposedDpEvent(event, r["attempts"]))
+        return events
 
     @staticmethod
     def _budget_locked(db, dataset_id: str, budget: tuple[float, float]) -> tuple[float, float]:

@@ -10,12 +10,13 @@ from pathlib import Path
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
-from tasks.stages import Measured, read_meta
 from tasks.ledger import PrivacyLedger
-from tasks.run import RunPaths, publish
+from tasks.run import RunPaths, publish, read_meta
 from tasks.spec import ReleaseSpec
+from tasks.stages import Measured
 
-_PACKAGES = ("dprelease", "numpy", "scipy", "dp-accounting", "prefect", "dask", "great-expectations")
+_PACKAGES = ("dprelease", "numpy", "scipy", "dp-accounting", "opendp", "prefect", "dask", "great-expectations",
+             "scikit-learn", "numba", "pyarrow")
 
 
 def _sha256(path: Path) -> str:
@@ -37,42 +38,49 @@ def _versions() -> dict:
 
 
 @task(name="publish", cache_policy=NO_CACHE)
-def publish_release(spec: ReleaseSpec, release_id: str, run: RunPaths, staging: Path, measured: Measured,
-                    mechanisms: list[dict]) -> dict:
-    """Manifest: the privacy guarantee and its accounting, the dataset's budget after this release, the
-    public parameters, the randomness mode and a checksum of every file. Then release/ appears atomically."""
-    ledger = PrivacyLedger(spec.ledger_path)
-    total = ledger.spent(spec.dataset.id)
-    budget_eps, budget_delta = measured.budget
+def publish_release(spec: ReleaseSpec, release_id: str, run: RunPaths, staging: Path, measured: Measured) -> dict:
+    """Manifest: the privacy guarantee and its accounting, the mechanisms (the plan recorded with the
+    measurements), the dataset's budget after this release, the public parameters, the randomness and a
+    checksum of every file. Then release/ (test-output/ in test mode) appears atomically."""
+    meta = read_meta(measured.path)
     files = {str(p.relative_to(staging)): {"sha256": _sha256(p), "bytes": p.stat().st_size}
              for p in sorted(staging.rglob("*")) if p.is_file()}
-    event = read_meta(measured.path)["event"]
+    privacy = {"epsilon": measured.guarantee.epsilon, "delta": measured.guarantee.delta,
+               "accounting": measured.guarantee.method, "mechanisms": meta["mechanisms"], "dp_event": meta["event"]}
+    ledger = None
+    if spec.test_mode:
+        privacy["private"] = False
+        privacy["warning"] = ("TEST MODE: the noise was drawn from a seeded generator; these outputs are NOT "
+                              "differentially private and must not be published")
+    else:
+        ledger = PrivacyLedger(spec.ledger_path)
+        total = ledger.spent(spec.dataset.id)
+        budget_eps, budget_delta = measured.budget
+        privacy["private"] = True
+        privacy["dataset_budget"] = {"epsilon": budget_eps, "delta": budget_delta, "spent_epsilon": total.epsilon,
+                                     "spent_accounting": total.method,
+                                     "remaining_epsilon": max(budget_eps - total.epsilon, 0.0)}
     manifest = {
         "release_id": release_id,
         "dataset_id": spec.dataset.id,
         "kind": spec.release.kind,
         "created_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "privacy": {
-            "epsilon": measured.guarantee.epsilon,
-            "delta": measured.guarantee.delta,
-            "accounting": measured.guarantee.method,
-            "neighbouring_relation": "add or remove one record",
-            "mechanisms": mechanisms,
-            "dp_event": event,
-            "dataset_budget": {"epsilon": budget_eps, "delta": budget_delta,
-                               "spent_epsilon": total.epsilon, "spent_accounting": total.method,
-                               "remaining_epsilon": max(budget_eps - total.epsilon, 0.0)},
-        },
-        "randomness": ({"mode": "test", "seed": spec.seed} if spec.mode == "test"
-                       else {"mode": "production", "source": "OS entropy (numpy default_rng())"}),
+        "privacy": privacy,
+        "randomness": ({"mode": "test", "seed": spec.seed, "noise": meta["noise"]} if spec.test_mode
+                       else {"mode": "production", "noise": meta["noise"],
+                             "public_randomness": "a numpy generator seeded from OS entropy, sharing no state "
+                                                  "with the noise"}),
         "parameters": {"release": spec.release.model_dump(), "columns": spec.dataset.columns,
                        "bounds": {c: list(b) for c, b in (spec.dataset.bounds or {}).items()},
-                       "categories": spec.dataset.categories, "weight_column": spec.dataset.weight_column},
+                       "categories": spec.dataset.categories, "weight_column": spec.dataset.weight_column,
+                       "max_weight": spec.dataset.max_weight,
+                       "weights_count_records": spec.dataset.weights_count_records},
         "files": files,
         "software": _versions(),
     }
     publish(run, staging, manifest)
-    if ledger.status(release_id) != "published":
+    if ledger is not None and ledger.status(release_id) != "published":
         ledger.mark(release_id, "published")
-    get_run_logger().info("published release %s to %s", release_id, run.release)
+    get_run_logger().info("%s release %s to %s", "wrote the TEST-MODE (not private)" if spec.test_mode else
+                          "published", release_id, run.release)
     return manifest

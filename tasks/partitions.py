@@ -16,7 +16,15 @@ import pyarrow.parquet as pq
 import scipy.sparse as sp
 
 from dpalgos import domain
-from tasks.spec import DaskSpec
+from tasks.params import DaskSpec
+
+
+def current_client():
+    """The dask client of the running release (imported lazily: distributed costs ~1 s to import, and the
+    spec and CLI modules import the kinds)."""
+    from distributed import get_client
+
+    return get_client()
 
 
 def read_points(path: str, columns: Sequence[str]) -> np.ndarray:
@@ -39,22 +47,31 @@ def normalise_partition(src: str, dst: str, columns: Sequence[str], lower, upper
     return clipped
 
 
+def _capped(weights: np.ndarray, max_weight: int | None) -> tuple[np.ndarray, int]:
+    """Weights capped at the public max_weight (None: no cap), and how many rows were capped."""
+    if max_weight is None:
+        return weights, 0
+    return np.minimum(weights, max_weight), int(np.count_nonzero(weights > max_weight))
+
+
 def bin_partition(src: str, dst: str, column: str, lower: float, upper: float, bins: int,
-                  weight: str | None) -> None:
+                  weight: str | None, max_weight: int | None = None) -> int:
     """Equal-width bin index in [0, bins) of every value over the PUBLIC [lower, upper] (values outside
-    fall in the first / last bin), with the record weight."""
+    fall in the first / last bin), with the record weight capped at max_weight. Returns the capped rows."""
     table = pq.read_table(src)
     v = table.column(column).to_numpy()
     idx = np.clip(np.floor((v - lower) / (upper - lower) * bins), 0, bins - 1).astype(np.int32)
-    cols = {"bin": idx}
+    cols, capped = {"bin": idx}, 0
     if weight:
-        cols["weight"] = table.column(weight).to_numpy()
+        cols["weight"], capped = _capped(table.column(weight).to_numpy(), max_weight)
     pq.write_table(pa.table(cols), dst)
+    return capped
 
 
 def cell_partition(src: str, dst: str, columns: Sequence[str], levels: Sequence[Sequence[str]],
-                   weight: str | None) -> None:
-    """Row-major cell index of every record's levels in the table of shape (|levels_1|, ..., |levels_k|)."""
+                   weight: str | None, max_weight: int | None = None) -> int:
+    """Row-major cell index of every record's levels in the table of shape (|levels_1|, ..., |levels_k|),
+    with the record weight capped at max_weight. Returns the capped rows."""
     import pandas as pd
 
     frame = pq.read_table(src).to_pandas()
@@ -62,15 +79,15 @@ def cell_partition(src: str, dst: str, columns: Sequence[str], levels: Sequence[
     for c, lv in zip(columns, levels):
         code = pd.Categorical(frame[c], categories=list(lv)).codes
         if (code < 0).any():
-            bad = frame[c][code < 0].iloc[0]
-            raise ValueError(f"column '{c}' holds {bad!r}, which is not one of its public levels {list(lv)}")
+            raise ValueError(f"column '{c}' holds values outside its public levels")
         codes.append(code)
     cell = np.ravel_multi_index(codes, [len(lv) for lv in levels]).astype(np.int32) if len(frame) else \
         np.empty(0, dtype=np.int32)
-    cols = {"cell": cell}
+    cols, capped = {"cell": cell}, 0
     if weight:
-        cols["weight"] = frame[weight].to_numpy(dtype=np.float64)
+        cols["weight"], capped = _capped(frame[weight].to_numpy(dtype=np.float64), max_weight)
     pq.write_table(pa.table(cols), dst)
+    return capped
 
 
 def index_counts(path: str, index: str, weighted: bool, size: int) -> np.ndarray:

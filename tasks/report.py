@@ -15,11 +15,14 @@ from tasks.spec import ReleaseSpec
 
 
 def _sensitivity(m: dict) -> str:
-    return f"L1 {m['l1_sensitivity']:g}" if "l1_sensitivity" in m else f"L2 {m['l2_sensitivity']}"
+    value = m["sensitivity"]
+    return f"{m['norm'].upper()} {value:g}" if isinstance(value, (int, float)) else f"{m['norm'].upper()} {value}"
 
 
 def _noise(m: dict) -> str:
-    return f"Laplace scale {m['scale']:.4g}" if "scale" in m else f"Gaussian std {m['std']}"
+    scale = f"scale {m['scale']:.4g}" if m["scale"] is not None else f"multiplier {m['noise_multiplier']:.4g} x C"
+    sampled = f", Poisson sampling rate {m['sampling_rate']:g}" if m["sampling_rate"] else ""
+    return f"{m['distribution']} {scale}{sampled}"
 
 
 def _table(header: list[str], rows: list[list]) -> list[str]:
@@ -33,24 +36,27 @@ def write_report(spec: ReleaseSpec, release_id: str, run: RunPaths, manifest: di
     """Spend and remaining budget of the dataset, contract results per stage, stage timings, evaluation and
     its plots, as Markdown with relative links to the PNG figures."""
     privacy = manifest["privacy"]
-    budget = privacy["dataset_budget"]
-    ledger = PrivacyLedger(spec.ledger_path)
+    budget = privacy.get("dataset_budget")
     lines = [f"# Release {release_id}", "",
              f"Kind `{spec.release.kind}` on dataset `{spec.dataset.id}`, published {manifest['created_at']}.",
              f"Published files: `{run.release}` (safe to publish). This report and everything under `internal/` "
              f"are derived from the raw data: do not publish them.", "",
              "## Privacy", "",
              f"This release: epsilon = {privacy['epsilon']:.6g}, delta = {privacy['delta']:.3g} "
-             f"({privacy['accounting']}); neighbours: {privacy['neighbouring_relation']}.", ""]
-    lines += _table(["mechanism", "query", "sensitivity", "noise", "repetitions"],
-                    [[m["mechanism"], m["query"], _sensitivity(m), _noise(m), m["repetitions"]]
+             f"({privacy['accounting']}).", ""]
+    if not privacy["private"]:
+        lines += [f"**{privacy['warning']}**", ""]
+    lines += _table(["mechanism", "query", "neighbours", "sensitivity", "noise", "repetitions"],
+                    [[m["name"], m["query"], m["relation"], _sensitivity(m), _noise(m), m["repetitions"]]
                      for m in privacy["mechanisms"]])
-    lines += ["", f"Dataset `{spec.dataset.id}`: lifetime budget epsilon = {budget['epsilon']:g}, delta = "
-                  f"{budget['delta']:g}; spent epsilon = {budget['spent_epsilon']:.6g} ({budget['spent_accounting']}); "
-                  f"remaining epsilon = {budget['remaining_epsilon']:.6g}.", "", "Releases in the ledger:", ""]
-    lines += _table(["release", "kind", "epsilon", "delta", "status", "created"],
-                    [[r["release_id"], r["kind"], f"{r['epsilon']:.4g}", f"{r['delta']:.3g}", r["status"],
-                      r["created_at"]] for r in ledger.releases(spec.dataset.id)])
+    if budget:
+        lines += ["", f"Dataset `{spec.dataset.id}`: lifetime budget epsilon = {budget['epsilon']:g}, delta = "
+                      f"{budget['delta']:g}; spent epsilon = {budget['spent_epsilon']:.6g} "
+                      f"({budget['spent_accounting']}); remaining epsilon = {budget['remaining_epsilon']:.6g}.", "",
+                  "Releases in the ledger:", ""]
+        lines += _table(["release", "kind", "epsilon", "delta", "status", "attempts", "created"],
+                        [[r["release_id"], r["kind"], f"{r['epsilon']:.4g}", f"{r['delta']:.3g}", r["status"],
+                          r["attempts"], r["created_at"]] for r in PrivacyLedger(spec.ledger_path).releases(spec.dataset.id)])
     lines += ["", "## Data contracts", ""]
     contract_rows = []
     for stage_file in sorted((run.internal / "contracts").glob("*.json"), key=lambda p: p.stat().st_mtime):

@@ -3,7 +3,8 @@
     <output_dir>/<release_id>/
         measurements/   the noisy measurements, committed ONCE by an atomic rename, reused on any rerun
         release/        safe to publish: DP outputs, postprocessing of them, manifest.json
-                        (staged in .staging-*/ and renamed into place only when complete)
+                        (staged in .staging-*/ and renamed into place only when complete);
+                        test-output/ instead for a seeded test-mode run, which is not private
         internal/       raw-derived files (ingested and normalised data, contract results, evaluation)
 
 On failure nothing half-written is left under release/; if no measurements were committed the whole run
@@ -23,9 +24,20 @@ from typing import Callable
 from tasks.errors import ReleaseConflict
 
 
+META = "measurements.json"
+
+
+def read_meta(measurements: str | Path) -> dict:
+    """The metadata the DP measurement task stored beside the noisy measurements."""
+    return json.loads((Path(measurements) / META).read_text())
+
+
 @dataclass(frozen=True)
 class RunPaths:
+    """The folders of one run. A test-mode run (seeded noise: not private) puts its products in
+    `test-output/`, never in `release/`."""
     root: Path
+    test: bool = False
 
     @property
     def internal(self) -> Path:
@@ -37,7 +49,7 @@ class RunPaths:
 
     @property
     def release(self) -> Path:
-        return self.root / "release"
+        return self.root / ("test-output" if self.test else "release")
 
     @property
     def manifest(self) -> Path:
@@ -50,8 +62,8 @@ class RunPaths:
         return Path(tempfile.mkdtemp(prefix=".staging-", dir=self.root))
 
 
-def open_run(output_dir: str | Path, release_id: str) -> RunPaths:
-    run = RunPaths(Path(output_dir) / release_id)
+def open_run(output_dir: str | Path, release_id: str, test: bool = False) -> RunPaths:
+    run = RunPaths(Path(output_dir) / release_id, test)
     run.internal.mkdir(parents=True, exist_ok=True)
     return run
 

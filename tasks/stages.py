@@ -1,7 +1,14 @@
 """The kind-independent Prefect tasks: prepare, DP measurement, postprocessing, evaluation.
 
-The DP measurement task holds the privacy rules: the ledger is charged before any noise is drawn, the
-measurements are committed once (atomic rename), and a retried or resumed task reuses them.
+The DP measurement task holds the privacy rules: the ledger is charged with the kind's plan before any noise
+is drawn, the noise comes from the plan through OpenDP's exact samplers, the measurements are committed once
+(atomic rename), and a retried or resumed task reuses them.
+
+A draw that fails before its commit (the rule, argued in the README, "No silent redraw"): if the failed
+attempt drew no noise (it failed reading data or computing statistics), nothing noise-dependent existed and
+the retry draws for the first time, free. If it had drawn any noise, that noise may have shaped what left the
+process (a log line, an exception, the timing of the failure, a partial file), so the retry is a second
+mechanism run: the ledger charges the release's event again, against the budget, before drawing.
 """
 
 from __future__ import annotations
@@ -15,33 +22,33 @@ from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
 from dpalgos import accounting
+from dpalgos.noise import ExactNoise, Measure, SeededNoise
 from tasks.errors import ReleaseConflict
 from tasks.ingest import StageOutput
 from tasks.kinds import kind_of
 from tasks.ledger import PrivacyLedger
-from tasks.run import RunPaths, commit_once
+from tasks.run import META, RunPaths, commit_once, read_meta
 from tasks.spec import ReleaseSpec
-
-META = "measurements.json"
 
 
 @dataclass(frozen=True)
 class Measured:
-    """Where the measurements are, what they cost, and whether this run drew them or reused them."""
+    """Where the measurements are, what they cost, and whether this run drew them or reused them.
+    In test mode nothing is charged: `dataset_total` and `budget` are None."""
     path: str
     reused: bool
     guarantee: accounting.Guarantee
-    dataset_total: accounting.Guarantee
-    budget: tuple[float, float]
+    dataset_total: accounting.Guarantee | None
+    budget: tuple[float, float] | None
 
 
-def make_rng(spec: ReleaseSpec) -> np.random.Generator:
-    # Production noise is seeded from OS entropy; a seed is only accepted in test mode (see ReleaseSpec).
-    return np.random.default_rng(spec.seed if spec.mode == "test" else None)
-
-
-def read_meta(measurements: str | Path) -> dict:
-    return json.loads((Path(measurements) / META).read_text())
+def randomness(spec: ReleaseSpec):
+    """(noise source, public generator). Production: OpenDP's exact samplers, and a public generator seeded
+    from OS entropy that shares no state with them. Test mode: both from the seed (not private)."""
+    if spec.test_mode:
+        noise_seq, public_seq = np.random.SeedSequence(spec.seed).spawn(2)
+        return SeededNoise(int(noise_seq.generate_state(1)[0])), np.random.default_rng(public_seq)
+    return ExactNoise(), np.random.default_rng()
 
 
 @task(name="prepare", cache_policy=NO_CACHE)
@@ -52,7 +59,7 @@ def prepare(spec: ReleaseSpec, ingested: StageOutput, run: RunPaths) -> StageOut
 
 @task(name="dp-measure", retries=2, retry_delay_seconds=1, cache_policy=NO_CACHE)
 def measure(spec: ReleaseSpec, release_id: str, run: RunPaths, prepared: StageOutput) -> Measured:
-    """Charge the ledger, then draw the kind's DP measurements and commit them ONCE.
+    """Charge the ledger with the kind's plan, then draw its DP measurements and commit them ONCE.
 
     A retried or resumed attempt finds the committed measurements and returns them: fresh noise for the
     same release would be a second, unaccounted release.
@@ -60,16 +67,23 @@ def measure(spec: ReleaseSpec, release_id: str, run: RunPaths, prepared: StageOu
     log = get_run_logger()
     kind = kind_of(spec)
     kind.check_feasible(spec, prepared)
-    ledger = PrivacyLedger(spec.ledger_path)
-    event = kind.event(spec)
-    charge = ledger.charge(dataset_id=spec.dataset.id, release_id=release_id, kind=kind.name,
-                           fingerprint=spec.fingerprint(), event=event,
-                           budget=(spec.ledger.lifetime_epsilon, spec.ledger.lifetime_delta),
-                           release_delta=getattr(spec.release, "delta", None))
-    log.info("privacy ledger: release %s costs epsilon=%.4g, delta=%.3g (%s); dataset '%s' total epsilon=%.4g "
-             "of %.4g", release_id, charge.release.epsilon, charge.release.delta,
-             "charged" if charge.new else "already charged", spec.dataset.id, charge.total.epsilon,
-             charge.budget_epsilon)
+    plan = kind.plan(spec)
+    event = plan.event()
+    own = accounting.release_guarantee(event, getattr(spec.release, "delta", None) or spec.ledger.lifetime_delta)
+    ledger, charge = None, None
+    if not spec.test_mode:
+        ledger = PrivacyLedger(spec.ledger_path)
+        charge = ledger.charge(dataset_id=spec.dataset.id, release_id=release_id, kind=kind.name,
+                               fingerprint=spec.fingerprint(), event=event,
+                               budget=(spec.ledger.lifetime_epsilon, spec.ledger.lifetime_delta),
+                               release_delta=getattr(spec.release, "delta", None),
+                               redraw=not run.measurements.exists())
+        own = charge.release
+        log.info("privacy ledger: release %s costs epsilon=%.4g, delta=%.3g (%s); dataset '%s' total epsilon=%.4g "
+                 "of %.4g", release_id, own.epsilon, own.delta, charge.state, spec.dataset.id,
+                 charge.total.epsilon, charge.budget_epsilon)
+    else:
+        log.warning("test mode: seeded noise, NOT private; nothing is charged and nothing is released")
     reused = run.measurements.exists()
     if reused:
         stored = read_meta(run.measurements)["fingerprint"]
@@ -78,21 +92,29 @@ def measure(spec: ReleaseSpec, release_id: str, run: RunPaths, prepared: StageOu
                                   f"parameters ({stored} != {spec.fingerprint()})")
         log.info("reusing the measurements committed at %s (no new noise drawn)", run.measurements)
     else:
-        draw = kind.draw(spec, prepared, make_rng(spec), log)
-        meta = {"release_id": release_id, "dataset_id": spec.dataset.id, "kind": kind.name,
-                "fingerprint": spec.fingerprint(), "event": accounting.event_to_json(event), **draw.meta}
-
-        def write(folder: Path) -> None:
-            draw.write(folder)
-            (folder / META).write_text(json.dumps(meta, indent=2))
-        if not commit_once(run.measurements, write):
-            raise ReleaseConflict(f"measurements of release '{release_id}' were committed concurrently by "
-                                  f"another run; rerun to use them")
-        log.info("committed the noisy measurements to %s", run.measurements)
-    if ledger.status(release_id) == "charged":
+        _draw_and_commit(spec, release_id, run, prepared, plan, ledger, log)
+    if ledger is not None and ledger.status(release_id) in ("charged", "drawing"):
         ledger.mark(release_id, "measured")
-    return Measured(str(run.measurements), reused, charge.release, charge.total,
-                    (charge.budget_epsilon, charge.budget_delta))
+    return Measured(str(run.measurements), reused, own, charge.total if charge else None,
+                    (charge.budget_epsilon, charge.budget_delta) if charge else None)
+
+
+def _draw_and_commit(spec, release_id, run, prepared, plan, ledger, log) -> None:
+    noise, public_rng = randomness(spec)
+    measure_ = Measure(plan, noise, on_first_draw=lambda: ledger and ledger.mark(release_id, "drawing"))
+    draw = kind_of(spec).draw(spec, prepared, measure_, public_rng, log)
+    meta = {"release_id": release_id, "dataset_id": spec.dataset.id, "kind": spec.release.kind,
+            "fingerprint": spec.fingerprint(), "event": accounting.event_to_json(plan.event()),
+            "mechanisms": plan.manifest(measure_.samplers()), "noise": noise.description,
+            "private": noise.private, **draw.meta}
+
+    def write(folder: Path) -> None:
+        draw.write(folder)
+        (folder / META).write_text(json.dumps(meta, indent=2))
+    if not commit_once(run.measurements, write):
+        raise ReleaseConflict(f"measurements of release '{release_id}' were committed concurrently by "
+                              f"another run; rerun to use them")
+    log.info("committed the noisy measurements to %s", run.measurements)
 
 
 @task(name="postprocess", cache_policy=NO_CACHE)
@@ -113,5 +135,5 @@ def evaluate(spec: ReleaseSpec, run: RunPaths, prepared: StageOutput) -> dict:
     out = run.internal / "evaluation"
     out.mkdir(parents=True, exist_ok=True)
     (out / "evaluation.json").write_text(json.dumps(report, indent=2, default=float))
-    log.info("evaluation: %s", report["headline"])
+    log.info("evaluation written to %s (internal)", out / "evaluation.json")
     return report

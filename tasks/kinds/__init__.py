@@ -1,13 +1,21 @@
-"""Release kinds: each module implements `ReleaseKind` for one `release.kind` of the spec."""
+"""The registry of release kinds. A kind is one module (its params, data shape, plan, products, contracts and
+steps; see `tasks.kinds.base`) and one line here: the spec's union, the column checks, the CLI's kinds table
+and the conformance suite all derive from `REGISTRY`."""
 
 from __future__ import annotations
 
+from tasks.kinds import contingency, histogram, kernel_kmeans, kmeans, matrix_mechanism, synthetic
 from tasks.kinds.base import ReleaseKind
+
+REGISTRY: dict[str, ReleaseKind] = {k.name: k for k in (
+    kmeans.KIND,
+    histogram.KIND,
+    contingency.KIND,
+    matrix_mechanism.KIND,
+    kernel_kmeans.KIND,
+    synthetic.KIND,
+)}
 
 
 def kind_of(spec) -> ReleaseKind:
-    from tasks.kinds import contingency, histogram, kernel_kmeans, kmeans, matrix_mechanism, synthetic
-
-    kinds = {k.name: k for k in (kmeans.KIND, histogram.KIND, contingency.KIND, matrix_mechanism.KIND,
-                                 kernel_kmeans.KIND, synthetic.KIND)}
-    return kinds[spec.release.kind]
+    return REGISTRY[spec.release.kind]

@@ -1,8 +1,12 @@
-"""What a release kind provides to the generic pipeline (`tasks.stages`, `flows.release`).
+"""What a release kind is: one unit holding its parameters model, its data shape, its mechanism plan, its
+products and their contracts, and its prepare / measure / postprocess / evaluate steps.
 
-The pipeline is the same for every kind: ingest -> prepare (per-record, on dask) -> DP measurement (written
-once, after the ledger's charge) -> postprocessing (reads the measurements only) -> publish -> evaluate.
-A kind supplies the steps that depend on the mathematics, and the contracts of their outputs.
+The pipeline is the same for every kind (`tasks.stages`, `flows.release`): ingest -> prepare (per-record, on
+dask) -> DP measurement (charged from the plan, drawn through it, written once) -> postprocessing (reads the
+measurements and public parameters only) -> publish -> evaluate. The privacy facts of a kind are its `plan`
+and nothing else: the ledger's event, the noise of every draw and the manifest's mechanism list all come
+from it. Registering a kind (tasks/kinds/__init__.py) gives it the spec union, the column checks, the CLI's
+kind table and the conformance suite (tests/test_conformance.py).
 """
 
 from __future__ import annotations
@@ -10,76 +14,95 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, ClassVar, Literal
 
 import numpy as np
-from dp_accounting import dp_event as dpe
 
 from data_contracts.suites import Contract
+from dpalgos.noise import Measure
+from dpalgos.plan import Plan
 from tasks.ingest import StageOutput
+from tasks.params import DatasetSpec, ReleaseBase
 from tasks.run import RunPaths
-from tasks.spec import ReleaseSpec
+
+#: Data shapes: numeric points with bounds, one bounded numeric column, categorical columns, set-valued records.
+Shape = Literal["points", "values", "categories", "sets"]
 
 
 @dataclass(frozen=True)
 class Draw:
     """Noisy measurements drawn in memory: `write(folder)` stores their files; `meta` goes into
-    measurements.json (with the pipeline's own fields: release id, kind, fingerprint, dp event)."""
+    measurements.json (with the pipeline's own fields: release id, kind, fingerprint, plan)."""
     write: Callable[[Path], None]
     meta: dict
 
 
 class ReleaseKind(ABC):
-    name: str
+    name: ClassVar[str]
+    #: the pydantic model of the spec's `release:` section (its `kind` field is Literal[name])
+    Params: ClassVar[type[ReleaseBase]]
+    shape: ClassVar[Shape]
     #: contract stage name of the prepared data; None: no prepare stage (the ingested data are used as they are)
-    prepared_stage: str | None
+    prepared_stage: ClassVar[str | None]
+    #: one line for the kinds table (README, `dprelease kinds`)
+    summary: ClassVar[str]
 
-    def check_feasible(self, spec: ReleaseSpec, prepared: StageOutput) -> None:
-        """Refuse a release that cannot be made (e.g. K > N) before anything is charged."""
+    def check_dataset(self, dataset: DatasetSpec) -> None:
+        """Refuse a dataset section that does not fit the kind's data shape (a spec error)."""
+        has = {"bounds": bool(dataset.bounds), "categories": bool(dataset.categories),
+               "items": bool(dataset.items_column)}
+        need = {"points": ("bounds",), "values": ("bounds",), "categories": ("categories",),
+                "sets": ("items",)}[self.shape]
+        extra = [k for k, v in has.items() if v and k not in need]
+        if not all(has[k] for k in need) or extra:
+            raise ValueError(f"{self.name} releases need {self._shape_text()}")
+        if self.shape == "values" and len(dataset.bounds) != 1:
+            raise ValueError(f"{self.name} releases need {self._shape_text()}")
+
+    def _shape_text(self) -> str:
+        return {"points": "numeric columns with bounds (and no categories)",
+                "values": "exactly one numeric column with bounds",
+                "categories": "categorical columns with public levels (categories)",
+                "sets": "set-valued records (items_column, item_count)"}[self.shape]
+
+    def check_feasible(self, spec, prepared: StageOutput) -> None:
+        """Refuse a release that cannot be made (e.g. K > N) before anything is charged. Its message must
+        not state any raw-derived number (it is published in logs and Prefect states)."""
 
     @abstractmethod
-    def prepare(self, spec: ReleaseSpec, ingested: StageOutput, run: RunPaths, log) -> StageOutput:
+    def plan(self, spec) -> Plan:
+        """The mechanisms of the release, from public parameters only."""
+
+    def prepare(self, spec, ingested: StageOutput, run: RunPaths, log) -> StageOutput:
         """Per-record transformation of the ingested data on dask (raw-derived: written under internal/)."""
+        return ingested
+
+    def prepared_contract(self, spec) -> Contract:
+        raise NotImplementedError(f"{self.name} has no prepare stage")
 
     @abstractmethod
-    def prepared_contract(self, spec: ReleaseSpec) -> Contract: ...
+    def draw(self, spec, prepared: StageOutput, measure: Measure, public_rng: np.random.Generator, log) -> Draw:
+        """The DP measurement: aggregates from dask, noise by `measure` (the plan's entries) on the driver.
+        `public_rng` is for public randomness only (feature maps, initial centres, synthesis seeds): it shares
+        no state with any noise. Nothing noisy may be logged here: it is not committed yet."""
 
     @abstractmethod
-    def event(self, spec: ReleaseSpec) -> dpe.DpEvent:
-        """The dp_accounting description of the measurement, charged before any noise is drawn."""
-
-    @abstractmethod
-    def draw(self, spec: ReleaseSpec, prepared: StageOutput, rng: np.random.Generator, log) -> Draw:
-        """The DP measurement: aggregates from dask, noise added on the driver."""
-
-    @abstractmethod
-    def measurements_contract(self, spec: ReleaseSpec) -> tuple[str, Contract]:
+    def measurements_contract(self, spec) -> tuple[str, Contract]:
         """(file inside measurements/, its contract)."""
 
     @abstractmethod
-    def postprocess(self, spec: ReleaseSpec, measurements: Path, staging: Path, internal: Path, log) -> list[str]:
+    def postprocess(self, spec, measurements: Path, staging: Path, internal: Path, log) -> list[str]:
         """Release products computed from the measurements and public parameters ONLY, into `staging`;
         diagnostics of the computation may go to `internal`."""
 
     @abstractmethod
-    def release_contract(self, spec: ReleaseSpec) -> tuple[str, Contract]:
+    def release_contract(self, spec) -> tuple[str, Contract]:
         """(file inside release/, its contract)."""
 
     @abstractmethod
-    def mechanisms(self, spec: ReleaseSpec) -> list[dict]:
-        """Human-readable noise calls with their sensitivities, for the manifest."""
-
-    @abstractmethod
-    def evaluate(self, spec: ReleaseSpec, run: RunPaths, prepared: StageOutput, log) -> dict:
+    def evaluate(self, spec, run: RunPaths, prepared: StageOutput, log) -> dict:
         """Internal utility report against the raw data (never published). Must hold a 'headline' string."""
 
-
-class IngestedAsPrepared(ReleaseKind, ABC):
-    """A kind whose records need no prepare stage (set-valued records are normalised at ingest)."""
-    prepared_stage = None
-
-    def prepare(self, spec: ReleaseSpec, ingested: StageOutput, run: RunPaths, log) -> StageOutput:
-        return ingested
-
-    def prepared_contract(self, spec: ReleaseSpec) -> Contract:
-        raise NotImplementedError(f"{self.name} has no prepare stage")
+    @abstractmethod
+    def example(self) -> dict:
+        """Small, fast parameters of a `release:` section, for the conformance suite and the docs."""

@@ -4,15 +4,28 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 import pandas as pd
+from pydantic import Field
 
 from data_contracts import suites
-from dpalgos import accounting, contingency
+from dpalgos import contingency
 from tasks.errors import InputError
 from tasks.kinds import counts
 from tasks.kinds.base import Draw, ReleaseKind
+from tasks.params import ConsistencyBase
+
+class ContingencyParams(ConsistencyBase):
+    """Contingency table of the categorical columns (Algorithm 2): Laplace noise on every cell, made
+    consistent with PUBLIC marginal counts and non-negative by ADMM."""
+    kind: Literal["contingency"] = "contingency"
+    public_marginals: str | None = Field(
+        None, description="CSV of public marginal counts: one column per attribute (empty = summed out) and "
+                          "`count`; e.g. M0 is one row of empty attributes and the total")
+
+
 
 NOISY = "noisy_cells.parquet"
 TABLE = "table.parquet"
@@ -66,25 +79,31 @@ def _level_columns(table: contingency.Table) -> dict[str, np.ndarray]:
 
 class ContingencyKind(ReleaseKind):
     name = "contingency"
+    Params = ContingencyParams
+    shape = "categories"
     prepared_stage = "encoded"
+    summary = ("Laplace on every cell of the table of the categorical columns, made non-negative and consistent "
+               "with PUBLIC marginal counts (a CSV) by ADMM (Lee, Wang & Kifer Algorithm 2)")
+
+    def example(self):
+        return {"kind": "contingency", "epsilon": 1.0}
+
+    def plan(self, spec):
+        return contingency.cells_plan(table_of(spec), epsilon=spec.release.epsilon,
+                                      unit_weight=spec.dataset.unit_weight)
 
     def prepare(self, spec, ingested, run, log):
         out = counts.encode_cells(spec, run, ingested, log)
-        log.info("encoded %d rows into the %d cells of the table", out.rows, table_of(spec).size)
+        log.info("encoded the rows into the %d cells of the table", table_of(spec).size)
         return out
 
     def prepared_contract(self, spec):
         return suites.encoded("cell", table_of(spec).size, "weight" if spec.dataset.weight_column else None)
 
-    def event(self, spec):
-        return accounting.laplace_event(sensitivity=1.0, epsilon=spec.release.epsilon)
-
-    def draw(self, spec, prepared, rng, log):
+    def draw(self, spec, prepared, measure, public_rng, log):
         table = table_of(spec)
-        noisy = contingency.noisy_cells(counts.count(spec, prepared, "cell", table.size),
-                                        epsilon=spec.release.epsilon, rng=rng)
-        meta = {"attributes": list(table.names), "levels": [list(lv) for lv in table.levels],
-                "noise_scale": 1.0 / spec.release.epsilon, "epsilon": spec.release.epsilon}
+        noisy = measure("cells", counts.count(spec, prepared, "cell", table.size))
+        meta = {"attributes": list(table.names), "levels": [list(lv) for lv in table.levels]}
         return Draw(write=lambda folder: counts.write_vector(folder / NOISY, "cell", {"noisy_count": noisy},
                                                              **_level_columns(table)), meta=meta)
 
@@ -103,8 +122,8 @@ class ContingencyKind(ReleaseKind):
             contingency.check_marginals(A, values)
         except ValueError as exc:
             raise InputError(f"{p.public_marginals}: {exc}") from None
-        res = contingency.consistent_table(noisy, A, values, noise_scale=1.0 / p.epsilon, penalty=p.penalty,
-                                           alpha=p.alpha, rho=p.rho)
+        res = contingency.consistent_table(noisy, A, values, noise_scale=self.plan(spec)["cells"].scale,
+                                           penalty=p.penalty, alpha=p.alpha, rho=p.rho)
         counts.write_vector(staging / TABLE, "cell", {"count": res.x}, **_level_columns(table))
         info = {"method": "admm (Lee, Wang & Kifer Algorithm 2)", "public_marginal_cells": len(marginals),
                 "penalty": p.penalty, "alpha": p.alpha, "rho": p.rho, "iterations": res.iterations,
@@ -117,11 +136,6 @@ class ContingencyKind(ReleaseKind):
         t = table_of(spec)
         return TABLE, suites.indexed_table("release", "cell", t.size, ["count"], nonnegative=["count"],
                                            other_columns=t.names)
-
-    def mechanisms(self, spec):
-        return [{"mechanism": "Laplace", "query": f"every cell of the {table_of(spec).size}-cell table",
-                 "l1_sensitivity": 1.0, "scale": 1.0 / spec.release.epsilon, "epsilon_each": spec.release.epsilon,
-                 "repetitions": 1}]
 
     def evaluate(self, spec, run, prepared, log):
         table = table_of(spec)

@@ -3,6 +3,7 @@ record as a bin / cell index on dask, and count records per index with only the 
 
 from __future__ import annotations
 
+import json
 import shutil
 from functools import partial
 
@@ -13,50 +14,50 @@ import pyarrow.parquet as pq
 from data_contracts.validate import parquet_files
 from tasks.errors import InputError
 from tasks.ingest import StageOutput
-from tasks.partitions import bin_partition, cell_partition, index_counts
+from tasks.partitions import bin_partition, cell_partition, current_client, index_counts
 from tasks.progress import Progress, gather
 from tasks.run import RunPaths
 
 
-def _client():
-    from distributed import get_client
-
-    return get_client()
-
-
 def encode(run: RunPaths, ingested: StageOutput, fn, log=None) -> StageOutput:
-    """Apply fn(src, dst) to every ingested partition, writing internal/encoded/."""
+    """Apply fn(src, dst) -> capped rows to every ingested partition, writing internal/encoded/; the number
+    of rows whose weight was capped at max_weight goes to internal/weights.json (raw-derived: not logged)."""
     out = run.internal / "encoded"
     if out.exists():
         shutil.rmtree(out)
     out.mkdir(parents=True)
     files = parquet_files(ingested.path)
     try:
-        futures = _client().map(fn, [str(f) for f in files], [str(out / f.name) for f in files])
-        gather(_client(), futures, Progress(log, "partitions encoded", len(files)) if log else None)
+        futures = current_client().map(fn, [str(f) for f in files], [str(out / f.name) for f in files])
+        capped = gather(current_client(), futures, Progress(log, "partitions encoded", len(files)) if log else None)
     except ValueError as exc:
         raise InputError(str(exc)) from None
+    (run.internal / "weights.json").write_text(json.dumps({"rows_capped_at_max_weight": int(sum(capped))}))
     return StageOutput(str(out), ingested.rows, len(files))
+
+
+def _weights(spec) -> dict:
+    return {"weight": spec.dataset.weight_column, "max_weight": spec.dataset.max_weight}
 
 
 def encode_bins(spec, run: RunPaths, ingested: StageOutput, bins: int, log=None) -> StageOutput:
     (column, (lo, hi)), = spec.dataset.bounds.items()
     return encode(run, ingested, partial(bin_partition, column=column, lower=lo, upper=hi, bins=bins,
-                                         weight=spec.dataset.weight_column), log)
+                                         **_weights(spec)), log)
 
 
 def encode_cells(spec, run: RunPaths, ingested: StageOutput, log=None) -> StageOutput:
     cats = spec.dataset.categories
     return encode(run, ingested, partial(cell_partition, columns=list(cats), levels=list(cats.values()),
-                                         weight=spec.dataset.weight_column), log)
+                                         **_weights(spec)), log)
 
 
 def count(spec, prepared: StageOutput, index: str, size: int) -> np.ndarray:
     """Exact record counts per index (raw-derived: noise is added by the caller, or it stays internal)."""
     files = parquet_files(prepared.path)
-    futures = _client().map(index_counts, [str(f) for f in files], index=index,
-                            weighted=spec.dataset.weight_column is not None, size=size)
-    return np.sum(_client().gather(futures), axis=0)
+    futures = current_client().map(index_counts, [str(f) for f in files], index=index,
+                                   weighted=spec.dataset.weight_column is not None, size=size)
+    return np.sum(current_client().gather(futures), axis=0)
 
 
 def write_vector(path, index: str, values: dict[str, np.ndarray], **extra) -> None:

@@ -11,14 +11,34 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
+from pydantic import Field, model_validator
 
 from data_contracts import suites
-from dpalgos import accounting, admm
-from dpalgos.hierarchy import Tree, noisy_tree
+from dpalgos import admm
+from dpalgos.hierarchy import Tree, tree_plan
 from tasks.kinds import counts
 from tasks.kinds.base import Draw, ReleaseKind
+from tasks.params import ConsistencyBase, is_power
+
+class HistogramParams(ConsistencyBase):
+    """Hierarchical histogram (Algorithm 3): noisy k-ary tree over `bins` equal-width bins of the column's
+    public bounds, made consistent by ADMM with Hay et al.'s tree inference as the projection."""
+    kind: Literal["histogram"] = "histogram"
+    bins: int = Field(ge=2, description="number of equal-width bins: a power of the branching factor")
+    branching: int = Field(16, ge=2, description="tree branching factor k")
+    consistency: Literal["admm", "htree", "none"] = Field(
+        "admm", description="admm: maximum likelihood (L1); htree: least squares (Hay et al.); none: LM(H)")
+
+    @model_validator(mode="after")
+    def _bins_power_of_branching(self):
+        if not is_power(self.bins, self.branching):
+            raise ValueError(f"bins ({self.bins}) must be a power of the branching factor ({self.branching})")
+        return self
+
+
 
 NOISY = "noisy_tree.parquet"
 HISTOGRAM = "histogram.parquet"
@@ -56,27 +76,30 @@ def consistent_leaves(tree: Tree, noisy: np.ndarray, method: str, *, noise_scale
 
 class HistogramKind(ReleaseKind):
     name = "histogram"
+    Params = HistogramParams
+    shape = "values"
     prepared_stage = "encoded"
+    summary = ("Laplace on every node of a k-ary tree over public equal-width bins (Hay et al.), made consistent "
+               "by ADMM (Lee, Wang & Kifer Algorithm 3, Htree projection), least squares, or not at all")
+
+    def example(self):
+        return {"kind": "histogram", "bins": 16, "branching": 4, "epsilon": 1.0}
+
+    def plan(self, spec):
+        return tree_plan(tree_of(spec), epsilon=spec.release.epsilon, unit_weight=spec.dataset.unit_weight)
 
     def prepare(self, spec, ingested, run, log):
         out = counts.encode_bins(spec, run, ingested, spec.release.bins, log)
-        log.info("binned %d records into %d public bins", out.rows, spec.release.bins)
+        log.info("binned the records into %d public bins", spec.release.bins)
         return out
 
     def prepared_contract(self, spec):
         return suites.encoded("bin", spec.release.bins, "weight" if spec.dataset.weight_column else None)
 
-    def event(self, spec):
-        return accounting.laplace_event(sensitivity=float(tree_of(spec).levels), epsilon=spec.release.epsilon)
-
-    def draw(self, spec, prepared, rng, log):
+    def draw(self, spec, prepared, measure, public_rng, log):
         tree = tree_of(spec)
-        exact = counts.count(spec, prepared, "bin", tree.leaves)
-        noisy = noisy_tree(tree, exact, epsilon=spec.release.epsilon, rng=rng)
-        log.info("noisy %d-ary tree: %d nodes, %d levels, Laplace scale %.4g", tree.branching, tree.size,
-                 tree.levels, tree.levels / spec.release.epsilon)
-        meta = {"bins": tree.leaves, "branching": tree.branching, "levels": tree.levels,
-                "noise_scale": tree.levels / spec.release.epsilon, "epsilon": spec.release.epsilon}
+        noisy = measure("tree", tree.aggregate(counts.count(spec, prepared, "bin", tree.leaves)))
+        meta = {"bins": tree.leaves, "branching": tree.branching, "levels": tree.levels}
         return Draw(write=lambda folder: counts.write_vector(folder / NOISY, "node", {"noisy_count": noisy},
                                                              **node_columns(tree)), meta=meta)
 
@@ -85,12 +108,10 @@ class HistogramKind(ReleaseKind):
                                            other_columns=["level", "first_bin", "end_bin"])
 
     def postprocess(self, spec, measurements, staging, internal, log):
-        from tasks.stages import read_meta
-
         p = spec.release
         tree = tree_of(spec)
         noisy = counts.read_column(measurements / NOISY, "noisy_count")
-        leaves, info = consistent_leaves(tree, noisy, p.consistency, noise_scale=read_meta(measurements)["noise_scale"],
+        leaves, info = consistent_leaves(tree, noisy, p.consistency, noise_scale=self.plan(spec)["tree"].scale,
                                          penalty=p.penalty, alpha=p.alpha, rho=p.rho)
         (column, (lo, hi)), = spec.dataset.bounds.items()
         edges = lo + (hi - lo) * np.arange(p.bins + 1) / p.bins
@@ -102,13 +123,6 @@ class HistogramKind(ReleaseKind):
     def release_contract(self, spec):
         return HISTOGRAM, suites.indexed_table("release", "bin", spec.release.bins, ["count"], nonnegative=["count"],
                                                other_columns=["lower", "upper"])
-
-    def mechanisms(self, spec):
-        tree = tree_of(spec)
-        return [{"mechanism": "Laplace", "query": f"every node count of the {tree.branching}-ary tree over "
-                                                  f"{tree.leaves} bins ({tree.size} values)",
-                 "l1_sensitivity": float(tree.levels), "scale": tree.levels / spec.release.epsilon,
-                 "epsilon_each": spec.release.epsilon, "repetitions": 1}]
 
     def evaluate(self, spec, run, prepared, log):
         """MSE of unit queries (bins) and of random range queries per length, released vs exact, with the

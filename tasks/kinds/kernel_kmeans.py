@@ -10,19 +10,51 @@ raw-derived and stays in internal/.
 from __future__ import annotations
 
 import json
+import tempfile
 from functools import lru_cache
+from pathlib import Path
+from typing import Literal
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import scipy.sparse as sp
+from pydantic import Field, model_validator
 
 from data_contracts import suites
 from data_contracts.validate import parquet_files
 from dpalgos import kernel_kmeans as kk
-from tasks.kinds.base import Draw, IngestedAsPrepared
-from tasks.partitions import Partitioned
-from tasks.sets import read_sets
+from tasks.errors import InputError
+from tasks.kinds.base import Draw, ReleaseKind
+from tasks.params import ReleaseBase
+from tasks.partitions import Partitioned, current_client
+from tasks.run import read_meta
+from tasks.sets import ingest_sets, read_sets
+
+class KernelKMeansParams(ReleaseBase):
+    """DP kernel k-means of set-valued records (Acs et al. Algorithm 2): random Fourier features of an RBF
+    kernel, T noisy Lloyd iterations with the Gaussian mechanism, sigma calibrated to (epsilon, delta)."""
+    kind: Literal["kernel_kmeans"] = "kernel_kmeans"
+    k: int = Field(10, ge=1)
+    iterations: int = Field(20, ge=1, le=1000)
+    delta: float = Field(1e-6, gt=0, lt=1, description="delta of this release's (epsilon, delta) target")
+    features: int = Field(200, ge=1, description="d, the number of random Fourier features")
+    gamma: float | None = Field(None, gt=0, description="RBF width exp(-gamma ||x - y||^2); default: median "
+                                                       "heuristic on the public sample")
+    public_sample: str | None = Field(None, description="PUBLIC records (same format) for the initial centres")
+    random_init_items: int = Field(10, ge=1, description="without a public sample: initial centres are the "
+                                                        "features of random sets of this many items")
+    clip: float | Literal["dpnorm"] = Field(1.0, description="feature clipping bound C_s (1 for RBF, the paper's "
+                                                             "choice) or 'dpnorm' (Algorithm 3)")
+
+    @model_validator(mode="after")
+    def _gamma_source(self):
+        if self.gamma is None and self.public_sample is None:
+            raise ValueError("give gamma, or a public_sample to choose it by the median heuristic")
+        return self
+
+
+
 
 TRAJECTORY = "trajectory.parquet"
 W_FILE, B_FILE = "rff_W.npy", "rff_b.npy"
@@ -30,12 +62,6 @@ CENTRES = "centres.parquet"
 RULE = "assignment_rule.json"
 NORM_C_MAX, NORM_BINS = 2.0, 100  # RFF norms are at most sqrt(2)
 REFERENCE_ROWS = 50_000
-
-
-def _client():
-    from distributed import get_client
-
-    return get_client()
 
 
 @lru_cache(maxsize=32)
@@ -49,14 +75,14 @@ def _sigma(spec) -> float:
     return sigma_of(p.epsilon, p.delta, p.iterations, p.clip == "dpnorm")
 
 
+def check_public_sample(spec) -> None:
+    """A missing public sample is refused before anything is charged (it is a public input)."""
+    if spec.release.public_sample and not Path(spec.release.public_sample).exists():
+        raise InputError(f"public_sample {spec.release.public_sample} does not exist")
+
+
 def public_records(spec, limit: int = 20_000) -> sp.csr_matrix:
     """The PUBLIC sample of the spec as CSR (first `limit` records)."""
-    from pathlib import Path
-
-    import tempfile
-
-    from tasks.sets import ingest_sets
-
     ds = spec.dataset
     src = Path(spec.release.public_sample)
     fmt = "parquet" if src.is_dir() or src.suffix == ".parquet" else "transactions"
@@ -85,30 +111,29 @@ def partition_assignment(X, rff, clip: float, centres: np.ndarray) -> np.ndarray
     return kk.nearest(kk.clip_rows(rff.transform(X), clip), centres).astype(np.int32)
 
 
-def cluster_records(spec, data: Partitioned, sigma: float, rng: np.random.Generator, log):
+def cluster_records(spec, data: Partitioned, measure, public_rng: np.random.Generator, log):
     """DP kernel k-means of the records in `data` (DPNorm first if the spec asks): returns (feature map,
-    gamma, clipping bound, dp_lloyd result)."""
+    gamma, clipping bound, dp_lloyd result). Nothing noisy is logged (it is not committed yet)."""
     p, ds = spec.release, spec.dataset
     public = public_records(spec) if p.public_sample else None
     gamma = p.gamma if p.gamma is not None else median_gamma_sets(public)
     # The feature map and the initial centres use public randomness and public records only.
-    rff = kk.rbf_features(ds.item_count, p.features, gamma, rng)
+    rff = kk.rbf_features(ds.item_count, p.features, gamma, public_rng)
     if public is not None:
-        init = rff.transform(public[rng.choice(public.shape[0], p.k, replace=public.shape[0] < p.k)])
+        init = rff.transform(public[public_rng.choice(public.shape[0], p.k, replace=public.shape[0] < p.k)])
     else:
         rows = np.repeat(np.arange(p.k), p.random_init_items)
-        cols = np.concatenate([rng.choice(ds.item_count, p.random_init_items, replace=False) for _ in range(p.k)])
+        cols = np.concatenate([public_rng.choice(ds.item_count, p.random_init_items, replace=False)
+                               for _ in range(p.k)])
         init = rff.transform(sp.csr_matrix((np.ones(rows.size), (rows, cols)), shape=(p.k, ds.item_count)))
     if p.clip == "dpnorm":
-        hist = data.reduce(partition_norm_histogram, rff, NORM_C_MAX, NORM_BINS)
-        clip = kk.dp_norm(hist, c_max=NORM_C_MAX, sigma=sigma, rng=rng)
-        log.info("DPNorm clipping bound C_s = %.4g", clip)
+        clip = kk.dp_norm(data.reduce(partition_norm_histogram, rff, NORM_C_MAX, NORM_BINS), c_max=NORM_C_MAX,
+                          measure=measure)
     else:
         clip = float(p.clip)
-    log.info("DP kernel k-means: k=%d, d=%d, gamma=%.4g, sigma=%.4g, %d iterations", p.k, p.features,
-             gamma, sigma, p.iterations)
-    res = kk.dp_lloyd(lambda C: data.reduce(kk.feature_stats, rff, clip, C), init,
-                      iterations=p.iterations, sigma=sigma, clip=clip, rng=rng,
+    log.info("DP kernel k-means: k=%d, d=%d, %d iterations", p.k, p.features, p.iterations)
+    res = kk.dp_lloyd(lambda C: data.reduce(kk.feature_stats, rff, clip, C), init, iterations=p.iterations,
+                      clip=clip, measure=measure,
                       on_iteration=lambda t: log.info("DP kernel k-means iteration %d/%d", t, p.iterations))
     return rff, gamma, clip, res
 
@@ -125,44 +150,44 @@ def write_clustering(folder, rff, res) -> None:
     np.save(folder / B_FILE, rff.b)
 
 
-def trajectory_contract(k: int, iterations: int, features: int):
-    """(TRAJECTORY, its contract)."""
-    import great_expectations.expectations as gxe
-
-    cols = ["iteration", "cluster", "noisy_count"] + [f"f_{j}" for j in range(features)]
-    rows = [gxe.ExpectTableColumnsToMatchOrderedList(column_list=cols)] + suites._finite(gxe, cols)
-    return TRAJECTORY, suites.Contract("measurements", rows=rows, partitioned=False,
-                                       table=[gxe.ExpectTableRowCountToEqual(value=k * iterations)])
-
-
-class KernelKMeansKind(IngestedAsPrepared):
+class KernelKMeansKind(ReleaseKind):
     name = "kernel_kmeans"
+    Params = KernelKMeansParams
+    shape = "sets"
+    prepared_stage = None
+    summary = ("DP kernel k-means of set-valued records (Acs et al. Algorithm 2): random Fourier features of an "
+               "RBF kernel, Gaussian noise on cluster sizes and feature sums calibrated to (epsilon, delta); "
+               "optional DPNorm (Algorithm 3). Released: noisy centres, sizes, the public feature map")
 
-    def event(self, spec):
-        p = spec.release
-        sigma = _sigma(spec)
-        return kk.privacy_event(iterations=p.iterations, sigma=sigma,
-                                dpnorm_sigma=sigma if p.clip == "dpnorm" else None)
+    def example(self):
+        return {"kind": "kernel_kmeans", "k": 3, "iterations": 3, "features": 20, "gamma": 0.05,
+                "epsilon": 1.0, "delta": 1e-6, "clip": "dpnorm"}
 
-    def draw(self, spec, prepared, rng, log):
+    def check_feasible(self, spec, prepared):
+        check_public_sample(spec)
+
+    def plan(self, spec):
         p = spec.release
-        data = Partitioned.sets(_client(), parquet_files(prepared.path), spec.dataset.items_column,
+        return kk.plan(iterations=p.iterations, sigma=_sigma(spec), dpnorm=p.clip == "dpnorm", k=p.k,
+                       features=p.features, norm_bins=NORM_BINS)
+
+    def draw(self, spec, prepared, measure, public_rng, log):
+        p = spec.release
+        data = Partitioned.sets(current_client(), parquet_files(prepared.path), spec.dataset.items_column,
                                 spec.dataset.item_count)
         try:
-            rff, gamma, clip, res = cluster_records(spec, data, _sigma(spec), rng, log)
+            rff, gamma, clip, res = cluster_records(spec, data, measure, public_rng, log)
         finally:
             data.close()
         meta = {"k": p.k, "iterations": p.iterations, "features": p.features, "gamma": gamma, "clip": clip,
-                "sigma": _sigma(spec), "epsilon": p.epsilon, "delta": p.delta, "item_count": spec.dataset.item_count}
+                "item_count": spec.dataset.item_count}
         return Draw(write=lambda folder: write_clustering(folder, rff, res), meta=meta)
 
     def measurements_contract(self, spec):
-        return trajectory_contract(spec.release.k, spec.release.iterations, spec.release.features)
+        return TRAJECTORY, suites.feature_trajectory(spec.release.k, spec.release.iterations, spec.release.features)
 
     def postprocess(self, spec, measurements, staging, internal, log):
         """The last iteration's noisy centres and noisy cluster sizes, and the assignment rule."""
-        from tasks.stages import read_meta
-
         meta = read_meta(measurements)
         traj = pq.read_table(measurements / TRAJECTORY).to_pandas()
         last = traj[traj["iteration"] == meta["iterations"]].sort_values("cluster")
@@ -178,34 +203,12 @@ class KernelKMeansKind(IngestedAsPrepared):
         return [CENTRES, RULE]
 
     def release_contract(self, spec):
-        import great_expectations.expectations as gxe
-
-        feats = [f"f_{j}" for j in range(spec.release.features)]
-        rows = ([gxe.ExpectTableColumnsToMatchOrderedList(column_list=["cluster", "noisy_size"] + feats)]
-                + suites._finite(gxe, feats) + [gxe.ExpectColumnValuesToBeBetween(column="noisy_size", min_value=0)])
-        return CENTRES, suites.Contract("release", rows=rows, partitioned=False,
-                                        table=[gxe.ExpectTableRowCountToEqual(value=spec.release.k)])
-
-    def mechanisms(self, spec):
-        p = spec.release
-        sigma = _sigma(spec)
-        out = [{"mechanism": "Gaussian", "query": "cluster sizes at each iteration", "l2_sensitivity": float(kk.SQRT2),
-                "std": float(kk.SQRT2 * sigma), "noise_multiplier": sigma, "repetitions": p.iterations},
-               {"mechanism": "Gaussian", "query": "sums of clipped random Fourier features per cluster at each "
-                                                  "iteration", "l2_sensitivity": f"sqrt(2) * C_s",
-                "std": f"sqrt(2) * C_s * {sigma:.6g}", "noise_multiplier": sigma, "repetitions": p.iterations}]
-        if p.clip == "dpnorm":
-            out.append({"mechanism": "Gaussian", "query": "histogram of feature norms (DPNorm)",
-                        "l2_sensitivity": float(kk.SQRT2), "std": float(kk.SQRT2 * sigma), "noise_multiplier": sigma,
-                        "repetitions": 1})
-        return out
+        return CENTRES, suites.feature_centres(spec.release.k, spec.release.features)
 
     def evaluate(self, spec, run, prepared, log):
         """Internal: every record's final cluster (internal/assignments/), exact vs noisy cluster sizes, and the
         feature-space WCSS of the released centres against noise-free Lloyd iterations started from them (on a
         sample of at most REFERENCE_ROWS records)."""
-        from tasks.stages import read_meta
-
         ds = spec.dataset
         folder = run.release / "measurements"
         meta = read_meta(folder)
@@ -213,7 +216,7 @@ class KernelKMeansKind(IngestedAsPrepared):
         centres_tab = pq.read_table(run.release / CENTRES).to_pandas()
         centres = centres_tab[[f"f_{j}" for j in range(meta["features"])]].to_numpy()
         files = parquet_files(prepared.path)
-        data = Partitioned.sets(_client(), files, ds.items_column, ds.item_count)
+        data = Partitioned.sets(current_client(), files, ds.items_column, ds.item_count)
         try:
             labels = data.map(partition_assignment, rff, meta["clip"], centres)
             sample = data.sample(REFERENCE_ROWS, prepared.rows, seed=0)

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shutil
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
+from pydantic import Field
 
 from data_contracts import suites
 from data_contracts.validate import parquet_files
@@ -16,9 +19,28 @@ from dpalgos import domain, dpkmeans, leekifer, metrics
 from tasks.errors import InputError
 from tasks.ingest import StageOutput
 from tasks.kinds.base import Draw, ReleaseKind
-from tasks.partitions import Partitioned, normalise_partition
+from tasks.params import ReleaseBase
+from tasks.partitions import Partitioned, current_client, normalise_partition
 from tasks.progress import Progress, gather
-from tasks.run import RunPaths
+from tasks.run import RunPaths, read_meta
+
+class KMeansParams(ReleaseBase):
+    """DP k-means (Lee & Kifer, Algorithm 1): K centroids after T noisy Lloyd iterations."""
+    kind: Literal["kmeans"] = "kmeans"
+    k: int = Field(ge=1, description="number of clusters")
+    iterations: int = Field(5, ge=1, le=1000, description="T, the number of DP Lloyd iterations")
+    min_centroid_distance: float | None = Field(
+        None, gt=0, description="public pairwise minimum distance of the initial centroids; default: "
+                                "Su et al.'s shrinking sphere packing")
+    postprocess: list[Literal["consistency", "mcmc"]] = Field(
+        ["consistency", "mcmc"], description="Lee & Kifer postprocessing of the trajectory: consistency (§3.2) "
+                                            "and MCMC refinement (§3.3); [] releases the last noisy iterate")
+    mcmc_steps: int | None = Field(None, ge=1, description="chain length; default max(30000, 30 x dataset size)")
+    mcmc_temperature: float = Field(1.0 / 64, gt=0, description="the chain targets pi^(1/temperature)")
+    mcmc_delta: tuple[float, float] = Field((0.001, 0.01), description="range of the proposal variances")
+
+
+
 
 TRAJECTORY = "trajectory.parquet"
 CENTROIDS = "centroids.parquet"
@@ -48,12 +70,6 @@ def _refinement_info(r: leekifer.Refinement, p) -> dict:
     return info
 
 
-def _client():
-    from distributed import get_client
-
-    return get_client()
-
-
 def _bounds(spec) -> tuple[np.ndarray, np.ndarray]:
     cols = spec.dataset.columns
     return (np.array([spec.dataset.bounds[c][0] for c in cols]), np.array([spec.dataset.bounds[c][1] for c in cols]))
@@ -69,72 +85,78 @@ def write_trajectory(folder: Path, traj: dpkmeans.Trajectory) -> None:
     pq.write_table(pa.table(cols), folder / TRAJECTORY)
 
 
-def read_trajectory(folder: str | Path) -> tuple[dpkmeans.Trajectory, dict]:
-    """The DP k-means measurements stored in `folder`, and their metadata."""
-    from tasks.stages import read_meta
-
+def read_trajectory(folder: str | Path, noise_scale: float) -> tuple[dpkmeans.Trajectory, dict]:
+    """The DP k-means measurements stored in `folder` (drawn with the plan's Laplace scale), and their
+    metadata."""
     meta = read_meta(folder)
     T, K, d = meta["iterations"], meta["k"], meta["d"]
     table = pq.read_table(Path(folder) / TRAJECTORY).to_pandas().sort_values(["iteration", "cluster"])
     arr = lambda prefix: np.stack([table[f"{prefix}_{j}"].to_numpy() for j in range(d)], axis=-1).reshape(T, K, d)
     traj = dpkmeans.Trajectory(initial_centroids=np.asarray(meta["initial_centroids"], dtype=np.float64),
                                noisy_counts=table["noisy_count"].to_numpy().reshape(T, K),
-                               noisy_sums=arr("noisy_sum"), centroids=arr("centroid"),
-                               noise_scale=meta["noise_scale"], epsilon=meta["epsilon"])
+                               noisy_sums=arr("noisy_sum"), centroids=arr("centroid"), noise_scale=noise_scale)
     return traj, meta
 
 
 class KMeansKind(ReleaseKind):
     name = "kmeans"
+    Params = KMeansParams
+    shape = "points"
     prepared_stage = "normalised"
+    summary = ("DP k-means, Algorithm 1 of Lee & Kifer (Laplace on cluster counts and sums, T iterations, data in "
+               "the unit L1 ball), then Lee & Kifer's refinement of the whole noisy trajectory (consistency by "
+               "ADMM, MCMC over simulated datasets, k-means on the best)")
+
+    def example(self):
+        return {"kind": "kmeans", "k": 3, "iterations": 3, "epsilon": 1.0, "postprocess": ["consistency"]}
 
     def check_feasible(self, spec, prepared):
         if spec.release.k > prepared.rows:
-            raise InputError(f"k={spec.release.k} clusters requested but the dataset has only {prepared.rows} rows")
+            raise InputError(f"k={spec.release.k} clusters requested but the dataset has fewer rows than clusters")
+
+    def plan(self, spec):
+        p = spec.release
+        return dpkmeans.plan(epsilon=p.epsilon, iterations=p.iterations, k=p.k, d=len(spec.dataset.columns))
 
     def prepare(self, spec, ingested, run, log):
         """Scale every attribute into [-1, 1] with the PUBLIC bounds and project each row onto the unit L1
-        ball, partition by partition. Clipping counts go to internal/normalisation.json."""
-        import json
-        import shutil
-
+        ball, partition by partition. Clipping counts go to internal/normalisation.json (raw-derived: never
+        logged)."""
         out = run.internal / "normalised"
         if out.exists():
             shutil.rmtree(out)
         out.mkdir(parents=True)
         lower, upper = _bounds(spec)
         files = parquet_files(ingested.path)
-        futures = _client().map(normalise_partition, [str(f) for f in files], [str(out / f.name) for f in files],
-                                columns=spec.dataset.columns, lower=lower, upper=upper)
-        clipped = np.sum(gather(_client(), futures, Progress(log, "partitions normalised", len(files))), axis=0)
+        futures = current_client().map(normalise_partition, [str(f) for f in files], [str(out / f.name) for f in files],
+                                   columns=spec.dataset.columns, lower=lower, upper=upper)
+        clipped = np.sum(gather(current_client(), futures, Progress(log, "partitions normalised", len(files))), axis=0)
         report = {"rows": ingested.rows, "clipped_values": dict(zip(spec.dataset.columns, map(int, clipped)))}
         (run.internal / "normalisation.json").write_text(json.dumps(report, indent=2))
         if clipped.any():
-            log.warning("values outside the public bounds were clipped: %s", report["clipped_values"])
-        log.info("normalised %d rows into the unit L1 ball", ingested.rows)
+            log.warning("some values fell outside the public bounds and were clipped (counts in %s)",
+                        run.internal / "normalisation.json")
+        log.info("normalised the rows into the unit L1 ball")
         return StageOutput(str(out), ingested.rows, len(files))
 
     def prepared_contract(self, spec):
         return suites.normalised(spec.dataset.columns)
 
-    def event(self, spec):
-        return dpkmeans.privacy_event(epsilon=spec.release.epsilon, iterations=spec.release.iterations)
-
-    def draw(self, spec, prepared, rng, log):
+    def draw(self, spec, prepared, measure, public_rng, log):
         p = spec.release
         d = len(spec.dataset.columns)
-        # Initial centroids depend only on (K, d) and fresh randomness: data-independent, so they cost nothing.
-        initial, min_distance = dpkmeans.data_independent_centroids(p.k, d, rng, min_distance=p.min_centroid_distance)
-        points = Partitioned.points(_client(), parquet_files(prepared.path), spec.dataset.columns)
+        # Initial centroids depend only on (K, d) and public randomness: data-independent, they cost nothing.
+        initial, min_distance = dpkmeans.data_independent_centroids(p.k, d, public_rng,
+                                                                    min_distance=p.min_centroid_distance)
+        points = Partitioned.points(current_client(), parquet_files(prepared.path), spec.dataset.columns)
         try:
             traj = dpkmeans.dp_kmeans(lambda C: points.reduce(dpkmeans.cluster_stats, C), initial,
-                                      epsilon=p.epsilon, iterations=p.iterations, rng=rng,
+                                      iterations=p.iterations, measure=measure,
                                       on_iteration=lambda t, _: log.info("DP k-means iteration %d/%d", t, p.iterations))
         finally:
             points.close()
         meta = {"columns": spec.dataset.columns, "min_centroid_distance": min_distance,
-                "initial_centroids": traj.initial_centroids.tolist(), "noise_scale": traj.noise_scale,
-                "epsilon": traj.epsilon, "iterations": p.iterations, "k": p.k, "d": d}
+                "initial_centroids": traj.initial_centroids.tolist(), "iterations": p.iterations, "k": p.k, "d": d}
         return Draw(write=lambda folder: write_trajectory(folder, traj), meta=meta)
 
     def measurements_contract(self, spec):
@@ -145,7 +167,7 @@ class KMeansKind(ReleaseKind):
         """The released centroids, in the normalised space and in original units (inverse public scaling):
         Lee & Kifer's refinement of the trajectory (consistency, MCMC) when configured, else the last noisy
         iterate, which is also released as dpkm_centroids.parquet. Chain diagnostics go to `internal`."""
-        traj, _ = read_trajectory(measurements)
+        traj, _ = read_trajectory(measurements, self.plan(spec)["counts"].scale)
         p = spec.release
         refined = None
         if p.postprocess:
@@ -184,21 +206,13 @@ class KMeansKind(ReleaseKind):
     def release_contract(self, spec):
         return CENTROIDS, suites.kmeans_release(spec.release.k, spec.dataset.columns)
 
-    def mechanisms(self, spec):
-        p = spec.release
-        common = {"mechanism": "Laplace", "scale": 2 * p.iterations / p.epsilon, "l1_sensitivity": 1.0,
-                  "epsilon_each": p.epsilon / (2 * p.iterations), "repetitions": p.iterations}
-        return [{**common, "query": "per-cluster point counts (K values) at each iteration"},
-                {**common, "query": "per-cluster coordinate sums (K x d values) at each iteration, data in the "
-                                    "unit L1 ball"}]
-
     def evaluate(self, spec, run, prepared, log):
         """WCSS of the released centroids and of every DP iteration, against scikit-learn's k-means++ (best
         of 10) on the same normalised points (a uniform sample of at most REFERENCE_MAX_ROWS)."""
-        traj, _ = read_trajectory(run.release / "measurements")
+        traj, _ = read_trajectory(run.release / "measurements", self.plan(spec)["counts"].scale)
         cols = spec.dataset.columns
         released = pq.read_table(run.release / CENTROIDS).to_pandas()[cols].to_numpy()
-        points = Partitioned.points(_client(), parquet_files(prepared.path), spec.dataset.columns)
+        points = Partitioned.points(current_client(), parquet_files(prepared.path), spec.dataset.columns)
         try:
             per_iteration = [points.reduce(metrics.wcss, C) for C in traj.centroids]
             released_wcss = points.reduce(metrics.wcss, released)

@@ -4,14 +4,35 @@ reconstructed by L1 (Algorithm 4) or least squares, the workload answered from i
 from __future__ import annotations
 
 import json
+from typing import Literal
 
 import numpy as np
+from pydantic import Field, model_validator
 
 from data_contracts import suites
-from dpalgos import accounting
 from dpalgos import matrix_mechanism as mm
 from tasks.kinds import counts
 from tasks.kinds.base import Draw, ReleaseKind
+from tasks.params import ConsistencyBase, is_power
+
+class MatrixMechanismParams(ConsistencyBase):
+    """Matrix mechanism (Algorithm 4): Laplace answers to a strategy matrix over a histogram of the column,
+    the histogram reconstructed by L1 (ADMM) or least squares, then the workload answered from it."""
+    kind: Literal["matrix_mechanism"] = "matrix_mechanism"
+    bins: int = Field(ge=2, description="number of equal-width bins of the column's public bounds")
+    workload: Literal["identity", "predicate", "all_range", "plus_minus_one"] = "all_range"
+    workload_queries: int = Field(512, ge=1, description="queries of the random workloads")
+    workload_seed: int = Field(0, description="PUBLIC seed of the random workloads")
+    strategy: Literal["identity", "hierarchical", "workload"] = "hierarchical"
+    reconstruction: Literal["l1", "l2"] = "l1"
+
+    @model_validator(mode="after")
+    def _bins_power_of_two(self):
+        if self.strategy == "hierarchical" and not is_power(self.bins, 2):
+            raise ValueError(f"bins ({self.bins}) must be a power of 2 for the hierarchical strategy")
+        return self
+
+
 
 NOISY = "noisy_answers.parquet"
 ESTIMATE = "estimate.parquet"
@@ -30,7 +51,18 @@ def strategy_of(spec):
 
 class MatrixMechanismKind(ReleaseKind):
     name = "matrix_mechanism"
+    Params = MatrixMechanismParams
+    shape = "values"
     prepared_stage = "encoded"
+    summary = ("Laplace answers to a strategy matrix (hierarchical, identity, or the workload); the histogram "
+               "reconstructed by L1 (ADMM, Lee, Wang & Kifer Algorithm 4) or least squares; workload answers")
+
+    def example(self):
+        return {"kind": "matrix_mechanism", "bins": 16, "workload": "all_range", "epsilon": 1.0}
+
+    def plan(self, spec):
+        return mm.strategy_plan(strategy_of(spec), epsilon=spec.release.epsilon, name=spec.release.strategy,
+                                unit_weight=spec.dataset.unit_weight)
 
     def prepare(self, spec, ingested, run, log):
         return counts.encode_bins(spec, run, ingested, spec.release.bins, log)
@@ -38,17 +70,10 @@ class MatrixMechanismKind(ReleaseKind):
     def prepared_contract(self, spec):
         return suites.encoded("bin", spec.release.bins, "weight" if spec.dataset.weight_column else None)
 
-    def event(self, spec):
-        return accounting.laplace_event(sensitivity=mm.sensitivity(strategy_of(spec)), epsilon=spec.release.epsilon)
-
-    def draw(self, spec, prepared, rng, log):
+    def draw(self, spec, prepared, measure, public_rng, log):
         A = strategy_of(spec)
-        noisy = mm.measure(A, counts.count(spec, prepared, "bin", spec.release.bins), epsilon=spec.release.epsilon,
-                           rng=rng)
-        delta = mm.sensitivity(A)
-        log.info("%s strategy: %d queries, sensitivity %g", spec.release.strategy, A.shape[0], delta)
-        meta = {"bins": spec.release.bins, "strategy": spec.release.strategy, "strategy_queries": int(A.shape[0]),
-                "sensitivity": delta, "noise_scale": delta / spec.release.epsilon, "epsilon": spec.release.epsilon}
+        noisy = measure("strategy", A @ counts.count(spec, prepared, "bin", spec.release.bins))
+        meta = {"bins": spec.release.bins, "strategy": spec.release.strategy, "strategy_queries": int(A.shape[0])}
         return Draw(write=lambda folder: counts.write_vector(folder / NOISY, "query", {"noisy_answer": noisy}),
                     meta=meta)
 
@@ -58,13 +83,11 @@ class MatrixMechanismKind(ReleaseKind):
     def postprocess(self, spec, measurements, staging, internal, log):
         """The histogram estimate from the noisy strategy answers, then the workload's answers (all_range
         answers are prefix-sum differences of the estimate and are not written out)."""
-        from tasks.stages import read_meta
-
         p = spec.release
         A = strategy_of(spec)
         noisy = counts.read_column(measurements / NOISY, "noisy_answer")
         if p.reconstruction == "l1":
-            res = mm.reconstruct_l1(A, noisy, noise_scale=read_meta(measurements)["noise_scale"], penalty=p.penalty,
+            res = mm.reconstruct_l1(A, noisy, noise_scale=self.plan(spec)["strategy"].scale, penalty=p.penalty,
                                     alpha=p.alpha, rho=p.rho)
             x, info = res.x, {"method": "MM(l1): Lee, Wang & Kifer Algorithm 4", "iterations": res.iterations,
                               "converged": res.converged, "penalty": p.penalty, "alpha": p.alpha, "rho": p.rho}
@@ -90,14 +113,6 @@ class MatrixMechanismKind(ReleaseKind):
     def release_contract(self, spec):
         return ESTIMATE, suites.indexed_table("release", "bin", spec.release.bins, ["count"], nonnegative=["count"],
                                               other_columns=["lower", "upper"])
-
-    def mechanisms(self, spec):
-        A = strategy_of(spec)
-        delta = mm.sensitivity(A)
-        return [{"mechanism": "Laplace", "query": f"{spec.release.strategy} strategy ({A.shape[0]} linear queries "
-                                                  f"over {spec.release.bins} bins)",
-                 "l1_sensitivity": delta, "scale": delta / spec.release.epsilon,
-                 "epsilon_each": spec.release.epsilon, "repetitions": 1}]
 
     def evaluate(self, spec, run, prepared, log):
         W = workload_of(spec)

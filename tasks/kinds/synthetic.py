@@ -17,20 +17,59 @@ from __future__ import annotations
 
 import json
 from functools import lru_cache
+from typing import Literal
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import scipy.sparse as sp
+from pydantic import Field, model_validator
 
 from data_contracts import suites
 from data_contracts.validate import parquet_files
 from dpalgos import counting, dpgm
 from dpalgos import kernel_kmeans as kk
-from tasks.kinds.base import Draw, IngestedAsPrepared
-from tasks.kinds.kernel_kmeans import _client, cluster_records, trajectory_contract, write_clustering
-from tasks.partitions import Partitioned
+from tasks.errors import InputError
+from tasks.kinds.base import Draw, ReleaseKind
+from tasks.kinds.kernel_kmeans import KernelKMeansParams, check_public_sample, cluster_records, write_clustering
+from tasks.partitions import Partitioned, current_client
+from tasks.run import read_meta
 from tasks.sets import set_table
+
+class SyntheticParams(KernelKMeansParams):
+    """DPGM (Acs et al. Algorithm 1): DP kernel k-means into k clusters, one generative model per cluster
+    trained with DP-SGD, synthetic set-valued records sampled from the mixture. epsilon and delta cover all of
+    it (clustering, per-cluster marginals, DP-SGD), the noise calibrated together with dp_accounting."""
+    kind: Literal["synthetic"] = "synthetic"  # type: ignore[assignment]
+    iterations: int = Field(10, ge=1, le=1000, description="DP kernel k-means iterations")
+    model: Literal["vae", "rbm"] = Field("vae", description="generative model of every cluster")
+    hidden: list[int] = Field([200], min_length=1, max_length=2, description="hidden units: [200] is the paper's "
+                                                                             "VAE, [200, 200] its appendix variant")
+    steps: int = Field(300, ge=1, le=100_000, description="DP-SGD steps (every step updates every cluster model)")
+    q: float = Field(0.02, gt=0, le=1, description="Poisson sampling rate of every record at every step")
+    lr: float | None = Field(None, gt=0, description="learning rate; default Adam 0.001 (VAE), 0.01 (RBM, the "
+                                                     "paper's)")
+    max_items: int = Field(30, ge=1, description="per-cluster item marginals: records weighted to at most this "
+                                                 "many items (L2 sensitivity sqrt(max_items + 1))")
+    c_max: float = Field(10.0, gt=0, description="DPNorm range (0, c_max] of per-example gradient norms")
+    norm_bins: int = Field(100, ge=2, description="DPNorm histogram bins")
+    budget_shares: tuple[float, float, float] = Field(
+        (0.15, 0.35, 0.5), description="starting split of epsilon (clustering, marginals, SGD) before the common "
+                                     "rescaling to the exact total")
+    match_marginals: bool = Field(True, description="VAE: shift the output biases so the mixture's item "
+                                                    "frequencies equal the DP marginals (post-processing)")
+    queries: int = Field(1000, ge=5, description="random counting queries of the internal evaluation")
+
+    @model_validator(mode="after")
+    def _shares(self):
+        if min(self.budget_shares) <= 0 or abs(sum(self.budget_shares) - 1.0) > 1e-9:
+            raise ValueError("budget_shares must be three positive numbers summing to 1")
+        if self.clip == "dpnorm":
+            raise ValueError("synthetic releases take a numeric clip (DPNorm is used inside DP-SGD)")
+        return self
+
+
+
 
 MIXTURE, MODELS, TABLE, SYNTHETIC = "mixture.parquet", "models.npz", "cluster_table.npy", "synthetic"
 STEP_CHUNK = 25           # DP-SGD steps whose Poisson samples are fetched from the workers at once
@@ -38,20 +77,20 @@ RECORDS_PER_PART = 200_000
 
 
 @lru_cache(maxsize=32)
-def _plan(epsilon, delta, iterations, q, steps, shares) -> dpgm.NoisePlan:
+def _calibrated(epsilon, delta, iterations, q, steps, max_items, shares) -> dpgm.NoisePlan:
     return dpgm.calibrate(epsilon=epsilon, delta=delta, kmeans_iterations=iterations, q=q, steps=steps,
-                          shares=shares)
+                          max_items=max_items, shares=shares)
 
 
 def noise_plan(spec) -> dpgm.NoisePlan:
     p = spec.release
-    return _plan(p.epsilon, p.delta, p.iterations, p.q, p.steps, tuple(p.budget_shares))
+    return _calibrated(p.epsilon, p.delta, p.iterations, p.q, p.steps, p.max_items, tuple(p.budget_shares))
 
 
-def sgd_config(spec, plan: dpgm.NoisePlan) -> dpgm.SGDConfig:
+def sgd_config(spec) -> dpgm.SGDConfig:
     p = spec.release
-    return dpgm.SGDConfig(model=p.model, hidden=tuple(p.hidden), steps=p.steps, q=p.q, sigma_grad=plan.sigma_sgd,
-                          sigma_norm=plan.sigma_sgd, c_max=p.c_max, bins=p.norm_bins, lr=p.lr)
+    return dpgm.SGDConfig(model=p.model, hidden=tuple(p.hidden), steps=p.steps, q=p.q, c_max=p.c_max,
+                          bins=p.norm_bins, lr=p.lr)
 
 
 def _labels(X, rff, clip, centres) -> np.ndarray:
@@ -97,45 +136,51 @@ class BatchStream:
         return [self.rows[self.bounds[base + c]:self.bounds[base + c + 1]] for c in range(self.k)]
 
 
-class SyntheticKind(IngestedAsPrepared):
+class SyntheticKind(ReleaseKind):
     name = "synthetic"
+    Params = SyntheticParams
+    shape = "sets"
+    prepared_stage = None
+    summary = ("DPGM (Acs et al. Algorithm 1): DP kernel k-means, Gaussian per-cluster item marginals, one "
+               "generative model per cluster (VAE or RBM) trained by DP-SGD with DPNorm clipping; synthetic "
+               "set-valued records drawn from the mixture")
+
+    def example(self):
+        return {"kind": "synthetic", "k": 2, "iterations": 2, "features": 20, "gamma": 0.05, "steps": 4,
+                "q": 0.2, "hidden": [8], "max_items": 10, "epsilon": 2.0, "delta": 1e-6, "queries": 20}
 
     def check_feasible(self, spec, prepared):
+        check_public_sample(spec)
         if spec.release.k > prepared.rows:
-            from tasks.errors import InputError
+            raise InputError(f"k = {spec.release.k} clusters but fewer records than clusters")
 
-            raise InputError(f"k = {spec.release.k} clusters but only {prepared.rows} records")
-
-    def event(self, spec):
+    def plan(self, spec):
         p = spec.release
-        return dpgm.privacy_event(noise_plan(spec), kmeans_iterations=p.iterations, q=p.q, steps=p.steps)
+        return dpgm.plan(noise_plan(spec), kmeans_iterations=p.iterations, q=p.q, steps=p.steps,
+                         max_items=p.max_items, k=p.k, items=spec.dataset.item_count, features=p.features)
 
-    def draw(self, spec, prepared, rng, log):
+    def draw(self, spec, prepared, measure, public_rng, log):
         p, ds = spec.release, spec.dataset
-        plan = noise_plan(spec)
-        log.info("noise multipliers: k-means %.4g, marginals %.4g, DP-SGD %.4g", plan.sigma_kmeans,
-                 plan.sigma_marginals, plan.sigma_sgd)
-        data = Partitioned.sets(_client(), parquet_files(prepared.path), ds.items_column, ds.item_count)
+        data = Partitioned.sets(current_client(), parquet_files(prepared.path), ds.items_column, ds.item_count)
         try:
-            rff, gamma, clip, res = cluster_records(spec, data, plan.sigma_kmeans, rng, log)
-            table = dpgm.noisy_cluster_table(
-                data.reduce(partition_cluster_counts, rff, clip, res.centres, p.k, p.max_items),
-                max_items=p.max_items, sigma=plan.sigma_marginals, rng=rng)
+            rff, gamma, clip, res = cluster_records(spec, data, measure, public_rng, log)
+            table = measure("marginals", data.reduce(partition_cluster_counts, rff, clip, res.centres, p.k,
+                                                     p.max_items))
             marginals, sizes = dpgm.marginals_and_sizes(table)
-            cfg = sgd_config(spec, plan)
-            models = [dpgm.make_model(cfg, ds.item_count, rng, marginals[c]) for c in range(p.k)]
-            log.info("DP-SGD: %d %s models, %d steps, q=%g, expected batch %.0f records per step", p.k, p.model,
-                     p.steps, p.q, p.q * sizes.sum())
+            cfg = sgd_config(spec)
+            models = [dpgm.make_model(cfg, ds.item_count, public_rng, marginals[c]) for c in range(p.k)]
+            log.info("DP-SGD: %d %s models, %d steps, q=%g", p.k, p.model, p.steps, p.q)
             every = max(1, p.steps // 10)
-            clips = dpgm.train(models, BatchStream(data, rng, rff, clip, res.centres, p.q, p.steps, p.k), sizes, cfg,
-                               rng, progress=lambda s, t: s % every == 0 and log.info("DP-SGD step %d/%d", s, t))
+            # Who is sampled must stay secret (amplification by sampling): the batches' seeds come from the
+            # noise source's secret generator, never from the public one.
+            batches = BatchStream(data, measure.source.step_generator(), rff, clip, res.centres, p.q, p.steps, p.k)
+            clips = dpgm.train(models, batches, sizes, cfg, measure,
+                               progress=lambda s, t: s % every == 0 and log.info("DP-SGD step %d/%d", s, t))
         finally:
             data.close()
         meta = {"k": p.k, "iterations": p.iterations, "features": p.features, "gamma": gamma, "clip": clip,
-                "epsilon": p.epsilon, "delta": p.delta, "item_count": ds.item_count, "model": p.model,
-                "hidden": list(p.hidden), "steps": p.steps, "q": p.q, "sigma_kmeans": plan.sigma_kmeans,
-                "sigma_marginals": plan.sigma_marginals, "sigma_sgd": plan.sigma_sgd,
-                "records": int(round(sizes.sum())), "synthesis_seed": int(rng.integers(0, 2 ** 63 - 1)),
+                "item_count": ds.item_count, "model": p.model, "hidden": list(p.hidden), "steps": p.steps, "q": p.q,
+                "records": int(round(sizes.sum())), "synthesis_seed": int(public_rng.integers(0, 2 ** 63 - 1)),
                 "sgd_mean_clip_per_step": clips}
 
         def write(folder):
@@ -148,19 +193,10 @@ class SyntheticKind(IngestedAsPrepared):
         return Draw(write=write, meta=meta)
 
     def measurements_contract(self, spec):
-        import great_expectations.expectations as gxe
-
-        cols = ["cluster", "noisy_size", "weight"]
-        rows = ([gxe.ExpectTableColumnsToMatchOrderedList(column_list=cols)] + suites._finite(gxe, cols)
-                + [gxe.ExpectColumnValuesToBeBetween(column="noisy_size", min_value=1),
-                   gxe.ExpectColumnValuesToBeBetween(column="weight", min_value=0, max_value=1)])
-        return MIXTURE, suites.Contract("measurements", rows=rows, partitioned=False,
-                                        table=[gxe.ExpectTableRowCountToEqual(value=spec.release.k)])
+        return MIXTURE, suites.mixture(spec.release.k)
 
     def postprocess(self, spec, measurements, staging, internal, log):
         """Synthetic records from the stored mixture, |D~| = the sum of the noisy cluster sizes."""
-        from tasks.stages import read_meta
-
         meta = read_meta(measurements)
         models = load_models(measurements, meta)
         weights = pq.read_table(measurements / MIXTURE).column("noisy_size").to_numpy()
@@ -182,30 +218,7 @@ class SyntheticKind(IngestedAsPrepared):
         return [SYNTHETIC, MIXTURE, "synthetic.json"]
 
     def release_contract(self, spec):
-        contract = suites.ingested_sets(spec.dataset.items_column, spec.dataset.item_count)
-        contract.stage = "release"
-        return SYNTHETIC, contract
-
-    def mechanisms(self, spec):
-        p = spec.release
-        plan = noise_plan(spec)
-        s2 = float(kk.SQRT2)
-        return [
-            {"mechanism": "Gaussian", "query": "cluster sizes at each k-means iteration", "l2_sensitivity": s2,
-             "std": s2 * plan.sigma_kmeans, "noise_multiplier": plan.sigma_kmeans, "repetitions": p.iterations},
-            {"mechanism": "Gaussian", "query": "sums of clipped random Fourier features per cluster at each k-means "
-                                               "iteration", "l2_sensitivity": "sqrt(2) * C_s",
-             "std": f"sqrt(2) * C_s * {plan.sigma_kmeans:.6g}", "noise_multiplier": plan.sigma_kmeans, "repetitions": p.iterations},
-            {"mechanism": "Gaussian", "query": f"per-cluster item counts (records weighted to at most "
-                                               f"{p.max_items} items) and sizes",
-             "l2_sensitivity": float(np.sqrt(p.max_items + 1)), "std": float(np.sqrt(p.max_items + 1))
-             * plan.sigma_marginals, "noise_multiplier": plan.sigma_marginals, "repetitions": 1},
-            {"mechanism": "Poisson-subsampled Gaussian", "query": "DP-SGD step: histogram of per-example gradient "
-                                                                  "norms (DPNorm) and the clipped gradient sum",
-             "l2_sensitivity": "1 (histogram), C_s (gradient)",
-             "std": f"{plan.sigma_sgd:.6g} (histogram), {plan.sigma_sgd:.6g} * C_s (gradient)",
-             "noise_multiplier": plan.sigma_sgd,
-             "sampling_rate": p.q, "repetitions": p.steps}]
+        return SYNTHETIC, suites.synthetic_sets(spec.dataset.items_column, spec.dataset.item_count)
 
     def evaluate(self, spec, run, prepared, log):
         """Counting queries (§6.3) on raw vs synthetic records, with the MWEM (linear) and independent-items
@@ -237,7 +250,7 @@ def evaluate_counting(spec, run, prepared, log, max_items: int = 12, mwem_rounds
     p, ds = spec.release, spec.dataset
     rng = np.random.default_rng(0)  # evaluation queries and baselines: internal, not a release
     Q, buckets = counting.random_queries(ds.item_count, p.queries, rng)
-    client = _client()
+    client = current_client()
     raw = Partitioned.sets(client, parquet_files(prepared.path), ds.items_column, ds.item_count)
     syn = Partitioned.sets(client, parquet_files(run.release / SYNTHETIC), ds.items_column, ds.item_count)
     try:

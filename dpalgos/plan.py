@@ -1,0 +1,195 @@
+"""Mechanism plans: the privacy facts of a release, stated once.
+
+A `Mechanism` is one noise-adding step of a release (possibly repeated): the query it answers, the
+neighbouring relation, the norm and sensitivity of the query with the argument for it, the noise
+distribution and its scale, how many times it runs, and its sampling rate. A `Plan` is the list of them.
+Everything else is derived from the plan and only from it (as OpenDP's measurements carry their privacy map
+and Tumult derives its noise description from the measurement):
+
+  * `Plan.event()`      the `dp_accounting` event the ledger charges;
+  * `dpalgos.noise`     the noise each draw adds (the scale comes from the plan entry, never recomputed);
+  * `Plan.manifest()`   the manifest's mechanism list;
+  * `Mechanism.opendp_measurement()`  OpenDP's own measurement of the same noise, whose privacy map the
+                        conformance suite compares with the plan.
+
+Noise distributions and their events:
+  laplace, integer statistic   OpenDP discrete Laplace (Canonne, Kamath & Steinke 2020) on the integers;
+                               `DiscreteLaplaceDpEvent(1/scale, sensitivity)` (epsilon = sensitivity/scale).
+  laplace, real statistic      OpenDP's float Laplace: an exact discrete Laplace on the grid 2^-1074 of which
+                               every double is a multiple (inputs are not rounded, its privacy map is exactly
+                               sensitivity/scale), the sum rounded to the nearest double (post-processing).
+                               `LaplaceDpEvent(scale/sensitivity)`: its pure epsilon is exact; where a
+                               (epsilon, delta) composition uses the continuous Laplace's privacy-loss
+                               distribution for it, the two differ by a total variation of order
+                               2^-1074/scale, far below the accountant's own discretisation.
+  gaussian (OpenDP)            discrete Gaussian on the integers or on the 2^-1074 grid: rho-zCDP with
+                               rho = sensitivity^2 / (2 scale^2) (CKS20 Thm 4); `ZCDpEvent(rho)`.
+  gaussian (per-step numpy)    DP-SGD only (see dpalgos.noise.StepNoise): a continuous Gaussian,
+                               `GaussianDpEvent(noise_multiplier)`, Poisson-subsampled when sampled.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Literal
+
+from dp_accounting import dp_event as dpe
+
+ADD_REMOVE_RECORD = "add or remove one record"
+ADD_REMOVE_USER = "add or remove one user (all of a user's items)"
+#: The grid of OpenDP's float samplers with their default granularity: every double is on it.
+FLOAT_GRID_LOG2 = -1074
+
+
+@dataclass(frozen=True)
+class Mechanism:
+    """One noise-adding step, repeated `repetitions` times with the same noise multiplier.
+
+    sensitivity : the query's sensitivity in `norm` over neighbouring datasets, or None when it is
+        `bound_multiple` times a bound C chosen during the release (a public or already-noisy clipping
+        bound): the noise is then noise_multiplier * bound_multiple * C, and the argument explains why.
+    noise_multiplier : scale / sensitivity, the privacy fact (epsilon = 1/multiplier for Laplace, rho =
+        1/(2 multiplier^2) for Gaussian).
+    integer : the statistic is integer-valued (counts): noise from a sampler on the integers.
+    per_step_generator : DP-SGD's Gaussian noise, drawn from a per-step generator seeded from OS entropy
+        because OpenDP is too slow for its volume (README, "Noise").
+    """
+    name: str
+    query: str
+    distribution: Literal["laplace", "gaussian"]
+    sensitivity: float | None
+    argument: str
+    noise_multiplier: float
+    integer: bool = False
+    repetitions: int = 1
+    sampling_rate: float | None = None
+    relation: str = ADD_REMOVE_RECORD
+    per_step_generator: bool = False
+    bound_multiple: float = 1.0
+    values: int | None = field(default=None, compare=False)  # values per repetition (for the manifest only)
+
+    def __post_init__(self):
+        if not (math.isfinite(self.noise_multiplier) and self.noise_multiplier > 0):
+            raise ValueError(f"mechanism '{self.name}': noise multiplier must be positive and finite, got "
+                             f"{self.noise_multiplier}")
+        if self.sensitivity is not None and not (math.isfinite(self.sensitivity) and self.sensitivity > 0):
+            raise ValueError(f"mechanism '{self.name}': sensitivity must be positive and finite")
+        if self.repetitions < 1:
+            raise ValueError(f"mechanism '{self.name}': repetitions must be >= 1")
+        if self.per_step_generator and self.distribution != "gaussian":
+            raise ValueError("only Gaussian noise may come from the per-step generator")
+
+    @property
+    def norm(self) -> str:
+        return "l1" if self.distribution == "laplace" else "l2"
+
+    @property
+    def scale(self) -> float | None:
+        """The noise scale (Laplace b, Gaussian standard deviation), when the sensitivity is fixed."""
+        return None if self.sensitivity is None else self.noise_multiplier * self.sensitivity
+
+    def scale_for(self, sensitivity: float | None) -> float:
+        """The scale of a draw: the plan's, or noise_multiplier * the bound chosen during the release."""
+        if self.sensitivity is not None:
+            if sensitivity is not None and sensitivity != self.sensitivity:
+                raise ValueError(f"mechanism '{self.name}' has the fixed sensitivity {self.sensitivity}")
+            return self.scale
+        if sensitivity is None or not (math.isfinite(sensitivity) and sensitivity > 0):
+            raise ValueError(f"mechanism '{self.name}' needs the clipping bound of this draw")
+        return self.noise_multiplier * self.bound_multiple * sensitivity
+
+    def once(self) -> dpe.DpEvent:
+        """The event of one repetition (before sampling)."""
+        if self.distribution == "laplace":
+            if self.integer and self.sensitivity is not None and float(self.sensitivity).is_integer():
+                return dpe.DiscreteLaplaceDpEvent(1.0 / self.scale, int(self.sensitivity))
+            return dpe.LaplaceDpEvent(self.noise_multiplier)
+        if self.per_step_generator:
+            return dpe.GaussianDpEvent(self.noise_multiplier)
+        return dpe.ZCDpEvent(1.0 / (2.0 * self.noise_multiplier ** 2))
+
+    def event(self) -> dpe.DpEvent:
+        event = self.once()
+        if self.sampling_rate is not None:
+            event = dpe.PoissonSampledDpEvent(self.sampling_rate, event)
+        return event if self.repetitions == 1 else dpe.SelfComposedDpEvent(event, self.repetitions)
+
+    def sampler(self) -> str:
+        """The name of the sampler that draws this mechanism's noise in production."""
+        if self.per_step_generator:
+            return "numpy_gaussian"
+        kind = "discrete" if self.integer else "opendp"
+        return f"{kind}_{self.distribution}"
+
+    def manifest(self, sampler: str | None = None) -> dict:
+        out = {"name": self.name, "query": self.query, "relation": self.relation, "norm": self.norm,
+               "sensitivity": self.sensitivity if self.sensitivity is not None else
+               f"{self.bound_multiple:g} * C (C chosen during the release)",
+               "sensitivity_argument": self.argument, "distribution": sampler or self.sampler(),
+               "noise_multiplier": self.noise_multiplier, "scale": self.scale, "repetitions": self.repetitions,
+               "sampling_rate": self.sampling_rate, "values_per_repetition": self.values}
+        if out["distribution"].startswith("opendp"):
+            out["grid_log2"] = FLOAT_GRID_LOG2
+            out["grid_accuracy_cost"] = "none: every double is on the grid; outputs are rounded to the nearest double"
+        if self.distribution == "laplace":
+            out["epsilon_each"] = 1.0 / self.noise_multiplier
+        elif not self.per_step_generator:
+            out["rho_each"] = 1.0 / (2.0 * self.noise_multiplier ** 2)
+        return out
+
+    def opendp_measurement(self, size: int, sensitivity_scale: float | None = None):
+        """OpenDP's measurement of this noise on `size` values (the scale at sensitivity 1 when it is chosen
+        during the release), for the cross-check of the plan against OpenDP's privacy map."""
+        import opendp.prelude as dp
+
+        dp.enable_features("contrib")
+        scale = self.scale if self.scale is not None else self.scale_for(sensitivity_scale or 1.0)
+        T = int if self.integer else float
+        atom = dp.atom_domain(T=T) if self.integer else dp.atom_domain(T=float, nan=False)
+        domain = dp.vector_domain(atom, size=size)
+        if self.distribution == "laplace":
+            return dp.m.make_laplace(domain, dp.l1_distance(T=T), scale=scale)
+        return dp.m.make_gaussian(domain, dp.l2_distance(T=T), scale=scale)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """The mechanisms of one release, in the order they run."""
+    mechanisms: tuple[Mechanism, ...]
+
+    def __post_init__(self):
+        names = [m.name for m in self.mechanisms]
+        if len(set(names)) != len(names):
+            raise ValueError(f"mechanism names must be unique, got {names}")
+        if not names:
+            raise ValueError("a plan needs at least one mechanism")
+
+    def __getitem__(self, name: str) -> Mechanism:
+        for m in self.mechanisms:
+            if m.name == name:
+                return m
+        raise KeyError(f"no mechanism '{name}' in the plan ({[m.name for m in self.mechanisms]})")
+
+    def __iter__(self):
+        return iter(self.mechanisms)
+
+    def event(self) -> dpe.DpEvent:
+        events = [m.event() for m in self.mechanisms]
+        return events[0] if len(events) == 1 else dpe.ComposedDpEvent(events)
+
+    def manifest(self, samplers: dict[str, str] | None = None) -> list[dict]:
+        samplers = samplers or {}
+        return [m.manifest(samplers.get(m.name)) for m in self.mechanisms]
+
+    def scaled(self, name: str, factor: float) -> "Plan":
+        """A copy with one entry's sensitivity claim multiplied by `factor` (its noise then scales with it):
+        how the conformance suite shows that an understated sensitivity is caught."""
+        out = []
+        for m in self.mechanisms:
+            if m.name == name:
+                change = ({"sensitivity": m.sensitivity * factor} if m.sensitivity is not None
+                          else {"bound_multiple": m.bound_multiple * factor})
+                m = Mechanism(**{**m.__dict__, **change})
+            out.append(m)
+        return Plan(tuple(out))

@@ -1,0 +1,165 @@
+"""The public, kind-independent parts of a release spec: the dataset's schema and bounds, the base of every
+kind's parameters, the ledger and dask sections. Each release kind defines its own parameters model (in its
+module under tasks/kinds/); `tasks.spec` assembles them from the registry.
+
+Everything here is PUBLIC: nothing in a spec may be read off the sensitive data.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class DatasetSpec(Strict):
+    """Where the sensitive data is and its public schema.
+
+    Numeric columns are given by `bounds` (column -> PUBLIC [lower, upper]); categorical columns by
+    `categories` (column -> PUBLIC list of levels). Their keys, in order, are the columns used; headerless
+    CSV files take these names for their columns, in order. `weight_column` (optional) holds a non-negative
+    integer per row. Either a row is one privacy unit of weight at most the PUBLIC `max_weight` (larger
+    weights are clipped to it, and the count of clipped rows stays in internal/): the count sensitivity is
+    max_weight. Or `weights_count_records: true` states that every unit of weight is one privacy unit (a
+    table of cell counts): a neighbour changes one weight by 1, the sensitivity is 1.
+    """
+    id: str = Field(pattern=ID_PATTERN, description="privacy-ledger key: releases of one id share a budget")
+    path: str
+    format: Literal["csv", "parquet", "transactions"] | None = Field(
+        None, description="default: from the file suffix; transactions: one record per line, item ids separated "
+                          "by spaces (optionally gzipped)")
+    header: bool | None = Field(None, description="CSV only; default: detected from the first line")
+    delimiter: str | None = Field(None, description="CSV only; default: ',' or tab if present, else whitespace")
+    bounds: dict[str, tuple[float, float]] | None = None
+    categories: dict[str, list[str]] | None = None
+    weight_column: str | None = None
+    max_weight: int | None = Field(None, ge=1, description="PUBLIC cap of a row's weight (its sensitivity)")
+    weights_count_records: bool = Field(False, description="every unit of weight is one privacy unit")
+    items_column: str | None = Field(None, description="set-valued records: a list<int> column of item ids")
+    item_count: int | None = Field(None, ge=1, description="PUBLIC size of the item universe: ids in [0, item_count)")
+
+    @field_validator("bounds")
+    @classmethod
+    def _bounds_valid(cls, bounds):
+        if bounds is None:
+            return bounds
+        if not bounds:
+            raise ValueError("bounds are missing: give a public [lower, upper] for every column")
+        for col, (lo, hi) in bounds.items():
+            if not (math.isfinite(lo) and math.isfinite(hi)):
+                raise ValueError(f"bounds of column '{col}' must be finite, got [{lo}, {hi}]")
+            if lo >= hi:
+                raise ValueError(f"bounds of column '{col}' need lower < upper, got [{lo}, {hi}]")
+        return bounds
+
+    @field_validator("categories", mode="before")
+    @classmethod
+    def _levels_as_strings(cls, categories):
+        if categories is None:
+            return categories
+        if not categories:
+            raise ValueError("categories are empty: give the public levels of every categorical column")
+        out = {}
+        for col, levels in categories.items():
+            levels = [str(v) for v in levels]
+            if len(levels) < 1 or len(set(levels)) != len(levels):
+                raise ValueError(f"levels of column '{col}' must be a non-empty list without repeats")
+            out[col] = levels
+        return out
+
+    @model_validator(mode="after")
+    def _has_columns(self):
+        if self.items_column is not None:
+            if self.item_count is None:
+                raise ValueError("set-valued records need the public item_count (item ids in [0, item_count))")
+            if self.bounds or self.categories:
+                raise ValueError("set-valued records (items_column) take no bounds or categories")
+            return self
+        if self.format == "transactions":
+            raise ValueError("the transactions format holds set-valued records: give items_column and item_count")
+        if self.bounds is None and self.categories is None:
+            raise ValueError("bounds are missing: give public bounds (numeric) or categories (categorical)")
+        if self.bounds and self.categories and set(self.bounds) & set(self.categories):
+            raise ValueError(f"columns {sorted(set(self.bounds) & set(self.categories))} have both bounds "
+                             f"and categories")
+        if self.weight_column and self.weight_column in self.columns:
+            raise ValueError(f"weight column '{self.weight_column}' is also a data column")
+        if self.weight_column and (self.max_weight is None) == (not self.weights_count_records):
+            raise ValueError("a weight column needs exactly one of: the public max_weight of a row, or "
+                             "weights_count_records: true")
+        if not self.weight_column and (self.max_weight is not None or self.weights_count_records):
+            raise ValueError("max_weight and weights_count_records need a weight_column")
+        return self
+
+    @property
+    def unit_weight(self) -> int:
+        """The most one privacy unit adds to one count: the sensitivity multiplier of every count."""
+        return self.max_weight if self.max_weight is not None else 1
+
+    @property
+    def columns(self) -> list[str]:
+        if self.items_column:
+            return [self.items_column]
+        return list(self.bounds or {}) + list(self.categories or {})
+
+    @property
+    def source_format(self) -> str:
+        if self.format:
+            return self.format
+        suffixes = Path(self.path).suffixes
+        if ".parquet" in suffixes or ".pq" in suffixes or Path(self.path).is_dir():
+            return "parquet"
+        return "transactions" if ".dat" in suffixes else "csv"
+
+
+def _finite_epsilon(eps: float) -> float:
+    if not math.isfinite(eps):
+        raise ValueError("epsilon must be finite")
+    return eps
+
+
+class ReleaseBase(Strict):
+    epsilon: float = Field(gt=0, description="total privacy budget of the release (pure DP)")
+
+    @field_validator("epsilon")
+    @classmethod
+    def _finite(cls, eps):
+        return _finite_epsilon(eps)
+
+
+class ConsistencyBase(ReleaseBase):
+    """Maximum-likelihood consistency by ADMM (Lee, Wang & Kifer): residual penalty and its parameters."""
+    penalty: Literal["l1", "elastic", "l2"] = Field("elastic", description="elastic net (eq. 23) by default")
+    alpha: float = Field(0.9, ge=0, le=1, description="elastic-net mixing parameter")
+    rho: float = Field(2.0, gt=0, description="ADMM penalty parameter (residuals in units of the noise scale)")
+
+
+def is_power(n: int, k: int) -> bool:
+    while n > 1 and n % k == 0:
+        n //= k
+    return n == 1
+
+
+class LedgerSpec(Strict):
+    """The dataset's durable privacy ledger and lifetime budget."""
+    path: str | None = Field(None, description="SQLite file; default <output_dir>/privacy-ledger.sqlite")
+    lifetime_epsilon: float = Field(gt=0)
+    lifetime_delta: float = Field(0.0, ge=0, lt=1)
+
+
+class DaskSpec(Strict):
+    """Where the data-parallel passes run: an existing scheduler, or a local cluster started per run."""
+    address: str | None = Field(None, description="e.g. tcp://127.0.0.1:8786; default: a local cluster")
+    n_workers: int = Field(1, ge=1)
+    threads_per_worker: int = Field(2, ge=1)
+    processes: bool = Field(False, description="local cluster with worker processes instead of threads")
+
+
