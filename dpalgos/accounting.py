@@ -35,17 +35,6 @@ class Guarantee:
     method: str
 
 
-def laplace_event(*, sensitivity: float, epsilon: float) -> dpe.DpEvent:
-    """Laplace noise of scale sensitivity/epsilon on an L1-sensitivity-`sensitivity` query."""
-    scale = sensitivity / epsilon
-    return dpe.LaplaceDpEvent(noise_multiplier=scale / sensitivity)
-
-
-def gaussian_event(*, noise_multiplier: float) -> dpe.DpEvent:
-    """Gaussian noise of std noise_multiplier * (L2 sensitivity)."""
-    return dpe.GaussianDpEvent(noise_multiplier=noise_multiplier)
-
-
 def compose_events(events: Iterable[dpe.DpEvent]) -> dpe.DpEvent:
     events = list(events)
     return events[0] if len(events) == 1 else dpe.ComposedDpEvent(events)

@@ -86,11 +86,12 @@ def calibrate(*, epsilon: float, delta: float, kmeans_iterations: int, q: float,
     if not epsilon > 0 or not 0 < delta < 1:
         raise ValueError(f"need epsilon > 0 and 0 < delta < 1, got {epsilon}, {delta}")
     cal = lambda make, eps: float(calibrate_dp_mechanism(RdpAccountant, make, eps, delta / 3, bracket_interval=None))
-    alone = lambda t, s: plan(NoisePlan(*(s if i == t else 1.0 for i in range(3))), kmeans_iterations=kmeans_iterations,
-                              q=q, steps=steps, max_items=max_items)
+    # The searches probe multipliers of 0 (no noise, infinite loss): a tiny positive one stands for it.
+    alone = lambda t, s: plan(NoisePlan(*(max(s, 1e-9) if i == t else 1.0 for i in range(3))),
+                              kmeans_iterations=kmeans_iterations, q=q, steps=steps, max_items=max_items)
     parts = {0: ("sizes", "sums"), 1: ("marginals",), 2: ("sgd",)}
     base = NoisePlan(*(cal(lambda s, t=t: _event(alone(t, s), parts[t]), shares[t] * epsilon) for t in range(3)))
-    scaled = lambda t: NoisePlan(base.sigma_kmeans * t, base.sigma_marginals * t, base.sigma_sgd * t)
+    scaled = lambda t: NoisePlan(*(max(s * t, 1e-9) for s in (base.sigma_kmeans, base.sigma_marginals, base.sigma_sgd)))
     make = lambda t: plan(scaled(t), kmeans_iterations=kmeans_iterations, q=q, steps=steps, max_items=max_items).event()
     t = float(calibrate_dp_mechanism(RdpAccountant, make, epsilon, delta, bracket_interval=None, tol=0.002))
     return scaled(t)

@@ -171,7 +171,8 @@ def calibrate_sigma(*, epsilon: float, delta: float, iterations: int, dpnorm: bo
     from dp_accounting import calibrate_dp_mechanism
     from dp_accounting.rdp import RdpAccountant
 
-    make = lambda s: plan(iterations=iterations, sigma=s, dpnorm=dpnorm).event()
+    # The search probes sigma = 0 (no noise, infinite loss): a tiny positive multiplier stands for it.
+    make = lambda s: plan(iterations=iterations, sigma=max(s, 1e-9), dpnorm=dpnorm).event()
     return float(calibrate_dp_mechanism(RdpAccountant, make, epsilon, delta, bracket_interval=None))
 
 

@@ -6,7 +6,8 @@ import scipy.sparse as sp
 from scipy.optimize import linprog
 
 from dpalgos import admm
-from dpalgos.hierarchy import Tree, noisy_tree
+from dpalgos.hierarchy import Tree, tree_plan
+from dpalgos.noise import simulated
 
 
 def lp_consistent_l1(xt, A, b, nonneg=True):
@@ -50,7 +51,7 @@ def test_algorithm3_on_a_tree_matches_the_lp_optimum(branching, leaves):
     rng = np.random.default_rng(branching)
     t = Tree(leaves, branching)
     true = np.where(rng.random(leaves) < 0.3, rng.poisson(8, leaves), 0)
-    xt = noisy_tree(t, true, epsilon=1.0, rng=rng)
+    xt = simulated(tree_plan(t, epsilon=1.0), rng)("tree", t.aggregate(true))
     res = admm.solve_projection(xt, t.htree, penalty="l1", scale=t.levels, x0=t.htree(xt), abs_tol=1e-8,
                                 max_iter=100_000)
     opt = lp_consistent_l1(xt, t.consistency_matrix(), np.zeros(t.consistency_matrix().shape[0]))
@@ -88,7 +89,7 @@ def test_the_elastic_net_tends_to_the_l1_solution_as_alpha_goes_to_1():
 def test_l2_variant_is_the_nonnegative_least_squares_projection():
     rng = np.random.default_rng(3)
     t = Tree(16, 2)
-    xt = noisy_tree(t, rng.poisson(500, 16), epsilon=1.0, rng=rng)
+    xt = simulated(tree_plan(t, epsilon=1.0), rng)("tree", t.aggregate(rng.poisson(500, 16)))
     assert t.htree(xt).min() > 0  # large counts: the non-negativity constraint does not bind
     res = admm.solve_projection(xt, t.htree, penalty="l2", abs_tol=1e-10, max_iter=100_000)
     # ... so the L2 solution is exactly Hay et al.'s least squares.

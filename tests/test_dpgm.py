@@ -5,9 +5,11 @@ import pytest
 import scipy.sparse as sp
 from dp_accounting import dp_event as dpe
 from dp_accounting.pld import PLDAccountant
+from dp_accounting.rdp import RdpAccountant
 
 from dpalgos import counting, dpgm, dpsgd
 from dpalgos.generative import RBM, VAE
+from dpalgos.noise import Measure, SeededNoise
 
 
 def _records(n=40, m=25, p=0.15, seed=0) -> sp.csr_matrix:
@@ -75,25 +77,29 @@ def test_dpnorm_picks_the_mode_of_the_gradient_norms_when_the_noise_is_small():
 
 def test_one_step_is_one_subsampled_gaussian_with_the_combined_noise_multiplier():
     # Without sampling the claim is exact: the two Gaussian releases of one batch compose to one Gaussian of
-    # sigma_eff = (sigma_n^-2 + sigma_g^-2)^(-1/2) (mu-GDP composes in quadrature).
-    sn, sg, delta = 1.3, 0.9, 1e-6
-    pair = PLDAccountant().compose(dpe.ComposedDpEvent([dpe.GaussianDpEvent(sn), dpe.GaussianDpEvent(sg)]))
-    single = PLDAccountant().compose(dpe.GaussianDpEvent(dpsgd.effective_sigma(sg, sn)))
+    # sigma_eff = (sigma_n^-2 + sigma_g^-2)^(-1/2) (mu-GDP composes in quadrature); the plan's "sgd" entry
+    # states sigma_eff and the step draws both parts at sqrt 2 sigma_eff.
+    sigma, delta = 1.3, 1e-6
+    pair = PLDAccountant().compose(dpe.ComposedDpEvent([dpe.GaussianDpEvent(sigma)] * 2))
+    sgd = dpgm.plan(dpgm.NoisePlan(1.0, 1.0, sigma), kmeans_iterations=1, q=0.01, steps=200, max_items=5)["sgd"]
+    single = PLDAccountant().compose(dpe.GaussianDpEvent(sgd.noise_multiplier))
     assert pair.get_epsilon(delta) == pytest.approx(single.get_epsilon(delta), rel=2e-3)
-    event = dpsgd.training_event(q=0.01, steps=200, sigma_grad=sg, sigma_norm=sn)
-    assert event == dpe.SelfComposedDpEvent(dpe.PoissonSampledDpEvent(0.01, dpe.GaussianDpEvent(
-        (sg ** -2 + sn ** -2) ** -0.5)), 200)
+    event = sgd.event()
+    assert event.count == 200 and event.event.sampling_probability == 0.01
+    assert event.event.event.noise_multiplier == pytest.approx((2 * sigma ** -2) ** -0.5, rel=1e-12)
 
 
 def test_calibrated_plan_meets_the_budget_recomputed_from_scratch():
     eps, delta, T, q, steps = 1.5, 1e-6, 10, 0.02, 300
-    plan = dpgm.calibrate(epsilon=eps, delta=delta, kmeans_iterations=T, q=q, steps=steps)
-    # Recompute: 2T Gaussians (k-means), one Gaussian (marginals), `steps` Poisson-subsampled Gaussians.
-    acc = PLDAccountant()
-    acc.compose(dpe.GaussianDpEvent(plan.sigma_kmeans), 2 * T)
-    acc.compose(dpe.GaussianDpEvent(plan.sigma_marginals))
-    acc.compose(dpe.PoissonSampledDpEvent(q, dpe.GaussianDpEvent(plan.sigma_sgd / np.sqrt(2))), steps)
-    assert 0.97 * eps <= acc.get_epsilon(delta) <= eps
+    noise = dpgm.calibrate(epsilon=eps, delta=delta, kmeans_iterations=T, q=q, steps=steps)
+    # Recompute: 2T zCDP Gaussians (k-means, OpenDP discrete Gaussians), one (marginals), `steps`
+    # Poisson-subsampled continuous Gaussians (DP-SGD), by RDP from scratch.
+    acc = RdpAccountant()
+    acc.compose(dpe.ZCDpEvent(1 / (2 * noise.sigma_kmeans ** 2)), 2 * T)
+    acc.compose(dpe.ZCDpEvent(1 / (2 * noise.sigma_marginals ** 2)))
+    acc.compose(dpe.PoissonSampledDpEvent(q, dpe.GaussianDpEvent(noise.sigma_sgd / np.sqrt(2))), steps)
+    assert 0.97 * eps <= acc.get_epsilon(delta) <= eps * 1.001
+    plan = noise
     # The shares order the noise: the part with the largest share gets the smallest multiplier.
     assert plan.sigma_kmeans > plan.sigma_marginals
 
@@ -138,11 +144,12 @@ def test_training_improves_the_fit_and_synthesis_is_reproducible_from_the_stored
     A = (rng.random((3000, 20)) < np.r_[np.full(10, 0.5), np.full(10, 0.02)]).astype(np.float32)
     B = (rng.random((3000, 20)) < np.r_[np.full(10, 0.02), np.full(10, 0.5)]).astype(np.float32)
     clusters = [sp.csr_matrix(A), sp.csr_matrix(B)]
-    cfg = dpgm.SGDConfig(model="vae", hidden=(32,), steps=150, q=0.1, sigma_grad=0.5, sigma_norm=0.5, lr=0.02)
+    cfg = dpgm.SGDConfig(model="vae", hidden=(32,), steps=150, q=0.1, lr=0.02)
+    plan = dpgm.plan(dpgm.NoisePlan(1.0, 1.0, 0.5), kmeans_iterations=1, q=cfg.q, steps=cfg.steps, max_items=5)
     models = [dpgm.make_model(cfg, 20, rng, np.full(20, 0.26)) for _ in clusters]
     before = [m.loss_and_gradients(X, rng)[0].mean() for m, X in zip(models, clusters)]
     dpgm.train(models, lambda s: [X[rng.random(X.shape[0]) < cfg.q] for X in clusters], np.array([3000., 3000.]),
-               cfg, rng)
+               cfg, Measure(plan, SeededNoise(13)))
     after = [m.loss_and_gradients(X, rng)[0].mean() for m, X in zip(models, clusters)]
     assert all(a < 0.85 * b for a, b in zip(after, before))
     stored = [dpgm.load_model("vae", dpgm.model_arrays(m), (32,)) for m in models]

@@ -3,7 +3,14 @@ import pytest
 from scipy import stats
 
 from dpalgos import accounting, domain, dpkmeans
+from dpalgos.noise import ExactNoise, Measure, simulated
 from tests.conftest import blobs
+
+
+def _run(stats, C0, eps, T, rng, noise=None):
+    plan = dpkmeans.plan(epsilon=eps, iterations=T)
+    measure = Measure(plan, noise) if noise is not None else simulated(plan, rng)
+    return dpkmeans.dp_kmeans(stats, C0, iterations=T, measure=measure)
 
 
 def _points(n=3000, seed=0):
@@ -18,15 +25,20 @@ def test_noise_scale_is_2T_over_epsilon():
     rng = np.random.default_rng(0)
     C0 = dpkmeans.data_independent_centroids(K, d, rng)[0]
     count_noise, sum_noise = [], []
-    for _ in range(1500):
-        tr = dpkmeans.dp_kmeans(lambda C: (true_sums, true_counts), C0, epsilon=eps, iterations=T, rng=rng)
+    noise = ExactNoise()  # the production sampler
+    for _ in range(300):
+        tr = _run(lambda C: (true_sums, true_counts), C0, eps, T, rng, noise)
         count_noise.append(tr.noisy_counts - true_counts)
         sum_noise.append(tr.noisy_sums - true_sums)
     b = 2 * T / eps
     assert tr.noise_scale == b
-    for noise in (np.ravel(count_noise), np.ravel(sum_noise)):
-        assert stats.kstest(noise, stats.laplace(scale=b).cdf).pvalue > 1e-3
-        assert np.mean(np.abs(noise)) == pytest.approx(b, rel=0.03)  # E|Lap(b)| = b
+    counts = np.ravel(count_noise)
+    assert np.array_equal(counts, np.rint(counts))  # discrete Laplace on the integers
+    # Discrete Laplace of scale b: P(k) proportional to exp(-|k|/b); its mean |k| is 2 e^(-1/b) / (1 - e^(-2/b)).
+    assert np.mean(np.abs(counts)) == pytest.approx(2 * np.exp(-1 / b) / (1 - np.exp(-2 / b)), rel=0.05)
+    sums = np.ravel(sum_noise)
+    assert stats.kstest(sums, stats.laplace(scale=b).cdf).pvalue > 1e-3
+    assert np.mean(np.abs(sums)) == pytest.approx(b, rel=0.05)  # E|Lap(b)| = b
 
 
 def _lloyd(X, C, T):
@@ -40,7 +52,7 @@ def test_with_infinite_budget_it_is_lloyd():
     X = _points()
     rng = np.random.default_rng(1)
     C0, _ = dpkmeans.data_independent_centroids(3, 2, rng)
-    tr = dpkmeans.dp_kmeans(dpkmeans.array_stats(X), C0, epsilon=1e13, iterations=6, rng=rng)
+    tr = _run(dpkmeans.array_stats(X), C0, 1e13, 6, rng)
     assert np.allclose(tr.final_centroids, _lloyd(X, C0, 6), atol=1e-9)
     # every intermediate iterate too
     for t in range(6):
@@ -70,7 +82,7 @@ def _audit(scale_factor: float, draws: int = 30_000) -> float:
         st = dpkmeans.array_stats(data)
         eps = 1.0 / scale_factor  # scale_factor > 1 would be too little noise for the claimed eps=1
         samples = np.array([(lambda tr: (tr.noisy_counts[0, 0], tr.noisy_sums[0, 0, 0]))(
-            dpkmeans.dp_kmeans(st, C0, epsilon=eps, iterations=1, rng=rng)) for _ in range(draws)])
+            _run(st, C0, eps, 1, rng)) for _ in range(draws)])
         out.append(samples)
     edges = [np.arange(-8, 12, 2.0), np.arange(-8, 12, 2.0)]
     h0 = np.histogram2d(*out[0].T, bins=edges)[0]
@@ -112,15 +124,13 @@ def test_explicit_min_distance_is_honoured_or_refused():
         dpkmeans.data_independent_centroids(50, 2, np.random.default_rng(0), min_distance=1.5)
 
 
-def test_privacy_event_composes_to_epsilon():
-    ev = dpkmeans.privacy_event(epsilon=0.7, iterations=5)
+def test_plan_composes_to_epsilon():
+    ev = dpkmeans.plan(epsilon=0.7, iterations=5).event()
     assert accounting.release_guarantee(ev, 1e-6).epsilon == pytest.approx(0.7, rel=1e-12)
 
 
 def test_bad_parameters_are_refused():
-    C0 = np.zeros((2, 2))
-    st = dpkmeans.array_stats(np.zeros((3, 2)))
     for kwargs in ({"epsilon": 0.0, "iterations": 5}, {"epsilon": -1, "iterations": 5},
-                   {"epsilon": 1.0, "iterations": 0}):
+                   {"epsilon": 1.0, "iterations": 0}, {"epsilon": float("inf"), "iterations": 5}):
         with pytest.raises(ValueError):
-            dpkmeans.dp_kmeans(st, C0, rng=np.random.default_rng(), **kwargs)
+            dpkmeans.plan(**kwargs)

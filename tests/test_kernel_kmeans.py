@@ -9,6 +9,7 @@ import dp_accounting
 from dp_accounting.rdp import RdpAccountant
 
 from dpalgos import kernel_kmeans as kk
+from dpalgos.noise import simulated
 
 
 def _binary(n, m, p, seed):
@@ -39,19 +40,23 @@ def test_sparse_and_dense_records_give_the_same_features():
     assert np.allclose(rff.transform(X), rff.transform(sp.csr_matrix(X)), atol=1e-6)
 
 
+def _dp_norm(hist, c_max, sigma, rng):
+    return kk.dp_norm(hist, c_max=c_max, measure=simulated(kk.plan(iterations=1, sigma=sigma, dpnorm=True), rng))
+
+
 def test_dpnorm_picks_the_crowded_bin_and_its_noise_has_the_stated_scale():
     norms = np.r_[np.full(5000, 0.93), np.random.default_rng(5).uniform(0, 2, 300)]
     hist = kk.norm_histogram(norms, 2.0, 100)
     rng = np.random.default_rng(6)
-    assert {kk.dp_norm(hist, c_max=2.0, sigma=20.0, rng=rng) for _ in range(50)} == {0.94}
-    # Two bins 10 apart: the smaller wins when (N1 - N2) > 10 with N_i ~ N(0, (sqrt2 sigma)^2),
-    # i.e. with probability Phi(-10 / (2 sigma)).
+    assert {_dp_norm(hist, 2.0, 20.0, rng) for _ in range(50)} == {0.94}
+    # Two bins 10 apart: the smaller wins when (N1 - N2) > 10 with N_i ~ N(0, sigma^2) (sensitivity 1 under
+    # add/remove), i.e. with probability Phi(-10 / (sqrt 2 sigma)).
     two = np.zeros(10)
     two[3], two[6] = 100.0, 90.0
     sigma, draws = 6.0, 6000
-    picks = np.array([kk.dp_norm(two, c_max=1.0, sigma=sigma, rng=rng) for _ in range(draws)])
+    picks = np.array([_dp_norm(two, 1.0, sigma, rng) for _ in range(draws)])
     frac = np.mean(np.isclose(picks, 0.7))
-    expected = stats.norm.cdf(-10 / (2 * sigma))
+    expected = stats.norm.cdf(-10 / (np.sqrt(2) * sigma))
     assert abs(frac - expected) < 4 * np.sqrt(expected * (1 - expected) / draws)
 
 
@@ -60,8 +65,8 @@ def test_noise_free_limit_is_lloyd_on_the_features():
     rff = kk.rbf_features(30, 40, 0.2, np.random.default_rng(8))
     Z = kk.clip_rows(rff.transform(X), 1.0).astype(np.float64)
     init = Z[:3].copy()
-    res = kk.dp_lloyd(lambda C: kk.feature_stats(X, rff, 1.0, C), init, iterations=5, sigma=1e-12, clip=1.0,
-                      rng=np.random.default_rng(0))
+    res = kk.dp_lloyd(lambda C: kk.feature_stats(X, rff, 1.0, C), init, iterations=5, clip=1.0,
+                      measure=simulated(kk.plan(iterations=5, sigma=1e-12), np.random.default_rng(0)))
     C = init.copy()
     for _ in range(5):
         s, n = kk.grouped_stats(Z, C)
@@ -80,7 +85,7 @@ def test_accounting_matches_dp_accounting_and_exposes_lemma1s_factor_two():
         # The paper's Lemma 1 states half of it (it understates the privacy loss).
         assert exact_log_moment == pytest.approx(2 * kk.lemma1_log_moment(lam, sigma))
     # The run's event is T iterations of two Gaussian mechanisms (+ DPNorm): dp_accounting on it directly.
-    ev = kk.privacy_event(iterations=20, sigma=25.0, dpnorm_sigma=25.0)
+    ev = kk.plan(iterations=20, sigma=25.0, dpnorm=True).event()
     direct = RdpAccountant()
     direct.compose(dp_accounting.SelfComposedDpEvent(dp_accounting.GaussianDpEvent(25.0), 41))
     ours = RdpAccountant()
@@ -92,27 +97,28 @@ def test_accounting_matches_dp_accounting_and_exposes_lemma1s_factor_two():
 def test_calibration_hits_the_target(eps):
     sigma = kk.calibrate_sigma(epsilon=eps, delta=1e-5, iterations=20)
     acc = RdpAccountant()
-    acc.compose(kk.privacy_event(iterations=20, sigma=sigma))
+    acc.compose(kk.plan(iterations=20, sigma=sigma).event())
     assert acc.get_epsilon(1e-5) == pytest.approx(eps, rel=1e-3)
     acc = RdpAccountant()
-    acc.compose(kk.privacy_event(iterations=20, sigma=0.97 * sigma))
+    acc.compose(kk.plan(iterations=20, sigma=0.97 * sigma).event())
     assert acc.get_epsilon(1e-5) > eps
 
 
 def _audit_statistic(sigma_claimed: float, noise_factor: float, draws: int) -> tuple[np.ndarray, np.ndarray]:
-    """One real dp_lloyd iteration on D and on D' = D with one record moved from cluster a to cluster b (the
-    paper's neighbours). Returns (n_b - n_a) / sqrt 2 of the noisy sizes on both: the privacy loss of the
-    sizes mechanism depends on the output only through this projection (a Gaussian shift of sqrt 2)."""
+    """One real dp_lloyd iteration on D and on D' = D plus one record in cluster b (add/remove neighbours).
+    Returns the noisy size n_b on both: the privacy loss of the sizes mechanism depends on the output only
+    through it (a Gaussian shift of 1)."""
     sums = np.zeros((2, 3))
-    counts_d, counts_dp = np.array([50.0, 40.0]), np.array([49.0, 41.0])
+    counts_d, counts_dp = np.array([50.0, 40.0]), np.array([50.0, 41.0])
     init = np.array([[0.0, 0.0, 0.0], [1.0, 1.0, 1.0]])
     out = []
     for counts in (counts_d, counts_dp):
-        rng = np.random.default_rng(int(counts[0]))
+        rng = np.random.default_rng(int(counts[1]))
         # noise_factor < 1 simulates an implementation that draws less noise than it claims
-        n = np.array([kk.dp_lloyd(lambda C: (sums, counts), init, iterations=1, sigma=sigma_claimed * noise_factor,
-                                  clip=1.0, rng=rng).noisy_counts[0] for _ in range(draws)])
-        out.append((n[:, 1] - n[:, 0]) / np.sqrt(2))
+        plan = kk.plan(iterations=1, sigma=sigma_claimed * noise_factor)
+        n = np.array([kk.dp_lloyd(lambda C: (sums, counts), init, iterations=1, clip=1.0,
+                                  measure=simulated(plan, rng)).noisy_counts[0] for _ in range(draws)])
+        out.append(n[:, 1])
     return out[0], out[1]
 
 

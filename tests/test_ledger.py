@@ -1,6 +1,7 @@
 import multiprocessing as mp
 import sqlite3
 
+import dp_accounting
 import pytest
 
 from dpalgos import accounting, dpkmeans
@@ -12,13 +13,13 @@ BUDGET = (1.0, 1e-6)
 
 def _charge(ledger, release_id, eps, fingerprint="f", dataset="d", budget=BUDGET):
     return ledger.charge(dataset_id=dataset, release_id=release_id, kind="kmeans", fingerprint=fingerprint,
-                         event=dpkmeans.privacy_event(epsilon=eps, iterations=5), budget=budget)
+                         event=dpkmeans.plan(epsilon=eps, iterations=5).event(), budget=budget)
 
 
 def test_spends_compose_and_the_budget_refuses_before_noise(tmp_path):
     ledger = PrivacyLedger(tmp_path / "l.sqlite")
     a = _charge(ledger, "r1", 0.4)
-    assert a.new and a.release.epsilon == pytest.approx(0.4) and a.release.delta == 0.0
+    assert a.state == "charged" and a.release.epsilon == pytest.approx(0.4) and a.release.delta == 0.0
     b = _charge(ledger, "r2", 0.6)
     # Never more than basic composition; at delta = 1e-6 the PLD accountant proves less.
     assert b.total.epsilon <= 1.0 + 1e-9
@@ -33,7 +34,7 @@ def test_charging_the_same_release_again_is_free(tmp_path):
     ledger = PrivacyLedger(tmp_path / "l.sqlite")
     _charge(ledger, "r1", 0.9)
     again = _charge(ledger, "r1", 0.9)
-    assert not again.new
+    assert again.state == "already charged"
     assert len(ledger.releases("d")) == 1
 
 
@@ -99,9 +100,37 @@ def test_concurrent_releases_cannot_both_pass_the_budget_check(tmp_path):
 
 def test_gaussian_spends_compose_with_dp_accounting(tmp_path):
     ledger = PrivacyLedger(tmp_path / "l.sqlite")
-    ev = accounting.gaussian_event(noise_multiplier=4.0)
+    ev = dp_accounting.GaussianDpEvent(4.0)
     c1 = ledger.charge(dataset_id="g", release_id="g1", kind="x", fingerprint="f", event=ev, budget=(2.0, 1e-5))
     c2 = ledger.charge(dataset_id="g", release_id="g2", kind="x", fingerprint="f", event=ev, budget=(2.0, 1e-5))
     assert c1.release.delta == 1e-5
     # Two Gaussian releases compose sub-additively under PLD / RDP.
     assert c1.release.epsilon < c2.total.epsilon < 2 * c1.release.epsilon
+
+
+def test_a_retry_after_noise_was_drawn_is_charged_again(tmp_path):
+    """The redraw rule: a failed attempt that had drawn noise counts as a run of the mechanism."""
+    ledger = PrivacyLedger(tmp_path / "l.sqlite")
+    first = ledger.charge(dataset_id="d", release_id="r", kind="kmeans", fingerprint="f", redraw=True,
+                          event=dpkmeans.plan(epsilon=0.3, iterations=2).event(), budget=BUDGET)
+    assert first.state == "charged"
+    # the attempt failed before drawing: the retry is free
+    again = ledger.charge(dataset_id="d", release_id="r", kind="kmeans", fingerprint="f", redraw=True,
+                          event=dpkmeans.plan(epsilon=0.3, iterations=2).event(), budget=BUDGET)
+    assert again.state == "already charged" and ledger.spent("d").epsilon == pytest.approx(0.3, rel=0.01)
+    ledger.mark("r", "drawing")  # the next attempt drew noise, then failed before its commit
+    third = ledger.charge(dataset_id="d", release_id="r", kind="kmeans", fingerprint="f", redraw=True,
+                          event=dpkmeans.plan(epsilon=0.3, iterations=2).event(), budget=BUDGET)
+    assert third.state.startswith("charged again") and ledger.spent("d").epsilon == pytest.approx(0.6, rel=0.01)
+    assert ledger.releases("d")[0]["attempts"] == 2
+    # ... and once committed, a resume is free again
+    ledger.mark("r", "measured")
+    assert ledger.charge(dataset_id="d", release_id="r", kind="kmeans", fingerprint="f", redraw=False,
+                         event=dpkmeans.plan(epsilon=0.3, iterations=2).event(), budget=BUDGET).state \
+        == "already charged"
+    ledger.mark("r", "drawing")
+    with pytest.raises(BudgetExceeded):
+        for _ in range(3):
+            ledger.charge(dataset_id="d", release_id="r", kind="kmeans", fingerprint="f", redraw=True,
+                          event=dpkmeans.plan(epsilon=0.3, iterations=2).event(), budget=BUDGET)
+            ledger.mark("r", "drawing")

@@ -7,6 +7,7 @@ import pytest
 from scipy import stats as sstats
 
 from dpalgos import domain, dpkmeans, leekifer
+from dpalgos.noise import simulated
 from tests.conftest import blobs
 
 
@@ -14,7 +15,8 @@ def _trajectory(eps=0.3, seed=0, k=3, n=3000):
     P = domain.to_unit_l1_ball(blobs(n, seed), [0, 0], [100, 100])[0]
     rng = np.random.default_rng(seed)
     C0, _ = dpkmeans.data_independent_centroids(k, 2, rng)
-    return dpkmeans.dp_kmeans(dpkmeans.array_stats(P), C0, epsilon=eps, iterations=5, rng=rng), P
+    measure = simulated(dpkmeans.plan(epsilon=eps, iterations=5), rng)
+    return dpkmeans.dp_kmeans(dpkmeans.array_stats(P), C0, iterations=5, measure=measure), P
 
 
 @pytest.mark.parametrize("eps", [0.05, 1.0])
@@ -60,7 +62,7 @@ def test_metropolis_hastings_samples_the_target_on_a_tiny_case():
     s, n = np.array([-0.2, 0.7]), np.array([0.6, 0.2])
     traj = dpkmeans.Trajectory(initial_centroids=np.array([[-0.5], [0.5]]), noisy_counts=n[None],
                                noisy_sums=s[None, :, None], centroids=np.array([[[-0.6], [0.3]]]),
-                               noise_scale=b, epsilon=1.0)
+                               noise_scale=b)
     chain = leekifer.DatasetChain(traj, leekifer.ConsistentStatistics(n[None], s[None, :, None]), delta=(0.08, 0.08),
                                   temperature=1.0, seed=7)
     assert chain.size == 1

@@ -43,7 +43,7 @@ def _spec(tmp_path, **changes):
       "release": {"kind": "synthetic", "epsilon": 1, "gamma": 0.1, "budget_shares": [0.5, 0.5, 0.5]}},
      "budget_shares"),
     ({"dataset": {"id": "c", "path": "c", "items_column": "t", "item_count": 9},
-      "release": {"kind": "synthetic", "epsilon": 1, "gamma": 0.1, "q": 0}}, "release.synthetic.q"),
+      "release": {"kind": "synthetic", "epsilon": 1, "gamma": 0.1, "q": 0}}, "release.q"),
 ])
 def test_bad_specs_are_refused_with_the_field_named(tmp_path, change, message):
     with pytest.raises(SpecError, match=message.replace(".", r"\.")):

@@ -15,6 +15,7 @@ import numpy as np
 import pandas as pd
 
 from dpalgos import baselines, contingency
+from dpalgos.noise import simulated
 
 EPSILONS = tuple(round(0.1 * i, 1) for i in range(1, 11))
 METHODS = ("lm", "admm_l1", "admm_l2", "privelet", "mwem")
@@ -45,7 +46,7 @@ def estimate(method: str, table: contingency.Table, x: np.ndarray, order: int, *
     if method == "mwem":
         return baselines.mwem(x, contingency.mwem_workload(table), epsilon=epsilon, rounds=MWEM_ROUNDS,
                               total=float(x.sum()), rng=rng)
-    noisy = contingency.noisy_cells(x, epsilon=epsilon, rng=rng)
+    noisy = simulated(contingency.cells_plan(table, epsilon=epsilon), rng)("cells", x)
     penalty = {"admm_l1": "elastic", "admm_l2": "l2"}[method]
     return contingency.consistent_table(noisy, A, b, noise_scale=1.0 / epsilon, penalty=penalty).x
 

@@ -14,6 +14,7 @@ import scipy.sparse as sp
 
 from dpalgos import accounting, counting, dpgm
 from dpalgos import kernel_kmeans as kk
+from dpalgos.noise import simulated
 
 
 @dataclass
@@ -31,41 +32,41 @@ class DPGMSettings:
     sgd: dpgm.SGDConfig = field(default_factory=dpgm.SGDConfig)
 
 
-def cluster(X: sp.csr_matrix, settings: DPGMSettings, sigma: float, rng: np.random.Generator):
+def cluster(X: sp.csr_matrix, settings: DPGMSettings, measure, rng: np.random.Generator):
     """DP kernel k-means of the records; returns (noisy sizes of the last iteration, final labels)."""
     rff = kk.rbf_features(X.shape[1], settings.features, settings.gamma, rng)
     rows = np.repeat(np.arange(settings.k), settings.init_items)
     cols = np.concatenate([rng.choice(X.shape[1], settings.init_items, replace=False) for _ in range(settings.k)])
     init = rff.transform(sp.csr_matrix((np.ones(rows.size), (rows, cols)), shape=(settings.k, X.shape[1])))
     Z = kk.clip_rows(rff.transform(X), 1.0)
-    res = kk.dp_lloyd(lambda C: kk.grouped_stats(Z, C), init, iterations=settings.kmeans_iterations, sigma=sigma,
-                      clip=1.0, rng=rng)
+    res = kk.dp_lloyd(lambda C: kk.grouped_stats(Z, C), init, iterations=settings.kmeans_iterations, clip=1.0,
+                      measure=measure)
     return np.maximum(res.noisy_counts[-1], 1.0), kk.nearest(Z, res.centres)
 
 
 def run(X: sp.csr_matrix, settings: DPGMSettings, rng: np.random.Generator):
     """Train the mixture; returns (synthetic records, guarantee, diagnostics)."""
     cfg = settings.sgd
-    plan = dpgm.calibrate(epsilon=settings.epsilon, delta=settings.delta,
-                          kmeans_iterations=settings.kmeans_iterations, q=cfg.q, steps=cfg.steps,
-                          shares=settings.shares)
-    _, labels = cluster(X, settings, plan.sigma_kmeans, rng)
+    noise = dpgm.calibrate(epsilon=settings.epsilon, delta=settings.delta,
+                           kmeans_iterations=settings.kmeans_iterations, q=cfg.q, steps=cfg.steps,
+                           max_items=settings.max_items, shares=settings.shares)
+    plan = dpgm.plan(noise, kmeans_iterations=settings.kmeans_iterations, q=cfg.q, steps=cfg.steps,
+                     max_items=settings.max_items)
+    measure = simulated(plan, rng)
+    _, labels = cluster(X, settings, measure, rng)
     table = dpgm.cluster_counts(X, labels, settings.k, settings.max_items)
-    marg, sizes = dpgm.marginals_and_sizes(dpgm.noisy_cluster_table(table, max_items=settings.max_items,
-                                                                    sigma=plan.sigma_marginals, rng=rng))
-    cfg = dpgm.SGDConfig(**{**cfg.__dict__, "sigma_grad": plan.sigma_sgd, "sigma_norm": plan.sigma_sgd})
+    marg, sizes = dpgm.marginals_and_sizes(measure("marginals", table))
     members = [np.flatnonzero(labels == c) for c in range(settings.k)]
     models = [dpgm.make_model(cfg, X.shape[1], rng, marg[c]) for c in range(settings.k)]
 
     def batches(step):
         return [X[idx[rng.random(idx.size) < cfg.q]] for idx in members]
-    dpgm.train(models, batches, sizes, cfg, rng)
+    dpgm.train(models, batches, sizes, cfg, measure)
     if settings.match_marginals:
         dpgm.match_marginals(models, marg, rng)
     synthetic = dpgm.synthesize(models, sizes, int(round(sizes.sum())), rng)
-    event = dpgm.privacy_event(plan, kmeans_iterations=settings.kmeans_iterations, q=cfg.q, steps=cfg.steps)
-    guarantee = accounting.epsilon_at(event, settings.delta)
-    return synthetic, guarantee, {"plan": plan, "cluster_sizes": sizes.tolist()}
+    guarantee = accounting.epsilon_at(plan.event(), settings.delta)
+    return synthetic, guarantee, {"plan": noise, "cluster_sizes": sizes.tolist()}
 
 
 def evaluate(X: sp.csr_matrix, synthetic: sp.csr_matrix, settings: DPGMSettings, rng: np.random.Generator,

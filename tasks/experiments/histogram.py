@@ -13,7 +13,8 @@ import numpy as np
 import pandas as pd
 
 from dpalgos import admm, baselines
-from dpalgos.hierarchy import Tree, noisy_tree
+from dpalgos.hierarchy import Tree, tree_plan
+from dpalgos.noise import simulated
 
 EPSILONS = tuple(round(0.1 * i, 1) for i in range(1, 11))
 RANGE_EPSILONS = (0.1, 1.0)
@@ -47,7 +48,7 @@ def release(method: str, h: np.ndarray, *, epsilon: float, rng: np.random.Genera
     tree = Tree(h.size, branching)
     if method == "htree":
         return _prefix(baselines.htree(tree, h, epsilon=epsilon, rng=rng))
-    noisy = noisy_tree(tree, h, epsilon=epsilon, rng=rng)
+    noisy = simulated(tree_plan(tree, epsilon=epsilon), rng)("tree", tree.aggregate(h))
     if method == "lm_h":
         return lambda lo, hi: np.maximum(tree.range_answer(noisy, lo, hi), 0.0)
     if method == "admm_l1":

@@ -9,6 +9,7 @@ import numpy as np
 import pandas as pd
 
 from dpalgos import domain, dpkmeans, leekifer, metrics
+from dpalgos.noise import simulated
 
 EPSILONS = (0.05, 0.1, 0.25, 0.5, 1.0)
 METHODS = ("dpkm", "dpkm+consistency", "dpkm+consistency+mcmc")
@@ -30,7 +31,8 @@ def wcss_table(name: str, X: np.ndarray, k: int, *, runs: int, seed: int, epsilo
     for eps in epsilons:
         for run in range(runs):
             C0, _ = dpkmeans.data_independent_centroids(k, P.shape[1], rng)
-            traj = dpkmeans.dp_kmeans(stats, C0, epsilon=eps, iterations=iterations, rng=rng)
+            measure = simulated(dpkmeans.plan(epsilon=eps, iterations=iterations), rng)
+            traj = dpkmeans.dp_kmeans(stats, C0, iterations=iterations, measure=measure)
             centroids = {"dpkm": traj.final_centroids}
             if "dpkm+consistency" in methods:
                 centroids["dpkm+consistency"] = leekifer.refine(traj, mcmc=False).centroids

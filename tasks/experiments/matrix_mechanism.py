@@ -13,6 +13,7 @@ import pandas as pd
 from dpalgos import baselines
 from dpalgos import matrix_mechanism as mm
 from dpalgos.hierarchy import Tree
+from dpalgos.noise import simulated
 
 DOMAIN = 1024
 EPSILONS = tuple(round(0.1 * i, 1) for i in range(1, 11))
@@ -35,7 +36,7 @@ def estimate(method: str, x: np.ndarray, *, epsilon: float, rng: np.random.Gener
     if method == "privelet":
         return baselines.privelet(x, epsilon=epsilon, rng=rng)
     A = mm.hierarchical_strategy(x.size)
-    noisy = mm.measure(A, x, epsilon=epsilon, rng=rng)
+    noisy = simulated(mm.strategy_plan(A, epsilon=epsilon), rng)("strategy", A @ x)
     if method == "mm_l2":
         return mm.reconstruct_l2(A, noisy)
     if method == "mm_l1":

@@ -47,6 +47,7 @@ def accuracy_table(X: np.ndarray, y: np.ndarray, public: np.ndarray, *, runs: in
     import pandas as pd
 
     from dpalgos import kernel_kmeans as kk
+    from dpalgos.noise import simulated
 
     delta = 1.0 / len(X)
     gamma = median_gamma(public)
@@ -59,19 +60,21 @@ def accuracy_table(X: np.ndarray, y: np.ndarray, public: np.ndarray, *, runs: in
                 rff = kk.rbf_features(X.shape[1], d, gamma, rng)
                 Z = kk.clip_rows(rff.transform(X), 1.0)
                 init = rff.transform(public[rng.choice(len(public), K, replace=False)])
-                res = kk.dp_lloyd(lambda C: kk.grouped_stats(Z, C), init, iterations=ITERATIONS,
-                                  sigma=sigma_kernel, clip=1.0, rng=rng)
+                measure = simulated(kk.plan(iterations=ITERATIONS, sigma=sigma_kernel), rng)
+                res = kk.dp_lloyd(lambda C: kk.grouped_stats(Z, C), init, iterations=ITERATIONS, clip=1.0,
+                                  measure=measure)
                 rows.append({"method": f"kernel d={d}", "d": d, "epsilon": eps, "run": run,
                              "accuracy": kk.clustering_accuracy(kk.nearest(Z, res.centres), y)})
         if plain:
             sigma_plain = kk.calibrate_sigma(epsilon=eps, delta=delta, iterations=ITERATIONS, dpnorm=True)
             hist = kk.norm_histogram(np.linalg.norm(X, axis=1), C_MAX, NORM_BINS)
             for run in range(runs):
-                clip = kk.dp_norm(hist, c_max=C_MAX, sigma=sigma_plain, rng=rng)
+                measure = simulated(kk.plan(iterations=ITERATIONS, sigma=sigma_plain, dpnorm=True), rng)
+                clip = kk.dp_norm(hist, c_max=C_MAX, measure=measure)
                 Xc = kk.clip_rows(X, clip)
                 init = public[rng.choice(len(public), K, replace=False)]
-                res = kk.dp_lloyd(lambda C: kk.grouped_stats(Xc, C), init, iterations=ITERATIONS,
-                                  sigma=sigma_plain, clip=clip, rng=rng)
+                res = kk.dp_lloyd(lambda C: kk.grouped_stats(Xc, C), init, iterations=ITERATIONS, clip=clip,
+                                  measure=measure)
                 rows.append({"method": "plain", "d": X.shape[1], "epsilon": eps, "run": run,
                              "accuracy": kk.clustering_accuracy(kk.nearest(Xc, res.centres), y)})
     return pd.DataFrame(rows)

@@ -23,7 +23,8 @@ import scipy.sparse as sp
 from scipy.optimize import linprog
 
 from dpalgos import admm
-from dpalgos.hierarchy import Tree, noisy_tree
+from dpalgos.hierarchy import Tree, tree_plan
+from dpalgos.noise import simulated
 
 
 def highs_l1(tree: Tree, xt: np.ndarray) -> tuple[float, float]:
@@ -57,10 +58,10 @@ def main() -> None:
     rng = np.random.default_rng(args.seed)
     leaves = np.where(rng.random(m) < 0.1, rng.geometric(0.05, m), 0).astype(np.float64)
     tree = Tree(m, 2)
-    xt = noisy_tree(tree, leaves, epsilon=args.epsilon, rng=rng)
+    xt = simulated(tree_plan(tree, epsilon=args.epsilon), rng)("tree", tree.aggregate(leaves))
     noise_scale = tree.levels / args.epsilon
     small = Tree(8, 2)
-    admm_l1(small, noisy_tree(small, np.ones(8), epsilon=1.0, rng=rng), 4.0)  # numba compilation, not timed
+    admm_l1(small, simulated(tree_plan(small, epsilon=1.0), rng)("tree", small.aggregate(np.ones(8))), 4.0)  # numba compilation, not timed
 
     admm_s, admm_obj, its = admm_l1(tree, xt, noise_scale)
     print(f"tree: {m} leaves, {tree.size} nodes; ADMM {its} iterations, {admm_s:.3f}s, L1 objective {admm_obj:.6g}")

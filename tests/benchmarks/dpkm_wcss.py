@@ -21,6 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _data import load_numeric_csv  # noqa: E402
 
 from dpalgos import domain, dpkmeans, metrics  # noqa: E402
+from dpalgos.noise import simulated
 
 EPSILONS = (0.05, 0.1, 0.25, 0.5, 1.0)
 
@@ -52,7 +53,7 @@ def main() -> None:
         t0 = time.perf_counter()
         for _ in range(args.runs):
             C0, _ = dpkmeans.data_independent_centroids(args.k, P.shape[1], rng)
-            traj = dpkmeans.dp_kmeans(stats, C0, epsilon=eps, iterations=args.iterations, rng=rng)
+            traj = dpkmeans.dp_kmeans(stats, C0, iterations=args.iterations, measure=simulated(dpkmeans.plan(epsilon=eps, iterations=args.iterations), rng))
             ratios.append(metrics.wcss(P, traj.final_centroids) / ref)
         means.append(float(np.mean(ratios)))
         print(f"eps={eps:<5g} mean WCSS/k-means++ = {means[-1]:.3f}  (sd {np.std(ratios):.3f}, "

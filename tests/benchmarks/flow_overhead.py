@@ -24,6 +24,7 @@ from _data import load_numeric_csv  # noqa: E402
 
 import tasks  # noqa: E402,F401
 from dpalgos import domain, dpkmeans, metrics  # noqa: E402
+from dpalgos.noise import simulated
 
 
 def dpalgos_alone(path: str, k: int, lo, hi, eps: float, T: int) -> float:
@@ -32,7 +33,7 @@ def dpalgos_alone(path: str, k: int, lo, hi, eps: float, T: int) -> float:
     P, _ = domain.to_unit_l1_ball(X, lo, hi)
     rng = np.random.default_rng()
     C0, _ = dpkmeans.data_independent_centroids(k, P.shape[1], rng)
-    traj = dpkmeans.dp_kmeans(dpkmeans.array_stats(P), C0, epsilon=eps, iterations=T, rng=rng)
+    traj = dpkmeans.dp_kmeans(dpkmeans.array_stats(P), C0, iterations=T, measure=simulated(dpkmeans.plan(epsilon=eps, iterations=T), rng))
     [metrics.wcss(P, C) for C in traj.centroids]
     metrics.kmeans_reference(P, k, seed=0)
     return time.perf_counter() - t0

@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from dpalgos import dpkmeans, leekifer
+from dpalgos.noise import simulated
 from tasks.experiments.kmeans import normalise
 from tasks.experiments.points import gowalla_like
 
@@ -36,7 +37,7 @@ def main() -> None:
     rng = np.random.default_rng(0)
     P = normalise(points(args.n, rng))
     C0, _ = dpkmeans.data_independent_centroids(5, 2, rng)
-    traj = dpkmeans.dp_kmeans(dpkmeans.array_stats(P), C0, epsilon=0.5, iterations=5, rng=rng)
+    traj = dpkmeans.dp_kmeans(dpkmeans.array_stats(P), C0, iterations=5, measure=simulated(dpkmeans.plan(epsilon=0.5, iterations=5), rng))
     stats = leekifer.consistent_statistics(traj)
     leekifer.DatasetChain(traj, stats, seed=0).run(1000)  # compile
     chain = leekifer.DatasetChain(traj, stats, seed=1)

@@ -1,0 +1,140 @@
+"""Plans, noise sources and accounting: the privacy facts stated once, drawn exactly, composed correctly."""
+
+import math
+
+import dp_accounting
+from dp_accounting import dp_event as dpe
+import numpy as np
+import pytest
+from scipy import stats
+
+from dpalgos import accounting
+from dpalgos.noise import ExactNoise, Measure, PlanViolation, SeededNoise
+from dpalgos.plan import Mechanism, Plan
+
+
+def _mech(distribution="laplace", integer=False, sensitivity=2.0, multiplier=2.0, **kw):
+    return Mechanism("m", "a test query", distribution, sensitivity, "by construction", multiplier,
+                     integer=integer, **kw)
+
+
+@pytest.mark.parametrize("integer", [True, False])
+def test_exact_laplace_has_the_plan_scale(integer):
+    m = _mech(integer=integer)  # scale 4
+    noisy = Measure(Plan((m,)), ExactNoise())("m", np.zeros(20_000))
+    if integer:
+        assert np.array_equal(noisy, np.rint(noisy))
+        # discrete Laplace: P(k) ~ exp(-|k| / 4); E|k| = 2 e^(-1/4) / (1 - e^(-1/2))
+        assert np.mean(np.abs(noisy)) == pytest.approx(2 * math.exp(-0.25) / (1 - math.exp(-0.5)), rel=0.04)
+    else:
+        assert stats.kstest(noisy, stats.laplace(scale=4.0).cdf).pvalue > 1e-3
+
+
+@pytest.mark.parametrize("integer", [True, False])
+def test_exact_gaussian_has_the_plan_scale(integer):
+    m = _mech("gaussian", integer=integer, sensitivity=3.0, multiplier=5.0)  # std 15
+    noisy = Measure(Plan((m,)), ExactNoise())("m", np.full(20_000, 7.0))
+    assert np.array_equal(noisy, np.rint(noisy)) == integer
+    assert stats.kstest(noisy - 7.0, stats.norm(scale=15.0).cdf).pvalue > 1e-3 or integer
+    assert np.std(noisy) == pytest.approx(15.0, rel=0.03)
+
+
+def test_exact_noise_comes_from_the_os_and_seeded_noise_from_the_seed():
+    plan = Plan((_mech(repetitions=2),))
+    a, b = Measure(plan, ExactNoise()), Measure(plan, ExactNoise())
+    assert not np.array_equal(a("m", np.zeros(50)), b("m", np.zeros(50)))
+    s1, s2 = Measure(plan, SeededNoise(3)), Measure(plan, SeededNoise(3))
+    assert np.array_equal(s1("m", np.zeros(50)), s2("m", np.zeros(50)))
+    assert not SeededNoise(3).private and ExactNoise().private
+
+
+def test_measure_refuses_noise_the_plan_does_not_describe():
+    measure = Measure(Plan((_mech(repetitions=2),)), SeededNoise(0))
+    measure("m", np.zeros(3))
+    measure("m", np.zeros(3))
+    with pytest.raises(PlanViolation, match="the plan allows 2"):
+        measure("m", np.zeros(3))
+    with pytest.raises(KeyError):
+        measure("other", np.zeros(3))
+    with pytest.raises(ValueError, match="non-integer"):
+        Measure(Plan((_mech(integer=True),)), ExactNoise())("m", np.array([0.5]))
+
+
+def test_a_bound_chosen_during_the_release_sets_the_scale():
+    m = _mech("gaussian", sensitivity=None, multiplier=2.0, bound_multiple=1.5)
+    assert m.scale is None and m.scale_for(4.0) == pytest.approx(12.0)
+    with pytest.raises(ValueError):
+        m.scale_for(None)
+    noisy = Measure(Plan((m,)), SeededNoise(1))("m", np.zeros(50_000), bound=4.0)
+    assert np.std(noisy) == pytest.approx(12.0, rel=0.02)
+
+
+def test_first_draw_is_reported_once():
+    seen = []
+    measure = Measure(Plan((_mech(repetitions=3),)), SeededNoise(0), on_first_draw=lambda: seen.append(1))
+    assert not measure.drawn
+    for _ in range(3):
+        measure("m", np.zeros(2))
+    assert seen == [1] and measure.drawn
+
+
+@pytest.mark.parametrize("m", [_mech(), _mech(integer=True), _mech("gaussian"), _mech("gaussian", integer=True),
+                               _mech("gaussian", sensitivity=None, multiplier=3.0)])
+def test_plan_matches_opendp_privacy_map(m):
+    """The plan's epsilon (Laplace) or rho (Gaussian) equals OpenDP's privacy map of the same noise."""
+    meas = m.opendp_measurement(size=5, sensitivity_scale=1.0)
+    d_in = (int(m.sensitivity) if m.integer else m.sensitivity) if m.sensitivity is not None else 1.0
+    claimed = m.manifest().get("epsilon_each", m.manifest().get("rho_each"))
+    assert meas.map(d_in) == pytest.approx(claimed, rel=1e-9)
+
+
+def test_events_follow_the_distribution():
+    assert isinstance(_mech(integer=True).event(), dpe.DiscreteLaplaceDpEvent)
+    assert isinstance(_mech().event(), dp_accounting.LaplaceDpEvent)
+    assert _mech("gaussian").event() == dpe.ZCDpEvent(1 / (2 * 4.0))
+    sgd = _mech("gaussian", sensitivity=None, per_step_generator=True, sampling_rate=0.01, repetitions=7)
+    assert sgd.event() == dp_accounting.SelfComposedDpEvent(
+        dp_accounting.PoissonSampledDpEvent(0.01, dp_accounting.GaussianDpEvent(2.0)), 7)
+
+
+def test_pure_laplace_events_compose_to_the_sum_of_epsilons():
+    plan = Plan(tuple(Mechanism(f"m{i}", "q", "laplace", 1.0, "a", 10.0, integer=i % 2 == 0) for i in range(10)))
+    g = accounting.release_guarantee(plan.event(), delta=1e-6)
+    assert g.epsilon == pytest.approx(1.0, rel=1e-12) and g.delta == 0.0
+    # At delta > 0 the PLD accountant may prove slightly less, never more than basic composition.
+    assert accounting.epsilon_at(plan.event(), 1e-6).epsilon <= 1.0 + 1e-12
+
+
+def test_discrete_laplace_composes_with_zcdp_through_rdp():
+    """PLD cannot take zCDP, RDP cannot take the discrete Laplace: the discrete Laplace enters RDP as the
+    (eps^2/2)-zCDP it implies, which is never better than its pure epsilon alone."""
+    lap = dpe.DiscreteLaplaceDpEvent(0.5, 1)
+    mixed = dp_accounting.ComposedDpEvent([lap, dpe.ZCDpEvent(0.01)])
+    g = accounting.epsilon_at(mixed, 1e-6)
+    assert g.method == "dp_accounting RDP" and 0.5 < g.epsilon < math.inf
+    rdp = dp_accounting.rdp.RdpAccountant()
+    rdp.compose(dpe.ZCDpEvent(0.5 ** 2 / 2 + 0.01))
+    assert g.epsilon == pytest.approx(rdp.get_epsilon(1e-6), rel=1e-9)
+
+
+def test_gaussian_composition_matches_dp_accounting():
+    event = dp_accounting.SelfComposedDpEvent(dp_accounting.GaussianDpEvent(5.0), 20)
+    g = accounting.epsilon_at(event, 1e-5)
+    rdp = dp_accounting.rdp.RdpAccountant()
+    rdp.compose(event)
+    assert 0 < g.epsilon <= rdp.get_epsilon(1e-5) + 1e-12
+    assert g.delta == 1e-5
+
+
+def test_events_round_trip_through_json():
+    event = dp_accounting.ComposedDpEvent([
+        dp_accounting.LaplaceDpEvent(3.0), dpe.DiscreteLaplaceDpEvent(0.2, 3),
+        dp_accounting.SelfComposedDpEvent(dp_accounting.GaussianDpEvent(2.0), 7),
+        dpe.ZCDpEvent(0.1)])
+    assert accounting.event_from_json(accounting.event_to_json(event)) == event
+
+
+@pytest.mark.parametrize("bad", [0.0, -1.0, math.inf, math.nan])
+def test_mechanisms_refuse_bad_multipliers(bad):
+    with pytest.raises(ValueError):
+        _mech(multiplier=bad)
