@@ -23,7 +23,7 @@ from prefect.cache_policies import NO_CACHE
 
 from dpalgos import accounting
 from dpalgos.noise import ExactNoise, Measure, SeededNoise
-from tasks.errors import ReleaseConflict
+from tasks.errors import ReleaseConflict, ReleaseError
 from tasks.ingest import StageOutput
 from tasks.kinds import kind_of
 from tasks.ledger import PrivacyLedger
@@ -57,7 +57,18 @@ def prepare(spec: ReleaseSpec, ingested: StageOutput, run: RunPaths) -> StageOut
     return kind_of(spec).prepare(spec, ingested, run, get_run_logger())
 
 
-@task(name="dp-measure", retries=2, retry_delay_seconds=1, cache_policy=NO_CACHE)
+def _transient(task, task_run, state) -> bool:
+    """Retry only failures that may pass (I/O, a busy ledger): a refused input or budget would fail again."""
+    try:
+        state.result()
+    except ReleaseError:
+        return False
+    except Exception:
+        return True
+    return False
+
+
+@task(name="dp-measure", retries=2, retry_delay_seconds=1, retry_condition_fn=_transient, cache_policy=NO_CACHE)
 def measure(spec: ReleaseSpec, release_id: str, run: RunPaths, prepared: StageOutput) -> Measured:
     """Charge the ledger with the kind's plan, then draw its DP measurements and commit them ONCE.
 

@@ -54,23 +54,24 @@ def count_dp_runs(monkeypatch) -> list:
 
 
 def test_release_end_to_end(tmp_path, csv_data):
-    s = _run({**spec_dict(tmp_path, csv_data), "release_id": "blobs-r1", "mode": "test", "seed": 3})
+    s = _run({**spec_dict(tmp_path, csv_data), "release_id": "blobs-r1"})
     run = Path(s["release_dir"]).parent
-    assert s["status"] == "published" and s["release_id"] == "blobs-r1"
+    assert s["status"] == "published" and s["release_id"] == "blobs-r1" and s["private"]
 
     # release/ holds exactly the DP products and the manifest, nothing raw-derived
     release = run / "release"
     assert {str(p.relative_to(release)) for p in release.rglob("*") if p.is_file()} == RELEASE_FILES
     manifest = json.loads((release / "manifest.json").read_text())
     assert manifest["privacy"]["epsilon"] == pytest.approx(1.0) and manifest["privacy"]["delta"] == 0.0
-    assert manifest["randomness"] == {"mode": "test", "seed": 3}
+    assert manifest["randomness"]["mode"] == "production" and "OpenDP" in manifest["randomness"]["noise"]
     assert {m["scale"] for m in manifest["privacy"]["mechanisms"]} == {10.0}
+    assert [m["distribution"] for m in manifest["privacy"]["mechanisms"]] == ["discrete_laplace", "opendp_laplace"]
     for name, info in manifest["files"].items():
         assert _sha(release / name) == info["sha256"]
 
     # the released centroids are Lee & Kifer's refinement, recomputed here from the published measurements
     # alone; the last noisy iterate is released beside them; original units invert the public scaling
-    traj, _ = read_trajectory(release / "measurements")
+    traj, _ = read_trajectory(release / "measurements", 10.0)
     refined = leekifer.refine(traj, seed=postprocessing_seed(release / "measurements")).centroids
     cents = pq.read_table(release / "centroids.parquet").to_pandas()[["x", "y"]].to_numpy()
     assert np.allclose(cents, refined)
@@ -189,7 +190,7 @@ BAD_INPUTS = {
     "non-numeric column": (_text_column, {}, InputError, "must be numeric"),
     "empty file": (lambda p: (p / "e.csv").write_text("") and None or p / "e.csv", {}, InputError, "is empty"),
     "header only": (lambda p: write_csv(p / "h.csv", np.empty((0, 2))), {}, InputError, "no data rows"),
-    "K > N": (lambda p: write_csv(p / "s.csv", blobs(4)), {"k": 5}, InputError, "only 4 rows"),
+    "K > N": (lambda p: write_csv(p / "s.csv", blobs(4)), {"k": 5}, InputError, "fewer rows than clusters$"),
     "corrupt parquet": (lambda p: (p / "c.parquet").write_bytes(b"PAR1 not really") and p / "c.parquet", {},
                         InputError, "cannot read"),
     "missing file": (lambda p: p / "absent.csv", {}, InputError, "does not exist"),
@@ -206,3 +207,20 @@ def test_bad_input_fails_clearly_and_leaves_nothing(tmp_path, case):
     assert not (runs / "bad").exists()
     ledger = runs / "privacy-ledger.sqlite"
     assert not ledger.exists() or PrivacyLedger(ledger).releases("blobs") == []
+
+
+def test_test_mode_is_not_a_release(tmp_path, csv_data):
+    """A seeded run writes test-output/ (never release/), says it is not private, and charges nothing."""
+    s = _run({**spec_dict(tmp_path, csv_data), "release_id": "blobs-t", "mode": "test", "seed": 3})
+    run = tmp_path / "runs" / "blobs-t"
+    assert not s["private"] and Path(s["release_dir"]) == run / "test-output" and not (run / "release").exists()
+    manifest = json.loads((run / "test-output" / "manifest.json").read_text())
+    assert manifest["privacy"]["private"] is False and "NOT differentially private" in manifest["privacy"]["warning"]
+    assert manifest["randomness"]["mode"] == "test" and manifest["randomness"]["seed"] == 3
+    assert {m["distribution"] for m in manifest["privacy"]["mechanisms"]} == {"numpy_laplace"}
+    assert "dataset_budget" not in manifest["privacy"] and s["dataset_budget"] is None
+    assert not (tmp_path / "runs" / "privacy-ledger.sqlite").exists()
+    # reproducible: the same seed gives the same measurements
+    again = _run({**spec_dict(tmp_path / "b", csv_data), "release_id": "blobs-t", "mode": "test", "seed": 3})
+    assert _sha(run / "measurements" / "trajectory.parquet") == \
+        _sha(Path(again["release_dir"]).parent / "measurements" / "trajectory.parquet")

@@ -38,7 +38,8 @@ def _sparse_histogram(n=256, seed=0) -> np.ndarray:
 def test_histogram_release_is_consistent_nonnegative_and_beats_the_noisy_leaves(tmp_path):
     truth = _sparse_histogram()
     data = write_parquet(tmp_path / "h.parquet", {"value": np.arange(256) + 0.5, "n": truth.astype(float)})
-    s = _run(_base(tmp_path, {"id": "h", "path": str(data), "bounds": {"value": [0, 256]}, "weight_column": "n"},
+    s = _run(_base(tmp_path, {"id": "h", "path": str(data), "bounds": {"value": [0, 256]}, "weight_column": "n",
+                    "weights_count_records": True},
                    {"kind": "histogram", "bins": 256, "branching": 4, "epsilon": 1.0}))
     rel = Path(s["release_dir"])
     hist = pq.read_table(rel / "histogram.parquet").to_pandas()
@@ -48,7 +49,7 @@ def test_histogram_release_is_consistent_nonnegative_and_beats_the_noisy_leaves(
     assert np.abs(t.consistency_matrix() @ tree_counts).max() < 1e-9      # every parent = sum of children
     assert np.allclose(t.leaves_of(tree_counts), hist["count"])
     manifest = json.loads((rel / "manifest.json").read_text())
-    assert manifest["privacy"]["mechanisms"][0]["l1_sensitivity"] == t.levels
+    assert manifest["privacy"]["mechanisms"][0]["sensitivity"] == t.levels
     ev = s["evaluation"]
     assert ev["records"] == truth.sum()
     assert ev["unit_query_mse"] < ev["unit_query_mse_noisy_leaves"]
@@ -68,7 +69,8 @@ def test_contingency_release_honours_the_public_marginals(tmp_path):
     truth = cells  # row order of the file is the table's row-major order
     b = np.array([table.marginal_row(m) @ truth for m in marginals])
     write_marginals(tmp_path / "m1.csv", table, marginals, b)
-    d = _base(tmp_path, {"id": "t", "path": str(data), "categories": levels, "weight_column": "count"},
+    d = _base(tmp_path, {"id": "t", "path": str(data), "categories": levels, "weight_column": "count",
+              "weights_count_records": True},
               {"kind": "contingency", "epsilon": 0.5, "public_marginals": str(tmp_path / "m1.csv")})
     s = _run(d)
     released = pq.read_table(Path(s["release_dir"]) / "table.parquet").to_pandas()
@@ -88,7 +90,8 @@ def test_contingency_release_honours_the_public_marginals(tmp_path):
 
 def test_contingency_levels_outside_the_public_ones_are_refused(tmp_path):
     data = write_csv(tmp_path / "c.csv", np.array([["u", "1"], ["w", "2"]], dtype=object), header=("a", "count"))
-    d = _base(tmp_path, {"id": "c", "path": str(data), "categories": {"a": ["u", "v"]}, "weight_column": "count"},
+    d = _base(tmp_path, {"id": "c", "path": str(data), "categories": {"a": ["u", "v"]}, "weight_column": "count",
+              "weights_count_records": True},
               {"kind": "contingency", "epsilon": 1.0})
     from data_contracts import ContractViolation
 
@@ -101,7 +104,8 @@ def test_contingency_levels_outside_the_public_ones_are_refused(tmp_path):
 def test_matrix_mechanism_release(tmp_path, workload):
     truth = _sparse_histogram(64, seed=2)
     data = write_parquet(tmp_path / "m.parquet", {"v": np.arange(64) * 1.0, "n": truth.astype(float)})
-    s = _run(_base(tmp_path, {"id": "m", "path": str(data), "bounds": {"v": [0, 64]}, "weight_column": "n"},
+    s = _run(_base(tmp_path, {"id": "m", "path": str(data), "bounds": {"v": [0, 64]}, "weight_column": "n",
+                    "weights_count_records": True},
                    {"kind": "matrix_mechanism", "bins": 64, "workload": workload, "workload_queries": 32,
                     "epsilon": 1.0}))
     rel = Path(s["release_dir"])
@@ -109,7 +113,7 @@ def test_matrix_mechanism_release(tmp_path, workload):
     assert (rel / "workload_answers.parquet").exists() == (workload != "all_range")
     assert s["evaluation"]["workload_mse"] >= 0
     # The strategy is the binary tree: its sensitivity is the number of levels (7 for 64 bins).
-    assert json.loads((rel / "manifest.json").read_text())["privacy"]["mechanisms"][0]["l1_sensitivity"] == 7
+    assert json.loads((rel / "manifest.json").read_text())["privacy"]["mechanisms"][0]["sensitivity"] == 7
 
 
 def test_kernel_kmeans_release_on_generated_cdr(tmp_path):
@@ -160,7 +164,8 @@ def test_synthetic_release_end_to_end_on_generated_cdr(tmp_path):
     assert X.shape[0] == round(mixture["noisy_size"].sum()) and np.diff(X.indptr).min() >= 1
     manifest = json.loads((rel / "manifest.json").read_text())
     assert manifest["privacy"]["epsilon"] <= 2.0 + 1e-6 and manifest["privacy"]["delta"] == 1e-6
-    assert {m["mechanism"] for m in manifest["privacy"]["mechanisms"]} >= {"Poisson-subsampled Gaussian"}
+    assert [m["name"] for m in manifest["privacy"]["mechanisms"]] == ["sizes", "sums", "marginals", "sgd"]
+    assert manifest["privacy"]["mechanisms"][-1]["sampling_rate"] == 0.05
     # Post-processing again from the stored measurements draws the very same records.
     again = tmp_path / "again"
     again.mkdir()

@@ -1,0 +1,206 @@
+"""The machinery of the conformance suite (tests/test_conformance.py): data of every shape, a kind's DP
+measurement run outside Prefect on neighbouring datasets with recorded and replayed noise, and the checks.
+
+Sensitivity by replay. A kind's measurement is run on D with seeded noise, recording for every call of
+`measure` the exact statistic and the noisy output. It is then run on D' = D plus one extreme record, and
+every call returns D's noisy output instead of drawing (the adversary of adaptive composition fixes the
+earlier outputs): each call of D' then answers the same query as the same call of D, on neighbouring data,
+and ||exact(D') - exact(D)|| in the plan entry's norm must be at most the sensitivity the plan states (the
+scale of the call divided by the entry's noise multiplier, which covers clipping bounds chosen during the
+release). DP-SGD's per-step entry is not replayed (its batches are Poisson samples; its clipping is tested
+in tests/test_dpgm.py).
+
+Empirical audit. For every entry, the call whose exact statistic moved most gives a worst-case pair (a, b).
+The entry's production sampler (OpenDP) is run `draws` times on both; the privacy-loss statistic of the
+entry's distribution is binned and the largest log ratio of the two histograms, less a Clopper-Pearson
+margin, must not exceed the per-call epsilon (Laplace); for Gaussian entries the hockey-stick divergence at
+epsilon = 1 must not exceed the delta of the claimed Gaussian mechanism plus a sampling margin.
+"""
+
+from __future__ import annotations
+
+import logging
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+from scipy import stats
+
+from dpalgos.noise import ExactNoise, Measure, NoiseSource, SeededNoise
+from dpalgos.plan import Mechanism, Plan
+from tasks.ingest import ingest_dataset
+from tasks.run import RunPaths
+from tasks.spec import parse_spec
+
+LOG = logging.getLogger("conformance")
+ROWS = 400
+
+
+def dataset_for(shape: str, folder: Path, extra: list | None = None) -> dict:
+    """A small dataset of the shape (plus `extra` records) written to `folder`; returns the spec's dataset."""
+    rng = np.random.default_rng(0)
+    folder.mkdir(parents=True, exist_ok=True)
+    extra = extra or []
+    if shape == "points":
+        X = np.clip(rng.normal([30, 70], 8, (ROWS, 2)), 0, 100)
+        X = np.vstack([X] + [np.atleast_2d(e) for e in extra])
+        pq.write_table(pa.table({"x": X[:, 0], "y": X[:, 1]}), folder / "d.parquet")
+        return {"id": "conf", "path": str(folder / "d.parquet"), "bounds": {"x": [0, 100], "y": [0, 100]}}
+    if shape == "values":
+        v = np.concatenate([rng.uniform(0, 16, ROWS)] + [[e[0]] for e in extra])
+        w = np.concatenate([rng.integers(1, 4, ROWS)] + [[e[1]] for e in extra]).astype(float)
+        pq.write_table(pa.table({"v": v, "w": w}), folder / "d.parquet")
+        return {"id": "conf", "path": str(folder / "d.parquet"), "bounds": {"v": [0, 16]}, "weight_column": "w",
+                "max_weight": 3}
+    if shape == "categories":
+        a = list(rng.choice(["p", "q"], ROWS)) + [e[0] for e in extra]
+        b = list(rng.choice(["x", "y", "z"], ROWS)) + [e[1] for e in extra]
+        w = np.concatenate([rng.integers(1, 4, ROWS)] + [[e[2]] for e in extra]).astype(float)
+        pq.write_table(pa.table({"a": a, "b": b, "w": w}), folder / "d.parquet")
+        return {"id": "conf", "path": str(folder / "d.parquet"), "categories": {"a": ["p", "q"], "b": ["x", "y", "z"]},
+                "weight_column": "w", "max_weight": 3}
+    if shape == "sets":
+        records = [sorted(set(rng.choice(40, rng.integers(1, 8), replace=False).tolist())) for _ in range(ROWS)]
+        records += [list(e) for e in extra]
+        pq.write_table(pa.table({"items": pa.array(records, type=pa.list_(pa.int32()))}), folder / "d.parquet")
+        return {"id": "conf", "path": str(folder / "d.parquet"), "items_column": "items", "item_count": 40}
+    raise ValueError(shape)
+
+
+#: Extreme records per shape: the neighbour D' = D plus one of them.
+EXTREMES = {
+    "points": [[100.0, 50.0], [0.0, 0.0]],          # a vertex of the L1 ball after scaling, and a corner
+    "values": [[15.9, 3], [0.1, 7]],                 # a weight above max_weight is capped to it
+    "categories": [["q", "z", 3], ["p", "x", 9]],
+    "sets": [list(range(40)), list(range(10))],      # every item; exactly max_items items
+}
+
+
+def spec_for(kind, folder: Path, extra: list | None = None, **overrides) -> dict:
+    return {"dataset": dataset_for(kind.shape, folder / "data", extra), "release": kind.example(),
+            "ledger": {"lifetime_epsilon": 100.0, "lifetime_delta": 1e-5}, "output_dir": str(folder / "runs"),
+            "dask": {"n_workers": 1, "threads_per_worker": 1}, **overrides}
+
+
+@dataclass
+class Call:
+    mechanism: str
+    exact: np.ndarray
+    scale: float
+    noisy: np.ndarray
+
+
+class Recording(NoiseSource):
+    """Seeded noise that records every call; with `replay`, returns the replayed calls' noisy outputs."""
+    description = "conformance recording"
+    private = False
+
+    def __init__(self, replay: list[Call] | None = None):
+        self.inner, self.replay, self.calls = SeededNoise(5), replay, []
+
+    def add(self, mechanism, values, scale):
+        values = np.array(values, dtype=np.float64, copy=True)
+        if self.replay is None:
+            noisy = self.inner.add(mechanism, values, scale)
+        else:
+            noisy = self.replay[len(self.calls)].noisy
+        self.calls.append(Call(mechanism.name, values, scale, noisy))
+        return noisy.copy()
+
+    def step_generator(self):
+        return np.random.default_rng(11)
+
+
+def measure_calls(kind, spec_d: dict, folder: Path, client, replay: list[Call] | None = None,
+                  plan: Plan | None = None) -> list[Call]:
+    """Ingest, prepare and draw the kind's measurement on the spec's data, outside Prefect."""
+    spec = parse_spec(spec_d)
+    run = RunPaths(folder / "run")
+    run.internal.mkdir(parents=True, exist_ok=True)
+    ingested = ingest_dataset(spec.dataset, run.internal / "ingested", LOG)
+    prepared = kind.prepare(spec, ingested, run, LOG)
+    source = Recording(replay)
+    kind.draw(spec, prepared, Measure(plan or kind.plan(spec), source), np.random.default_rng(3), LOG)
+    return source.calls
+
+
+def norm(mechanism: Mechanism, v: np.ndarray) -> float:
+    return float(np.abs(v).sum() if mechanism.norm == "l1" else np.sqrt((v ** 2).sum()))
+
+
+@dataclass
+class Worst:
+    """The largest change of each entry's statistic over neighbouring runs, and what the plan allows."""
+    change: dict = field(default_factory=dict)
+    allowed: dict = field(default_factory=dict)
+    pair: dict = field(default_factory=dict)
+
+
+def worst_changes(plan: Plan, base: list[Call], neighbour: list[Call], worst: Worst) -> Worst:
+    assert [c.mechanism for c in base] == [c.mechanism for c in neighbour], "replayed runs diverged"
+    for a, b in zip(base, neighbour):
+        m = plan[a.mechanism]
+        change = norm(m, b.exact - a.exact)
+        allowed = a.scale / m.noise_multiplier
+        if change / allowed > worst.change.get(m.name, -1.0) / worst.allowed.get(m.name, 1.0):
+            worst.change[m.name], worst.allowed[m.name], worst.pair[m.name] = change, allowed, (a, b)
+    return worst
+
+
+def sensitivity_violations(worst: Worst, tolerance: float = 1e-6) -> list[str]:
+    return [f"{name}: the statistic moved by {worst.change[name]:.6g} > the plan's sensitivity "
+            f"{worst.allowed[name]:.6g}" for name in worst.change
+            if worst.change[name] > worst.allowed[name] * (1 + tolerance)]
+
+
+def _difference(a: Call, b: Call) -> tuple[np.ndarray, np.ndarray]:
+    idx = np.flatnonzero(np.ravel(a.exact) != np.ravel(b.exact))
+    return np.ravel(a.exact)[idx], np.ravel(b.exact)[idx]
+
+
+def audit(mechanism: Mechanism, a: Call, b: Call, draws: int) -> tuple[float, float]:
+    """(estimated privacy loss lower bound, the claimed bound) for the pair, with the production sampler.
+
+    Laplace: the largest |log P/Q| over bins of the log-likelihood-ratio statistic, less a margin; claimed
+    epsilon = 1 / noise multiplier. Gaussian: hockey-stick divergence at epsilon = 1 less a margin; claimed
+    delta(1) of a Gaussian mechanism with mu = 1 / noise multiplier."""
+    xa, xb = _difference(a, b)
+    if xa.size == 0:
+        return 0.0, 0.0
+    noise = ExactNoise()
+    ya = noise.add(mechanism, np.tile(xa, draws), a.scale).reshape(draws, -1)
+    yb = noise.add(mechanism, np.tile(xb, draws), a.scale).reshape(draws, -1)
+    if mechanism.distribution == "laplace":
+        loss = lambda y: ((np.abs(y - xb) - np.abs(y - xa)) / a.scale).sum(axis=1)
+        return _max_log_ratio(loss(ya), loss(yb)), 1.0 / mechanism.noise_multiplier
+    u = (xb - xa) / np.linalg.norm(xb - xa)
+    t = lambda y: (y - xa) @ u / a.scale
+    mu = 1.0 / mechanism.noise_multiplier
+    claimed = stats.norm.cdf(-1 / mu + mu / 2) - np.e * stats.norm.cdf(-1 / mu - mu / 2)
+    return _hockey_stick(t(ya), t(yb)) - 4 * np.sqrt(2.0 / draws), claimed
+
+
+def _max_log_ratio(p: np.ndarray, q: np.ndarray, bins: int = 40, min_count: int = 200) -> float:
+    edges = np.unique(np.quantile(np.concatenate([p, q]), np.linspace(0, 1, bins + 1)))
+    hp, hq = np.histogram(p, edges)[0], np.histogram(q, edges)[0]
+    best = 0.0
+    for x, y in zip(hp, hq):
+        if min(x, y) < min_count:
+            continue
+        lo_x, hi_x = stats.beta.ppf([1e-4, 1 - 1e-4], [x, x + 1], [p.size - x + 1, p.size - x])
+        lo_y, hi_y = stats.beta.ppf([1e-4, 1 - 1e-4], [y, y + 1], [q.size - y + 1, q.size - y])
+        best = max(best, np.log(lo_x / hi_y), np.log(lo_y / hi_x))
+    return float(best)
+
+
+def _hockey_stick(p: np.ndarray, q: np.ndarray, eps: float = 1.0) -> float:
+    edges = np.linspace(min(p.min(), q.min()), max(p.max(), q.max()), 121)
+    hp, hq = np.histogram(p, edges)[0] / p.size, np.histogram(q, edges)[0] / q.size
+    return float(max(np.maximum(hp - np.exp(eps) * hq, 0).sum(), np.maximum(hq - np.exp(eps) * hp, 0).sum()))
+
+
+def temp_folder() -> Path:
+    return Path(tempfile.mkdtemp(prefix="conformance-"))

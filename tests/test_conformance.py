@@ -1,0 +1,161 @@
+"""The conformance suite: every registered release kind passes the privacy rules of ../shared/DESIGN.md
+(as scikit-learn's `parametrize_with_checks`). Registering a kind in tasks/kinds/__init__.py gives it all
+of these; the machinery and its arguments are in tests/conformance.py."""
+
+from __future__ import annotations
+
+import filecmp
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from dpalgos import accounting
+from tasks.kinds import REGISTRY
+from tasks.ledger import PrivacyLedger
+from tasks.spec import parse_spec
+from tests import conformance as C
+
+KINDS = sorted(REGISTRY)
+
+
+@pytest.fixture(scope="module")
+def client():
+    from distributed import Client, LocalCluster
+
+    with LocalCluster(n_workers=1, threads_per_worker=1, processes=False, dashboard_address="127.0.0.1:0") as cluster, \
+            Client(cluster, set_as_default=True) as c:
+        yield c
+
+
+@pytest.mark.parametrize("name", KINDS)
+def test_charged_event_composes_within_the_spec_budget(name, tmp_path):
+    kind = REGISTRY[name]
+    spec = parse_spec(C.spec_for(kind, tmp_path))
+    delta = getattr(spec.release, "delta", 0.0)
+    g = accounting.release_guarantee(kind.plan(spec).event(), delta or spec.ledger.lifetime_delta)
+    assert g.epsilon <= spec.release.epsilon * (1 + 1e-6) and g.delta <= max(delta, 0.0) + 1e-15
+
+
+@pytest.mark.parametrize("name", KINDS)
+def test_plan_equals_opendp_privacy_map(name, tmp_path):
+    kind = REGISTRY[name]
+    for m in kind.plan(parse_spec(C.spec_for(kind, tmp_path))):
+        if m.per_step_generator:  # DP-SGD: numpy noise, dp_accounting's own Gaussian (tests/test_dpgm.py)
+            continue
+        d_in = 1.0 if m.sensitivity is None else (int(m.sensitivity) if m.integer and float(m.sensitivity).is_integer()
+                                                  else m.sensitivity)
+        claimed = m.manifest().get("epsilon_each", m.manifest().get("rho_each"))
+        assert m.opendp_measurement(size=3, sensitivity_scale=1.0).map(d_in) == pytest.approx(claimed, rel=1e-9), m.name
+
+
+def _neighbour_worst(kind, tmp_path, client, plan_of=None) -> C.Worst:
+    base_spec = C.spec_for(kind, tmp_path / "D")
+    plan = plan_of(parse_spec(base_spec)) if plan_of else None
+    base = C.measure_calls(kind, base_spec, tmp_path / "D", client, plan=plan)
+    worst = C.Worst()
+    for i, record in enumerate(C.EXTREMES[kind.shape]):
+        folder = tmp_path / f"D{i}"
+        calls = C.measure_calls(kind, C.spec_for(kind, folder, extra=[record]), folder, client, replay=base, plan=plan)
+        C.worst_changes(plan or kind.plan(parse_spec(base_spec)), base, calls, worst)
+    return worst
+
+
+@pytest.mark.parametrize("name", KINDS)
+def test_sensitivities_hold_on_worst_case_neighbours_and_the_audit_stays_within_epsilon(name, tmp_path, client):
+    kind = REGISTRY[name]
+    worst = _neighbour_worst(kind, tmp_path, client)
+    plan = kind.plan(parse_spec(C.spec_for(kind, tmp_path / "D")))
+    measured = {m.name for m in plan if not m.per_step_generator}
+    assert set(worst.change) == measured, "every mechanism of the plan was exercised"
+    assert C.sensitivity_violations(worst) == []
+    for m in plan:
+        if m.per_step_generator:
+            continue
+        a, b = worst.pair[m.name]
+        draws = 100_000 if m.integer else 50_000
+        estimate, claimed = C.audit(m, a, b, draws)
+        assert estimate <= claimed, f"{m.name}: audited {estimate:.4g} > claimed {claimed:.4g}"
+
+
+@pytest.mark.parametrize("name", KINDS)
+def test_a_halved_sensitivity_is_caught(name, tmp_path, client):
+    """The suite fails when a plan entry understates its sensitivity by half (its noise halves with it)."""
+    kind = REGISTRY[name]
+    entry = next(m.name for m in kind.plan(parse_spec(C.spec_for(kind, tmp_path / "D"))) if not m.per_step_generator)
+    worst = _neighbour_worst(kind, tmp_path, client, plan_of=lambda spec: kind.plan(spec).scaled(entry, 0.5))
+    assert any(v.startswith(entry + ":") for v in C.sensitivity_violations(worst))
+    m = kind.plan(parse_spec(C.spec_for(kind, tmp_path / "D"))).scaled(entry, 0.5)[entry]
+    a, b = worst.pair[entry]
+    estimate, claimed = C.audit(m, a, b, 100_000 if m.integer else 50_000)
+    assert estimate > claimed, f"the audit missed the halved sensitivity of {entry}"
+
+
+@pytest.mark.usefixtures("prefect_api")
+@pytest.mark.parametrize("name", KINDS)
+def test_release_through_the_flow(name, tmp_path, monkeypatch):
+    """Through the real flow, in production mode: noise drawn once across a forced task retry and a resume;
+    the manifest's mechanisms are the plan; every product passes its contract; postprocessing reruns with
+    internal/ and the source deleted and gives byte-identical products."""
+    import tasks.ledger
+    from flows.release import release
+
+    kind = REGISTRY[name]
+    spec_d = {**C.spec_for(kind, tmp_path), "release_id": f"conf-{name}", "evaluate": False}
+    draws, failures = [], []
+    real_draw, real_post, real_mark = kind.draw, kind.postprocess, tasks.ledger.PrivacyLedger.mark
+
+    def counting_draw(*args, **kwargs):
+        draws.append(1)
+        return real_draw(*args, **kwargs)
+
+    def failing_post(*args, **kwargs):
+        if "post" not in failures:
+            failures.append("post")
+            raise OSError("disk full while writing the release")
+        return real_post(*args, **kwargs)
+
+    def flaky_mark(self, release_id, status):
+        if status == "measured" and "mark" not in failures:
+            failures.append("mark")
+            raise ConnectionError("ledger briefly unreachable")  # after the commit: Prefect retries the task
+        return real_mark(self, release_id, status)
+    monkeypatch.setattr(kind, "draw", counting_draw)
+    monkeypatch.setattr(kind, "postprocess", failing_post)
+    monkeypatch.setattr(tasks.ledger.PrivacyLedger, "mark", flaky_mark)
+    spec = parse_spec(spec_d)
+    with pytest.raises(OSError, match="disk full"):
+        release(spec=spec)
+    summary = release(spec=spec)  # the resume
+    assert failures == ["mark", "post"] and summary["status"] == "published" and len(draws) == 1
+    rows = PrivacyLedger(spec.ledger_path).releases("conf")
+    assert [(r["status"], r["attempts"]) for r in rows] == [("published", 1)]
+
+    rel = Path(summary["release_dir"])
+    manifest = json.loads((rel / "manifest.json").read_text())
+    plan = kind.plan(spec)
+    samplers = [m["distribution"] for m in manifest["privacy"]["mechanisms"]]
+    assert manifest["privacy"]["mechanisms"] == json.loads(json.dumps(plan.manifest(
+        {m.name: s for m, s in zip(plan, samplers)})))
+    assert all(s in ("discrete_laplace", "opendp_laplace", "discrete_gaussian", "opendp_gaussian", "numpy_gaussian")
+               for s in samplers)
+    assert all((s == "numpy_gaussian") == m.per_step_generator for s, m in zip(samplers, plan))
+    contracts = rel.parent / "internal" / "contracts"
+    for stage in ("ingested", "measurements", "release") + ((kind.prepared_stage,) if kind.prepared_stage else ()):
+        assert json.loads((contracts / f"{stage}.json").read_text())["success"], stage
+
+    # Postprocessing from the published measurements alone, raw data and internal/ gone.
+    shutil.rmtree(rel.parent / "internal")
+    shutil.rmtree(tmp_path / "data")
+    again = tmp_path / "again"
+    again.mkdir()
+    products = kind.postprocess(spec, rel / "measurements", again, tmp_path / "scratch-internal", C.LOG)
+    for product in products:
+        a, b = rel / product, again / product
+        if a.is_dir():
+            cmp = filecmp.dircmp(a, b)
+            assert not (cmp.left_only or cmp.right_only or cmp.diff_files), product
+            assert all(filecmp.cmp(a / f, b / f, shallow=False) for f in cmp.common_files)
+        else:
+            assert filecmp.cmp(a, b, shallow=False), product
