@@ -70,7 +70,7 @@ def consistent_leaves(tree: Tree, noisy: np.ndarray, method: str, *, noise_scale
                                 x0=tree.htree(noisy))
     return np.maximum(tree.leaves_of(res.x), 0.0), {
         "method": "admm (Lee, Wang & Kifer Algorithm 3, Htree projection)", "penalty": penalty, "alpha": alpha,
-        "rho": rho, "iterations": res.iterations, "converged": res.converged, "seconds": res.seconds,
+        "rho": rho, "iterations": res.iterations, "converged": res.converged,
         "residuals": {k: float(v) for k, v in res.residuals.items()}}
 
 
