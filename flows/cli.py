@@ -133,10 +133,10 @@ def cmd_budget_show(args) -> int:
     print(f"  lifetime budget  epsilon={budget[0]:g}  delta={budget[1]:g}")
     print(f"  spent            epsilon={spent.epsilon:.6g}  delta={spent.delta:g}  ({spent.method})")
     print(f"  remaining        epsilon={max(budget[0] - spent.epsilon, 0.0):.6g}")
-    print(f"  {'release id':<44} {'kind':<10} {'epsilon':>9} {'delta':>8}  {'status':<10} created")
+    print(f"  {'release id':<44} {'kind':<16} {'epsilon':>9} {'delta':>8}  {'status':<10} attempts created")
     for r in rows:
-        print(f"  {r['release_id']:<44} {r['kind']:<10} {r['epsilon']:>9.4g} {r['delta']:>8.2g}  "
-              f"{r['status']:<10} {r['created_at']}")
+        print(f"  {r['release_id']:<44} {r['kind']:<16} {r['epsilon']:>9.4g} {r['delta']:>8.2g}  "
+              f"{r['status']:<10} {r['attempts']:>8} {r['created_at']}")
     return 0
 
 
@@ -145,6 +145,24 @@ def cmd_budget_set(args) -> int:
 
     PrivacyLedger(args.ledger).set_budget(args.dataset, args.epsilon, args.delta)
     print(f"dataset '{args.dataset}': lifetime budget set to epsilon={args.epsilon:g}, delta={args.delta:g}")
+    return 0
+
+
+SHAPES = {"points": "numeric columns with public bounds", "values": "one numeric column with public bounds",
+          "categories": "categorical columns with public levels", "sets": "set-valued records (a list of item ids)"}
+
+
+def kinds_table() -> str:
+    """The release kinds as a Markdown table, from the registry (the README's table is this output)."""
+    from tasks.kinds import REGISTRY
+
+    rows = ["| kind | data | method |", "|---|---|---|"]
+    rows += [f"| `{k.name}` | {SHAPES[k.shape]} | {k.summary} |" for k in REGISTRY.values()]
+    return "\n".join(rows)
+
+
+def cmd_kinds(args) -> int:
+    print(kinds_table())
     return 0
 
 
@@ -218,6 +236,10 @@ def build_parser() -> argparse.ArgumentParser:
     setb.add_argument("--delta", type=float, default=0.0, help="lifetime delta (default 0)")
     setb.add_argument("--ledger", default=DEFAULT_LEDGER, help=f"ledger file (default {DEFAULT_LEDGER})")
     setb.set_defaults(func=cmd_budget_set)
+
+    kinds = sub.add_parser("kinds", help="list the release kinds (a Markdown table)",
+                           description="Print every registered release kind, its data shape and its method.")
+    kinds.set_defaults(func=cmd_kinds)
 
     spec = sub.add_parser("spec", help="work with release spec files")
     ssub = spec.add_subparsers(dest="spec_command", required=True)

@@ -59,3 +59,15 @@ def test_run_then_budget_show(tmp_path):
     assert info["budget"]["epsilon"] == 1.5 and 0.99 < info["spent"]["epsilon"] <= 1.0 + 1e-9
     assert "cli-1" in dprelease("budget", "show", "blobs", "--ledger", ledger).stdout
     assert dprelease("budget", "show", "other", "--ledger", ledger).returncode == 1
+
+
+def test_readme_kinds_table_is_the_registry():
+    """The README's table of release kinds is `dprelease kinds`, derived from the registry."""
+    from pathlib import Path
+
+    from flows.cli import kinds_table
+    from tasks.kinds import REGISTRY
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    assert kinds_table() in readme
+    assert all(f"| `{name}` |" in kinds_table() for name in REGISTRY)
