@@ -1,0 +1,209 @@
+"""FriendlyCore averaging vs CoinPress: L2 error of the private mean of n samples of N(mu, I_d).
+
+FriendlyCore (dpalgos.friendlycore; framework after Tsfadia et al., ICML 2022, filter and analysis derived in this
+project) needs no bound on the mean: its radius is chosen privately over the public grid [1e-2, 1e8] (ratio
+2^(1/8)), the same for every R and d. CoinPress (dpalgos.coinpress) gets the true prior radius R (||mu|| <= R) and
+its authors' budget splits; it assumes n public and replace-one neighbours, FriendlyCore add/remove with n
+private and an extra delta' (its (eps, delta) is printed). Both spend the same rho (zCDP). mu = mu_frac * R * (a
+random unit vector); the default mu_frac = 0.5 puts the data far from the origin for large R.
+
+    python tests/benchmarks/friendlycore_mean.py --d 1000 --n 800 --R 316      # last line: RESULT ...
+    python tests/benchmarks/friendlycore_mean.py --sweep                       # error vs R (d = 1000) and vs d
+    python tests/benchmarks/friendlycore_mean.py --coinpress-check             # CoinPress vs its stored curves
+    python tests/benchmarks/friendlycore_mean.py --core-scale                  # soft core on 10^6 2-D points
+
+Last line of the default run:
+    RESULT friendlycore_l2=<median> coinpress_l2=<median> rho=<rho>
+(coinpress_l2 is CoinPress with --coinpress-t steps, default 2; t = 2 and t = 4 are both printed above it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import resource
+import sys
+import time
+import tracemalloc
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from dpalgos import coinpress as cp  # noqa: E402
+from dpalgos import friendlycore as fc  # noqa: E402
+from dpalgos.accounting import epsilon_at  # noqa: E402
+from dpalgos.noise import Measure, SeededNoise  # noqa: E402
+from dp_accounting import dp_event as dpe  # noqa: E402
+
+GRID = fc.RadiusGrid(1e-2, 1e8)
+SHARED = Path(__file__).resolve().parents[3] / "shared" / "data" / "coinpress-results"
+
+
+def one_setting(d, n, R, rho, runs, seed, mu_frac, ts=(2, 4)):
+    """Per-run L2 errors of FriendlyCore, CoinPress (each t) and the non-private mean, plus FC's 'no core' count."""
+    rng = np.random.default_rng(seed)
+    params = fc.MeanParams(rho=rho, grid=GRID)
+    fplan = fc.mean_plan(params)
+    cplans = {t: cp.coinpress_plan(rho, t) for t in ts}
+    out = {"fc": [], "nonprivate": [], **{f"cp{t}": [] for t in ts}}
+    none = 0
+    for k in range(runs):
+        u = rng.normal(size=d)
+        mu = mu_frac * R * u / np.linalg.norm(u)
+        X = mu + rng.normal(size=(n, d))
+        rel = fc.friendly_mean(X, params, Measure(fplan, SeededNoise(seed * 1000 + k)))
+        if rel.mean is None:
+            none += 1
+            out["fc"].append(np.inf)
+        else:
+            out["fc"].append(float(np.linalg.norm(rel.mean - mu)))
+        for t in ts:
+            est = cp.coinpress_mean(X, R=R, measure=Measure(cplans[t], SeededNoise(seed * 1000 + k + 500_000 * t)))
+            out[f"cp{t}"].append(float(np.linalg.norm(est - mu)))
+        out["nonprivate"].append(float(np.linalg.norm(X.mean(axis=0) - mu)))
+    return {key: np.array(v) for key, v in out.items()}, none
+
+
+def epsilons(rho, delta):
+    fc_eps = fc.guarantee(fc.MeanParams(rho=rho, grid=GRID), delta).epsilon
+    cp_eps = epsilon_at(dpe.ZCDpEvent(rho), delta).epsilon
+    return fc_eps, cp_eps
+
+
+def default_run(args):
+    t0 = time.time()
+    res, none = one_setting(args.d, args.n, args.R, args.rho, args.runs, args.seed, args.mu_frac)
+    fe, ce = epsilons(args.rho, args.delta)
+    print(f"d={args.d} n={args.n} R={args.R} ||mu||={args.mu_frac * args.R:g} rho={args.rho} runs={args.runs} "
+          f"({time.time() - t0:.1f} s)")
+    print(f"(eps, delta) at delta={args.delta:g}: FriendlyCore eps={fe:.3f} (add/remove, n private, incl. "
+          f"delta'={fc.ptr_delta(fc.MeanParams(rho=args.rho, grid=GRID)):g}); CoinPress eps={ce:.3f} (replace-one, n public)")
+    for key, v in res.items():
+        q = np.quantile(v, [0.1, 0.5, 0.9])
+        print(f"  {key:11s} median L2 {q[1]:9.4g}   0.1/0.9 quantiles {q[0]:.4g} / {q[2]:.4g}")
+    print(f"  FriendlyCore 'no friendly core' releases: {none}/{args.runs}")
+    print(f"RESULT friendlycore_l2={np.median(res['fc']):.6g} coinpress_l2={np.median(res[f'cp{args.coinpress_t}']):.6g} "
+          f"rho={args.rho:g}")
+
+
+def sweep(args):
+    d = 1000
+    print(f"Error vs R at d={d}, n={args.n}, rho={args.rho}, runs={args.runs}, ||mu|| = {args.mu_frac} R "
+          f"(median L2 [0.1, 0.9 quantiles])")
+    print(f"{'R/sqrt(d)':>10} {'FriendlyCore':>26} {'CoinPress t=2':>26} {'CoinPress t=4':>26} {'non-private':>12}")
+    for m in (1, 10, 100, 1000, 10_000):
+        res, _ = one_setting(d, args.n, m * math.sqrt(d), args.rho, args.runs, args.seed + m, args.mu_frac)
+        cells = [f"{np.median(res[k]):8.4g} [{np.quantile(res[k], .1):.3g}, {np.quantile(res[k], .9):.3g}]"
+                 for k in ("fc", "cp2", "cp4")]
+        print(f"{m:>10} " + " ".join(f"{c:>26}" for c in cells) + f" {np.median(res['nonprivate']):12.4g}", flush=True)
+    print(f"\nError vs d with R = sqrt(d), n={args.n}, rho={args.rho}")
+    print(f"{'d':>10} {'FriendlyCore':>26} {'CoinPress t=2':>26} {'CoinPress t=4':>26} {'non-private':>12}")
+    for d in (10, 50, 100, 500, 1000, 2000):
+        res, _ = one_setting(d, args.n, math.sqrt(d), args.rho, args.runs, args.seed + d, args.mu_frac)
+        cells = [f"{np.median(res[k]):8.4g} [{np.quantile(res[k], .1):.3g}, {np.quantile(res[k], .9):.3g}]"
+                 for k in ("fc", "cp2", "cp4")]
+        print(f"{d:>10} " + " ".join(f"{c:>26}" for c in cells) + f" {np.median(res['nonprivate']):12.4g}", flush=True)
+
+
+def coinpress_check(args):
+    """The authors' experiments 1 and 2 (d = 50, rho = 0.5, 100 trials, 10%-trimmed mean), ours vs stored."""
+    from scipy import stats
+    from scipy.stats.mstats import winsorize
+
+    d, rho, trials = 50, 0.5, args.trials
+
+    def curve(n, R, t, seed):
+        rng = np.random.default_rng(seed)
+        plan = cp.coinpress_plan(rho, t)
+        e = []
+        for k in range(trials):
+            X = rng.normal(size=(n, d))
+            e.append(np.linalg.norm(cp.coinpress_mean(X, R=R, measure=Measure(plan, SeededNoise(seed * 10_000 + k)))))
+        e = np.array(e)
+        se = np.std(np.asarray(winsorize(e, limits=(0.1, 0.1))), ddof=1) / (0.8 * math.sqrt(trials))
+        return stats.trim_mean(e, 0.1), se
+
+    worst, points = 0.0, 0
+    for exp, xs, ts in ((1, np.loadtxt(SHARED / "ns-1.txt"), (1, 2, 3, 4)),
+                        (2, np.loadtxt(SHARED / "rs-2.txt"), (1, 2, 3, 4, 10))):
+        for t in ts:
+            ref = np.loadtxt(SHARED / f"t{t}-{exp}.txt")
+            row = []
+            for i, x in enumerate(xs):
+                n, R = (int(round(x)), 10 * math.sqrt(d)) if exp == 1 else (1000, x)
+                ours, se = curve(n, R, t, seed=exp * 1000 + t * 50 + i)
+                z = (ours - ref[i]) / (se * math.sqrt(1 + trials / 100))
+                worst, points = max(worst, abs(z)), points + 1
+                row.append(f"{ours / ref[i]:.3f}({z:+.1f})")
+            print(f"exp {exp} t={t:2d} ours/theirs (z): " + " ".join(row), flush=True)
+    print(f"largest |z| = {worst:.2f} over {points} points "
+          f"(z = difference / combined standard error of the two trimmed means)")
+
+
+def core_scale(args):
+    """Soft core (grid predicate, exact counts of the cell predicate) on 10^6 points in 2-D."""
+    rng = np.random.default_rng(args.seed)
+    n = args.core_n
+    centres = rng.uniform(-50, 50, (8, 2))
+    X = centres[rng.integers(0, 8, n)] + rng.normal(size=(n, 2))
+    print(f"n={n} points in 2-D (mixture of 8 Gaussians in [-50, 50]^2); GridFriends q=16")
+    for r in (200.0, 5.0, 0.5, 0.05, 0.005):
+        g = fc.GridFriends(X)
+        tracemalloc.start()
+        t = time.time()
+        counts = g.counts(r)
+        w = fc.soft_weights(counts, n)
+        W = fc.total_weight(w)
+        dt = time.time() - t
+        peak = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
+        print(f"  r={r:<6g} friend counts + weights + W: {dt:6.2f} s, peak traced memory {peak / 2 ** 20:6.0f} MB, "
+              f"mean deg/n {counts.mean() / n:.4f}, W/n {W / n:.4f}", flush=True)
+    params = fc.MeanParams(rho=args.rho, grid=fc.RadiusGrid(1e-3, 1e6), predicate="grid")
+    tracemalloc.start()
+    t = time.time()
+    rel = fc.friendly_mean(X, params, Measure(fc.mean_plan(params), SeededNoise(args.seed)))
+    dt = time.time() - t
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    print(f"  whole friendly_mean (grid predicate, private radius, {len(rel.probes)} probes): {dt:.2f} s, peak traced "
+          f"{peak / 2 ** 20:.0f} MB; r={rel.radius:.4g}, error vs the data mean "
+          f"{np.linalg.norm(rel.mean - X.mean(axis=0)):.3g}")
+    print(f"  process max RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MB")
+    m = 20_000
+    t = time.time()
+    fc.EuclideanFriends(X[:m]).counts(5.0)
+    print(f"  for scale: exact Euclidean predicate (blocks) on n={m}: {time.time() - t:.2f} s (O(n^2))")
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--d", type=int, default=1000)
+    ap.add_argument("--n", type=int, default=800)
+    ap.add_argument("--R", type=float, default=math.sqrt(1000))
+    ap.add_argument("--rho", type=float, default=0.5)
+    ap.add_argument("--delta", type=float, default=1e-6, help="for the printed (eps, delta)")
+    ap.add_argument("--runs", type=int, default=20)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--mu-frac", type=float, default=0.5, help="||mu|| = mu_frac * R")
+    ap.add_argument("--coinpress-t", type=int, default=2, choices=(2, 4))
+    ap.add_argument("--sweep", action="store_true")
+    ap.add_argument("--coinpress-check", action="store_true")
+    ap.add_argument("--trials", type=int, default=100, help="trials per point of --coinpress-check")
+    ap.add_argument("--core-scale", action="store_true")
+    ap.add_argument("--core-n", type=int, default=10 ** 6)
+    args = ap.parse_args()
+    if args.coinpress_check:
+        coinpress_check(args)
+    elif args.core_scale:
+        core_scale(args)
+    elif args.sweep:
+        sweep(args)
+    else:
+        default_run(args)
+
+
+if __name__ == "__main__":
+    main()
