@@ -65,9 +65,9 @@ def format_summary(s: dict) -> str:
         f"  budget     dataset spent epsilon={budget['spent_epsilon']:.4g} of {budget['epsilon']:.4g}, "
         f"remaining {budget['remaining_epsilon']:.4g}" if budget else "  budget     not charged (test mode)",
     ]
-    ev = s.get("evaluation")
-    if ev:
-        lines.append(f"  utility    {ev['headline']} (internal evaluation)")
+    if s.get("evaluation") and Path(s["evaluation"]).exists():
+        headline = json.loads(Path(s["evaluation"]).read_text())["headline"]
+        lines.append(f"  utility    {headline} (internal evaluation: {s['evaluation']})")
     if s.get("timings"):
         lines.append("  stages     " + ", ".join(f"{k} {v:.1f}s" for k, v in s["timings"].items()))
     if s.get("report"):

@@ -7,19 +7,20 @@ import json
 import time
 from contextlib import contextmanager
 from datetime import datetime, timezone
+from pathlib import Path
 
 from prefect import flow, get_run_logger
 from prefect.runtime import flow_run
 
 from data_contracts import suites
 from tasks.contracts import check_contract
-from tasks.errors import ReleaseError
+from tasks.errors import ReleaseConflict, ReleaseError
 from tasks.ingest import ingest
 from tasks.kinds import kind_of
 from tasks.manifest import publish_release
 from tasks.partitions import dask_client
 from tasks.report import write_report
-from tasks.run import RunPaths, discard_failed, open_run
+from tasks.run import RunPaths, discard_failed, open_run, read_meta
 from tasks.spec import ReleaseSpec, load_spec
 from tasks.stages import evaluate, measure, postprocess, prepare
 
@@ -72,10 +73,14 @@ def release(spec: ReleaseSpec | None = None, spec_file: str | None = None, relea
     spec = spec.model_copy(update={k: v for k, v in {"release_id": release_id, "output_dir": output_dir}.items()
                                    if v is not None})
     release_id = spec.release_id or default_release_id(spec)
+    created = not (Path(spec.output_dir) / release_id).exists()
     run = open_run(spec.output_dir, release_id, test=spec.test_mode)
     if run.published():
+        if read_meta(run.measurements)["fingerprint"] != spec.fingerprint():
+            raise ReleaseConflict(f"release id '{release_id}' is published at {run.release} with other data or "
+                                  f"parameters; choose a new release id")
         log.info("release %s is already published at %s; nothing to do", release_id, run.release)
-        return _summary(spec, release_id, run, json.loads(run.manifest.read_text()), None, {}, "already published")
+        return _summary(spec, release_id, run, json.loads(run.manifest.read_text()), {}, "already published")
     log.info("release %s (%s on dataset '%s') -> %s", release_id, spec.release.kind, spec.dataset.id, run.root)
     timer = _Timer(log)
     try:
@@ -83,10 +88,10 @@ def release(spec: ReleaseSpec | None = None, spec_file: str | None = None, relea
             log.info("dask scheduler: %s", client.scheduler.address)
             manifest, evaluation = _stages(spec, release_id, run, timer)
     except BaseException:
-        log.error("release %s failed: %s", release_id, discard_failed(run))
+        log.error("release %s failed: %s", release_id, discard_failed(run, created))
         raise
     (run.internal / "timings.json").write_text(json.dumps(timer.seconds, indent=2))
-    summary = _summary(spec, release_id, run, manifest, evaluation, timer.seconds, "published")
+    summary = _summary(spec, release_id, run, manifest, timer.seconds, "published")
     (run.internal / "summary.json").write_text(json.dumps(summary, indent=2))
     summary["report"] = str(write_report(spec, release_id, run, manifest, evaluation, timer.seconds))
     return summary
@@ -124,10 +129,13 @@ def _stages(spec: ReleaseSpec, release_id: str, run: RunPaths, timer: _Timer):
     return manifest, evaluation
 
 
-def _summary(spec, release_id, run, manifest, evaluation, timings, status) -> dict:
+def _summary(spec, release_id, run, manifest, timings, status) -> dict:
+    """What the flow returns (and Prefect may keep): paths and the privacy spend, nothing raw-derived; the
+    evaluation's figures stay in internal/evaluation/evaluation.json."""
     privacy = manifest["privacy"]
     return {"status": status, "release_id": release_id, "dataset_id": spec.dataset.id,
             "kind": spec.release.kind, "release_dir": str(run.release), "internal_dir": str(run.internal),
             "epsilon": privacy["epsilon"], "delta": privacy["delta"], "accounting": privacy["accounting"],
             "private": privacy["private"], "dataset_budget": privacy.get("dataset_budget"),
-            "evaluation": evaluation, "timings": timings}
+            "evaluation": str(run.internal / "evaluation" / "evaluation.json") if spec.evaluate else None,
+            "timings": timings}

@@ -15,3 +15,11 @@ class BudgetExceeded(ReleaseError):
 
 class ReleaseConflict(ReleaseError):
     """A release id is being reused with different parameters, or its stored state is inconsistent."""
+
+
+def reason(exc: BaseException) -> str:
+    """What went wrong reading an input, without the exception's text: parsers quote the offending value
+    ("could not convert 'John Doe' to float"), and error messages reach logs and Prefect states."""
+    if isinstance(exc, OSError) and exc.strerror:
+        return exc.strerror
+    return type(exc).__name__

@@ -13,7 +13,7 @@ from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
 from data_contracts.validate import parquet_files
-from tasks.errors import InputError
+from tasks.errors import InputError, reason
 from tasks.example_data import is_builtin, materialise
 from tasks.sets import ingest_sets
 from tasks.params import DatasetSpec
@@ -45,7 +45,7 @@ def _first_lines(path: Path, n: int) -> list[str]:
                     if len(lines) == n:
                         break
     except (OSError, EOFError) as exc:
-        raise InputError(f"cannot read {path}: {exc}") from None
+        raise InputError(f"cannot read {path}: {reason(exc)}") from None
     return lines
 
 
@@ -92,13 +92,12 @@ def read_source(dataset: DatasetSpec, path: Path):
         raise
     except Exception as exc:
         raise InputError(f"dataset '{dataset.id}': cannot read {path} as {dataset.source_format}: "
-                         f"{type(exc).__name__}: {exc}") from None
+                         f"{reason(exc)}") from None
     weight = [dataset.weight_column] if dataset.weight_column else []
     wanted = dataset.columns + weight
     missing = [c for c in wanted if c not in ddf.columns]
     if missing:
-        raise InputError(f"dataset '{dataset.id}': columns {missing} are missing from {path} "
-                         f"(it has {list(ddf.columns)})")
+        raise InputError(f"dataset '{dataset.id}': columns {missing} are missing from {path}")
     ddf = ddf[wanted]
     numeric = list(dataset.bounds or {}) + weight
     wrong = {c: str(ddf.dtypes[c]) for c in numeric
@@ -162,8 +161,8 @@ def ingest_dataset(dataset: DatasetSpec, out_dir: Path, log) -> StageOutput:
     try:
         ddf.to_parquet(str(out_dir), write_index=False)
     except Exception as exc:  # a value that does not parse as a number surfaces only when computed
-        raise InputError(f"dataset '{dataset.id}': cannot read {dataset.path}: {type(exc).__name__}: "
-                         f"{str(exc).splitlines()[0] if str(exc) else ''}") from None
+        raise InputError(f"dataset '{dataset.id}': cannot read {dataset.path}: {reason(exc)} (a value that is not "
+                         f"a number in a numeric column?)") from None
     rows = count_rows(out_dir)
     if rows == 0:
         raise InputError(f"dataset '{dataset.id}': {dataset.path} has no data rows")

@@ -30,7 +30,7 @@ CREATE TABLE IF NOT EXISTS budgets (
 CREATE TABLE IF NOT EXISTS spends (
     release_id TEXT PRIMARY KEY, dataset_id TEXT NOT NULL, kind TEXT NOT NULL, fingerprint TEXT NOT NULL,
     event TEXT NOT NULL, epsilon REAL NOT NULL, delta REAL NOT NULL, status TEXT NOT NULL,
-    created_at TEXT NOT NULL, updated_at TEXT NOT NULL, attempts INTEGER NOT NULL DEFAULT 1);
+    created_at TEXT NOT NULL, updated_at TEXT NOT NULL, attempts INTEGER NOT NULL DEFAULT 1, location TEXT);
 CREATE INDEX IF NOT EXISTS spends_by_dataset ON spends (dataset_id);
 """
 #: Relative slack on the budget comparison, for the floating-point sum of equal shares.
@@ -66,6 +66,8 @@ class PrivacyLedger:
             columns = [r[1] for r in db.execute("PRAGMA table_info(spends)")]
             if "attempts" not in columns:  # a ledger written before attempts were recorded
                 db.execute("ALTER TABLE spends ADD COLUMN attempts INTEGER NOT NULL DEFAULT 1")
+            if "location" not in columns:  # ... or before run folders were recorded
+                db.execute("ALTER TABLE spends ADD COLUMN location TEXT")
         except sqlite3.DatabaseError as exc:
             raise ReleaseError(f"privacy ledger {self.path} is unusable: {exc}") from None
         finally:
@@ -109,11 +111,15 @@ class PrivacyLedger:
         return (row["epsilon"], row["delta"]) if row else None
 
     def charge(self, *, dataset_id: str, release_id: str, kind: str, fingerprint: str, event: dpe.DpEvent,
-               budget: tuple[float, float], release_delta: float | None = None, redraw: bool = False) -> Charge:
+               budget: tuple[float, float], release_delta: float | None = None, redraw: bool = False,
+               location: str | None = None) -> Charge:
         """Record the spend of `release_id` unless it is recorded already; refuse it if over budget.
 
         redraw : the measurements are not committed. If an earlier attempt of this release drew noise
         (status 'drawing'), this attempt is charged again.
+        location : the run folder whose measurements/ this release id draws into. A release id is drawn in
+        one place only: once noise was drawn for it, a run in another folder is refused (it would publish a
+        second, independent release under one charge).
 
         The release's own guarantee is stated at `release_delta` (its spec's target) when given, else at the
         budget's delta; the budget check composes everything at the budget's delta.
@@ -131,6 +137,12 @@ class PrivacyLedger:
                         f"release id '{release_id}' was already used (dataset '{prior['dataset_id']}', "
                         f"parameters {prior['fingerprint']}) with different data or parameters "
                         f"({dataset_id}, {fingerprint}); choose a new release id")
+                if location and prior["location"] and prior["location"] != location:
+                    if prior["status"] != "charged":
+                        raise ReleaseConflict(
+                            f"release id '{release_id}' was measured in {prior['location']}: it is drawn once, "
+                            f"in one place; resume it there (its output_dir), or choose a new release id")
+                    db.execute("UPDATE spends SET location=? WHERE release_id=?", (location, release_id))
                 if not (redraw and prior["status"] == "drawing"):
                     total = accounting.epsilon_at(accounting.compose_events(self._events_locked(db, dataset_id)),
                                                   bud_delta)
@@ -151,9 +163,10 @@ class PrivacyLedger:
                 return Charge(release_id, "charged again: an earlier attempt drew noise and failed before its "
                                           "commit", own, total, bud_eps, bud_delta)
             db.execute("INSERT INTO spends (release_id, dataset_id, kind, fingerprint, event, epsilon, delta, "
-                       "status, created_at, updated_at, attempts) VALUES (?, ?, ?, ?, ?, ?, ?, 'charged', ?, ?, 1)",
+                       "status, created_at, updated_at, attempts, location) "
+                       "VALUES (?, ?, ?, ?, ?, ?, ?, 'charged', ?, ?, 1, ?)",
                        (release_id, dataset_id, kind, fingerprint, json.dumps(accounting.event_to_json(event)),
-                        own.epsilon, own.delta, now, now))
+                        own.epsilon, own.delta, now, now, location))
             return Charge(release_id, "charged", own, total, bud_eps, bud_delta)
 
     def mark(self, release_id: str, status: str) -> None:
@@ -171,7 +184,7 @@ class PrivacyLedger:
 
     def releases(self, dataset_id: str) -> list[dict]:
         with self._transaction() as db:
-            rows = db.execute("SELECT release_id, kind, epsilon, delta, status, attempts, created_at FROM spends "
+            rows = db.execute("SELECT release_id, kind, epsilon, delta, status, attempts, location, created_at FROM spends "
                               "WHERE dataset_id=? ORDER BY created_at, release_id", (dataset_id,)).fetchall()
         return [dict(r) for r in rows]
 

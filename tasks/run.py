@@ -17,6 +17,7 @@ import json
 import os
 import shutil
 import tempfile
+from datetime import datetime, timezone
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -112,8 +113,12 @@ def _move_contents(src: Path, dst: Path) -> None:
         shutil.move(str(p), dst / p.name)
 
 
-def discard_failed(run: RunPaths) -> str:
-    """Clean up after a failed run; returns a sentence for the operator on what was kept and why."""
+def discard_failed(run: RunPaths, created: bool) -> str:
+    """Clean up after a failed run; returns a sentence for the operator on what was kept and why.
+
+    Staging and half-written measurement folders go. If no measurements were committed, the run's internal/
+    (the failure's diagnostics, e.g. contract results) moves to <output_dir>/.quarantine/ and the run folder
+    is removed, but only if this run created it: a folder that existed before is never deleted."""
     for staging in run.root.glob(".staging-*"):
         shutil.rmtree(staging, ignore_errors=True)
     for partial in run.root.glob(".measurements-*"):
@@ -123,5 +128,11 @@ def discard_failed(run: RunPaths) -> str:
     if run.measurements.exists():
         return (f"the noisy measurements in {run.measurements} are kept: rerun with the same release id to "
                 f"finish this release without spending budget again")
-    shutil.rmtree(run.root, ignore_errors=True)
-    return f"nothing was released; {run.root} was removed"
+    quarantine = run.root.parent / ".quarantine" / f"{run.root.name}-{datetime.now(timezone.utc):%Y%m%dT%H%M%S%fZ}"
+    if run.internal.exists():
+        quarantine.parent.mkdir(parents=True, exist_ok=True)
+        shutil.move(str(run.internal), quarantine)
+    if created:
+        shutil.rmtree(run.root, ignore_errors=True)
+        return f"nothing was released; {run.root} was removed, its diagnostics are in {quarantine} (internal)"
+    return f"nothing was released; the diagnostics are in {quarantine} (internal); {run.root} was left as it was"

@@ -14,7 +14,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import scipy.sparse as sp
 
-from tasks.errors import InputError
+from tasks.errors import InputError, reason
 
 ROWS_PER_PART = 200_000
 
@@ -54,8 +54,7 @@ def _transaction_chunks(path: Path) -> Iterator[tuple[np.ndarray, np.ndarray]]:
             try:
                 items = [int(t) for t in tokens]
             except ValueError:
-                raise InputError(f"{path}, line {lineno}: item ids must be integers, got {line.strip()[:80]!r}") \
-                    from None
+                raise InputError(f"{path}, line {lineno}: item ids must be integers") from None
             lengths.append(len(items))
             values.extend(items)
             if len(lengths) == ROWS_PER_PART:
@@ -75,7 +74,7 @@ def _parquet_chunks(path: Path, column: str) -> Iterator[tuple[np.ndarray, np.nd
         if not pa.types.is_integer(arr.type.value_type):
             raise InputError(f"{f}: column '{column}' holds {arr.type.value_type}, not integer item ids")
         if arr.null_count:
-            raise InputError(f"{f}: column '{column}' has {arr.null_count} null records")
+            raise InputError(f"{f}: column '{column}' has null records")
         values = arr.values.to_numpy(zero_copy_only=False)
         offsets = arr.offsets.to_numpy()
         yield offsets - offsets[0], values[offsets[0]:offsets[-1]]
@@ -99,7 +98,7 @@ def ingest_sets(path: Path, fmt: str, column: str, out_dir: Path, client=None) -
                                             [str(out_dir / f"part.{i}.parquet") for i in range(len(files))],
                                             column=column))
         except (OSError, pa.ArrowInvalid) as exc:
-            raise InputError(f"cannot read {path}: {exc}") from None
+            raise InputError(f"cannot read {path}: {reason(exc)}") from None
         return int(sum(rows)), len(files)
     chunks = _transaction_chunks(path) if fmt == "transactions" else _parquet_chunks(path, column)
     out_dir.mkdir(parents=True)
@@ -110,7 +109,7 @@ def ingest_sets(path: Path, fmt: str, column: str, out_dir: Path, client=None) -
             rows += offsets.size - 1
             parts += 1
     except (OSError, EOFError, pa.ArrowInvalid) as exc:
-        raise InputError(f"cannot read {path}: {exc}") from None
+        raise InputError(f"cannot read {path}: {reason(exc)}") from None
     return rows, parts
 
 

@@ -88,7 +88,7 @@ def measure(spec: ReleaseSpec, release_id: str, run: RunPaths, prepared: StageOu
                                fingerprint=spec.fingerprint(), event=event,
                                budget=(spec.ledger.lifetime_epsilon, spec.ledger.lifetime_delta),
                                release_delta=getattr(spec.release, "delta", None),
-                               redraw=not run.measurements.exists())
+                               redraw=not run.measurements.exists(), location=str(run.root.resolve()))
         own = charge.release
         log.info("privacy ledger: release %s costs epsilon=%.4g, delta=%.3g (%s); dataset '%s' total epsilon=%.4g "
                  "of %.4g", release_id, own.epsilon, own.delta, charge.state, spec.dataset.id,

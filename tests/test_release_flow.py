@@ -224,3 +224,72 @@ def test_test_mode_is_not_a_release(tmp_path, csv_data):
     again = _run({**spec_dict(tmp_path / "b", csv_data), "release_id": "blobs-t", "mode": "test", "seed": 3})
     assert _sha(run / "measurements" / "trajectory.parquet") == \
         _sha(Path(again["release_dir"]).parent / "measurements" / "trajectory.parquet")
+
+
+PLANTED = "John Doe HIV+"
+
+
+def _texts(caplog, *extra) -> str:
+    """Every run log record (what Prefect stores and shows) and the extra texts."""
+    runs = [r.getMessage() for r in caplog.records if r.name.startswith(("prefect.flow_runs", "prefect.task_runs"))]
+    return "\n".join(runs + [str(e) for e in extra])
+
+
+def test_no_raw_value_reaches_logs_exceptions_or_flow_states(tmp_path, caplog):
+    """Planted raw values (a categorical value outside the public levels, an exact row count, an outlier) never
+    appear in a log record, an exception text or a flow-run state message, failing or succeeding."""
+    import logging
+
+    from flows.release import release
+
+    caplog.set_level(logging.INFO)
+    bad = write_parquet(tmp_path / "bad.parquet", {"a": ["u"] * 1236 + [PLANTED], "count": np.ones(1237)})
+    d = {"dataset": {"id": "c", "path": str(bad), "categories": {"a": ["u", "v"]}, "weight_column": "count",
+                     "weights_count_records": True},
+         "release": {"kind": "contingency", "epsilon": 1.0}, "ledger": {"lifetime_epsilon": 10.0},
+         "output_dir": str(tmp_path / "runs"), "release_id": "planted"}
+    state = release(spec=parse_spec(d), return_state=True)
+    assert state.is_failed()
+    with pytest.raises(ContractViolation) as failure:
+        state.result()
+    texts = _texts(caplog, failure.value, state.message)
+    assert "expect_column_values_to_be_in_set" in texts and PLANTED not in texts
+    assert "1237" not in texts  # the row count: not even as a number
+    # the detailed record of the failure is kept, internally, in the quarantine
+    assert list((tmp_path / "runs" / ".quarantine").glob("planted-*/contracts/ingested.json"))
+
+    caplog.clear()
+    X = blobs(4321)
+    X[7] = [123456.789, 50.0]  # an outlier, clipped to the public bounds
+    ok = write_csv(tmp_path / "ok.csv", X)
+    state = release(spec=parse_spec({**spec_dict(tmp_path, ok), "release_id": "ok"}), return_state=True)
+    assert state.is_completed()
+    texts = _texts(caplog, state.message, json.dumps(state.result()))
+    assert "4321" not in texts and "123456" not in texts
+
+
+def test_a_release_id_is_drawn_in_one_place_only(tmp_path, csv_data):
+    """Re-running a measured release id into another output folder, with the same ledger, is refused: it
+    would publish a second, independent release under one charge."""
+    from tasks.errors import ReleaseConflict
+
+    d = {**spec_dict(tmp_path, csv_data), "release_id": "one-place",
+         "ledger": {"lifetime_epsilon": 10.0, "lifetime_delta": 1e-6, "path": str(tmp_path / "ledger.sqlite")}}
+    _run(d)
+    with pytest.raises(ReleaseConflict, match="drawn once, in one place"):
+        _run({**d, "output_dir": str(tmp_path / "elsewhere")})
+    assert not (tmp_path / "elsewhere" / "one-place" / "release").exists()
+    rows = PrivacyLedger(tmp_path / "ledger.sqlite").releases("blobs")
+    assert [(r["release_id"], r["attempts"]) for r in rows] == [("one-place", 1)]
+    # a published release id reused with other parameters is an error, not "already published"
+    with pytest.raises(ReleaseConflict, match="other data or parameters"):
+        _run({**d, "release": {**d["release"], "epsilon": 0.5}})
+
+
+def test_a_failed_run_never_deletes_a_folder_it_did_not_create(tmp_path):
+    keep = tmp_path / "runs" / "keep"
+    keep.mkdir(parents=True)
+    (keep / "precious.txt").write_text("mine")
+    with pytest.raises(InputError, match="does not exist"):
+        _run({**spec_dict(tmp_path, tmp_path / "absent.csv"), "release_id": "keep"})
+    assert (keep / "precious.txt").read_text() == "mine"

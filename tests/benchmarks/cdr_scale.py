@@ -117,7 +117,7 @@ def main() -> None:
     if args.release == "synthetic":
         print(f"{args.users} records; flow {total:.0f}s; peak RSS flow {flow_gb:.2f} GB + dask workers "
               f"{workers_gb:.2f} GB; ({summary['epsilon']:.3g}, {summary['delta']:g})-DP")
-        print(summary["evaluation"]["headline"] if summary["evaluation"] else "")
+        print(json.loads(Path(summary["evaluation"]).read_text())["headline"] if summary["evaluation"] else "")
         print(f"RESULT users={args.users} total_s={total:.0f} peak_rss_gb={flow_gb + workers_gb:.2f}")
         return
     dp = summary["timings"]["dp measurement"]
