@@ -18,7 +18,8 @@ from tasks.errors import ReleaseError
 from tasks.spec import SpecError, load_spec
 
 DEFAULT_OUTPUT = "dprelease-runs"
-DEFAULT_LEDGER = f"{DEFAULT_OUTPUT}/privacy-ledger.sqlite"
+#: The built-in example's own budget, registered in its own ledger (never the operator's).
+EXAMPLE_BUDGET = (10.0, 1e-6)
 
 
 def _new_release_id(dataset_id: str) -> str:
@@ -34,8 +35,13 @@ def cmd_run(args) -> int:
 
         spec = example_spec(**{"output_dir": args.output_dir or DEFAULT_OUTPUT,
                                **{k: v for k, v in overrides.items() if k != "output_dir"}})
+        _example_ledger(spec)
     else:
         spec = load_spec(args.spec, **overrides)
+    if not spec.test_mode:
+        from tasks.ledger import require_budget
+
+        require_budget(spec.dataset.id)  # fails fast, before Prefect starts
     if spec.release_id is None:
         spec = spec.model_copy(update={"release_id": _new_release_id(spec.dataset.id)})
     print(f"release id: {spec.release_id}  (to resume after a failure: --release-id {spec.release_id})",
@@ -50,6 +56,21 @@ def cmd_run(args) -> int:
         return 1
     print(format_summary(summary))
     return 0
+
+
+def _example_ledger(spec) -> None:
+    """The example draws on its own ledger, beside its outputs, with a small budget it registers itself."""
+    import os
+
+    from tasks.ledger import LEDGER_ENV, PrivacyLedger
+
+    path = (Path(spec.output_dir) / "example-privacy-ledger.sqlite").resolve()
+    os.environ[LEDGER_ENV] = str(path)
+    ledger = PrivacyLedger(path)
+    if ledger.budget(spec.dataset.id) is None:
+        ledger.set_budget(spec.dataset.id, *EXAMPLE_BUDGET)
+    print(f"the example uses its own ledger {path}, where it registered dataset '{spec.dataset.id}' with a "
+          f"lifetime budget epsilon={EXAMPLE_BUDGET[0]:g}, delta={EXAMPLE_BUDGET[1]:g}", flush=True)
 
 
 def format_summary(s: dict) -> str:
@@ -113,8 +134,9 @@ def cmd_generate(args) -> int:
 
 
 def cmd_budget_show(args) -> int:
-    from tasks.ledger import PrivacyLedger
+    from tasks.ledger import PrivacyLedger, configured_path
 
+    args.ledger = args.ledger or str(configured_path())
     if not Path(args.ledger).exists():
         print(f"error: no privacy ledger at {args.ledger}", file=sys.stderr)
         return 1
@@ -141,10 +163,12 @@ def cmd_budget_show(args) -> int:
 
 
 def cmd_budget_set(args) -> int:
-    from tasks.ledger import PrivacyLedger
+    from tasks.ledger import PrivacyLedger, configured_path
 
+    args.ledger = args.ledger or str(configured_path())
     PrivacyLedger(args.ledger).set_budget(args.dataset, args.epsilon, args.delta)
-    print(f"dataset '{args.dataset}': lifetime budget set to epsilon={args.epsilon:g}, delta={args.delta:g}")
+    print(f"dataset '{args.dataset}': lifetime budget set to epsilon={args.epsilon:g}, delta={args.delta:g} "
+          f"in {args.ledger}")
     return 0
 
 
@@ -225,16 +249,19 @@ def build_parser() -> argparse.ArgumentParser:
                            description="Print the lifetime budget, the composed spend and every release "
                                        "of a dataset.")
     show.add_argument("dataset", help="dataset id")
-    show.add_argument("--ledger", default=DEFAULT_LEDGER, help=f"ledger file (default {DEFAULT_LEDGER})")
+    show.add_argument("--ledger", default=None, help="ledger file (default: $DPRELEASE_LEDGER, config.toml, or "
+                                                     "~/.local/state/dprelease/privacy-ledger.sqlite)")
     show.add_argument("--json", action="store_true", help="machine-readable output")
     show.set_defaults(func=cmd_budget_show)
     setb = bsub.add_parser("set", help="set or change a dataset's lifetime budget",
-                           description="Set a dataset's lifetime (epsilon, delta) budget. Releases whose "
-                                       "spec states another budget are refused until the two agree.")
+                           description="Set a dataset's lifetime (epsilon, delta) budget in the ledger: the only "
+                                       "way a dataset gets a budget. A release of a dataset without one is "
+                                       "refused before anything runs.")
     setb.add_argument("dataset", help="dataset id")
     setb.add_argument("--epsilon", type=float, required=True, help="lifetime epsilon (> 0)")
     setb.add_argument("--delta", type=float, default=0.0, help="lifetime delta (default 0)")
-    setb.add_argument("--ledger", default=DEFAULT_LEDGER, help=f"ledger file (default {DEFAULT_LEDGER})")
+    setb.add_argument("--ledger", default=None, help="ledger file (default: $DPRELEASE_LEDGER, config.toml, or "
+                                                     "~/.local/state/dprelease/privacy-ledger.sqlite)")
     setb.set_defaults(func=cmd_budget_set)
 
     kinds = sub.add_parser("kinds", help="list the release kinds (a Markdown table)",

@@ -12,7 +12,6 @@ def example_spec(output_dir: str = "dprelease-runs", **overrides) -> ReleaseSpec
         "dataset": {"id": "example-sensors", "path": f"{BUILTIN_PREFIX}example-sensors",
                     "bounds": {c: list(b) for c, b in SENSOR_BOUNDS.items()}},
         "release": {"kind": "kmeans", "k": SENSOR_REGIMES, "iterations": 5, "epsilon": 1.0},
-        "ledger": {"lifetime_epsilon": 10.0, "lifetime_delta": 1e-6},
         "output_dir": output_dir,
     }
     spec.update({k: v for k, v in overrides.items() if v is not None})

@@ -17,6 +17,7 @@ from tasks.contracts import check_contract
 from tasks.errors import ReleaseConflict, ReleaseError
 from tasks.ingest import ingest
 from tasks.kinds import kind_of
+from tasks.ledger import require_budget
 from tasks.manifest import publish_release
 from tasks.partitions import dask_client
 from tasks.report import write_report
@@ -73,6 +74,8 @@ def release(spec: ReleaseSpec | None = None, spec_file: str | None = None, relea
     spec = spec.model_copy(update={k: v for k, v in {"release_id": release_id, "output_dir": output_dir}.items()
                                    if v is not None})
     release_id = spec.release_id or default_release_id(spec)
+    if not spec.test_mode:
+        require_budget(spec.dataset.id)  # before anything runs or is written
     created = not (Path(spec.output_dir) / release_id).exists()
     run = open_run(spec.output_dir, release_id, test=spec.test_mode)
     if run.published():

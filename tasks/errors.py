@@ -13,6 +13,10 @@ class BudgetExceeded(ReleaseError):
     """The release would take the dataset past its lifetime privacy budget; no noise was drawn."""
 
 
+class NoBudget(ReleaseError):
+    """The dataset has no lifetime budget registered by an operator; nothing was run."""
+
+
 class ReleaseConflict(ReleaseError):
     """A release id is being reused with different parameters, or its stored state is inconsistent."""
 

@@ -13,7 +13,10 @@ Statuses: charged -> drawing (noise is being drawn, nothing committed) -> measur
 from __future__ import annotations
 
 import json
+import math
+import os
 import sqlite3
+import tomllib
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -22,7 +25,34 @@ from pathlib import Path
 from dp_accounting import dp_event as dpe
 
 from dpalgos import accounting
-from tasks.errors import BudgetExceeded, ReleaseConflict, ReleaseError
+from tasks.errors import BudgetExceeded, NoBudget, ReleaseConflict, ReleaseError
+
+#: The operator's setting that names the ledger (an absolute path). The ledger is configuration of the
+#: machine that runs releases, never a spec field nor a flow parameter: a spec or a UI user choosing the ledger
+#: would choose the budget.
+LEDGER_ENV = "DPRELEASE_LEDGER"
+
+
+def configured_path() -> Path:
+    """The ledger of this machine: $DPRELEASE_LEDGER, else `ledger = "/abs/path"` in
+    $XDG_CONFIG_HOME/dprelease/config.toml, else $XDG_STATE_HOME/dprelease/privacy-ledger.sqlite (per user,
+    outside any checkout or output folder)."""
+    home = Path.home()
+    value = os.environ.get(LEDGER_ENV)
+    if not value:
+        config = Path(os.environ.get("XDG_CONFIG_HOME") or home / ".config") / "dprelease" / "config.toml"
+        if config.exists():
+            try:
+                value = tomllib.loads(config.read_text()).get("ledger")
+            except tomllib.TOMLDecodeError as exc:
+                raise ReleaseError(f"{config} is not valid TOML: {exc}") from None
+    if not value:
+        return Path(os.environ.get("XDG_STATE_HOME") or home / ".local" / "state") / "dprelease" / "privacy-ledger.sqlite"
+    path = Path(value).expanduser()
+    if not path.is_absolute():
+        raise ReleaseError(f"the ledger setting must be an absolute path, got {value!r} ({LEDGER_ENV} or config.toml)")
+    return path
+
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS budgets (
@@ -98,8 +128,8 @@ class PrivacyLedger:
 
     def set_budget(self, dataset_id: str, epsilon: float, delta: float) -> None:
         """Set (or change) a dataset's lifetime budget: an explicit operator decision."""
-        if not epsilon > 0 or not 0 <= delta < 1:
-            raise ValueError(f"need epsilon > 0 and 0 <= delta < 1, got ({epsilon}, {delta})")
+        if not (math.isfinite(epsilon) and epsilon > 0) or not 0 <= delta < 1:
+            raise ValueError(f"need a finite epsilon > 0 and 0 <= delta < 1, got ({epsilon}, {delta})")
         with self._transaction(immediate=True) as db:
             db.execute("INSERT INTO budgets VALUES (?, ?, ?, ?) ON CONFLICT(dataset_id) DO UPDATE SET "
                        "epsilon=excluded.epsilon, delta=excluded.delta, updated_at=excluded.updated_at",
@@ -111,8 +141,7 @@ class PrivacyLedger:
         return (row["epsilon"], row["delta"]) if row else None
 
     def charge(self, *, dataset_id: str, release_id: str, kind: str, fingerprint: str, event: dpe.DpEvent,
-               budget: tuple[float, float], release_delta: float | None = None, redraw: bool = False,
-               location: str | None = None) -> Charge:
+               release_delta: float | None = None, redraw: bool = False, location: str | None = None) -> Charge:
         """Record the spend of `release_id` unless it is recorded already; refuse it if over budget.
 
         redraw : the measurements are not committed. If an earlier attempt of this release drew noise
@@ -122,13 +151,14 @@ class PrivacyLedger:
         second, independent release under one charge).
 
         The release's own guarantee is stated at `release_delta` (its spec's target) when given, else at the
-        budget's delta; the budget check composes everything at the budget's delta.
-
-        `budget` (epsilon, delta) is registered as the dataset's lifetime budget on its first release;
-        a later spec that disagrees with the ledger is refused (change budgets with `set_budget`).
+        budget's delta; the budget check composes everything at the budget's delta. The dataset's lifetime
+        budget is the one an operator set (`set_budget`); a dataset without one is refused.
         """
         with self._transaction(immediate=True) as db:
-            bud_eps, bud_delta = self._budget_locked(db, dataset_id, budget)
+            bud_eps, bud_delta = self._budget_locked(db, dataset_id)
+            if release_delta and release_delta > bud_delta:
+                raise BudgetExceeded(f"release '{release_id}' asks delta={release_delta:g}, above the lifetime delta "
+                                     f"{bud_delta:g} of dataset '{dataset_id}'. No noise was drawn.")
             prior = db.execute("SELECT * FROM spends WHERE release_id=?", (release_id,)).fetchone()
             own = accounting.release_guarantee(event, release_delta or bud_delta)
             if prior is not None:
@@ -206,15 +236,22 @@ class PrivacyLedger:
             events.append(event if r["attempts"] == 1 else dpe.SelfComposedDpEvent(event, r["attempts"]))
         return events
 
-    @staticmethod
-    def _budget_locked(db, dataset_id: str, budget: tuple[float, float]) -> tuple[float, float]:
+    def _budget_locked(self, db, dataset_id: str) -> tuple[float, float]:
         row = db.execute("SELECT epsilon, delta FROM budgets WHERE dataset_id=?", (dataset_id,)).fetchone()
         if row is None:
-            db.execute("INSERT INTO budgets VALUES (?, ?, ?, ?)", (dataset_id, budget[0], budget[1], _now()))
-            return budget
-        if (row["epsilon"], row["delta"]) != tuple(budget):
-            raise ReleaseConflict(
-                f"the ledger holds a lifetime budget of (epsilon={row['epsilon']:g}, delta={row['delta']:g}) for "
-                f"dataset '{dataset_id}' but the spec says (epsilon={budget[0]:g}, delta={budget[1]:g}); change "
-                f"it explicitly with `dprelease budget set {dataset_id} --epsilon E --delta D`")
+            raise NoBudget(no_budget_message(dataset_id, self.path))
         return row["epsilon"], row["delta"]
+
+
+def no_budget_message(dataset_id: str, path: Path) -> str:
+    return (f"dataset '{dataset_id}' has no lifetime budget in the ledger {path}: an operator sets one with "
+            f"`dprelease budget set {dataset_id} --epsilon E --delta D` (nothing was run)")
+
+
+def require_budget(dataset_id: str, path: Path | None = None) -> tuple[float, float]:
+    """The dataset's registered lifetime budget; refuses (before anything runs) a dataset without one."""
+    path = path or configured_path()
+    budget = PrivacyLedger(path).budget(dataset_id) if path.exists() else None
+    if budget is None:
+        raise NoBudget(no_budget_message(dataset_id, path))
+    return budget

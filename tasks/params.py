@@ -1,5 +1,5 @@
 """The public, kind-independent parts of a release spec: the dataset's schema and bounds, the base of every
-kind's parameters, the ledger and dask sections. Each release kind defines its own parameters model (in its
+kind's parameters, the dask section. Each release kind defines its own parameters model (in its
 module under tasks/kinds/); `tasks.spec` assembles them from the registry.
 
 Everything here is PUBLIC: nothing in a spec may be read off the sensitive data.
@@ -146,13 +146,6 @@ def is_power(n: int, k: int) -> bool:
     while n > 1 and n % k == 0:
         n //= k
     return n == 1
-
-
-class LedgerSpec(Strict):
-    """The dataset's durable privacy ledger and lifetime budget."""
-    path: str | None = Field(None, description="SQLite file; default <output_dir>/privacy-ledger.sqlite")
-    lifetime_epsilon: float = Field(gt=0)
-    lifetime_delta: float = Field(0.0, ge=0, lt=1)
 
 
 class DaskSpec(Strict):

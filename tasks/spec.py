@@ -18,7 +18,8 @@ from pydantic import Field, ValidationError, model_validator
 
 from tasks.errors import ReleaseError
 from tasks.kinds import REGISTRY
-from tasks.params import ID_PATTERN, DaskSpec, DatasetSpec, LedgerSpec, Strict
+from tasks.ledger import configured_path
+from tasks.params import ID_PATTERN, DaskSpec, DatasetSpec, Strict
 
 #: The `release:` section: the parameters model of one registered kind, chosen by its `kind` field.
 ReleaseParams = Annotated[Union[tuple(k.Params for k in REGISTRY.values())], Field(discriminator="kind")]
@@ -28,7 +29,6 @@ class ReleaseSpec(Strict):
     """One release: dataset, release kind and parameters, budget, where outputs go."""
     dataset: DatasetSpec
     release: ReleaseParams
-    ledger: LedgerSpec
     output_dir: str = "dprelease-runs"
     release_id: str | None = Field(None, pattern=ID_PATTERN,
                                    description="reuse an id to resume a release without spending again")
@@ -36,6 +36,15 @@ class ReleaseSpec(Strict):
     evaluate: bool = Field(True, description="compute the internal utility evaluation against raw data")
     mode: Literal["production", "test"] = "production"
     seed: int | None = Field(None, description="only in mode 'test': reproducible noise, recorded as such")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_ledger_section(cls, data):
+        if isinstance(data, dict) and "ledger" in data:
+            raise ValueError("the ledger and lifetime budgets are operator configuration, not spec fields: remove "
+                             "`ledger:` (budgets: `dprelease budget set DATASET --epsilon E --delta D`; the ledger: "
+                             "$DPRELEASE_LEDGER)")
+        return data
 
     @model_validator(mode="after")
     def _seed_only_in_test_mode(self):
@@ -46,9 +55,6 @@ class ReleaseSpec(Strict):
     @model_validator(mode="after")
     def _columns_fit_the_kind(self):
         REGISTRY[self.release.kind].check_dataset(self.dataset)
-        if getattr(self.release, "delta", 0.0) > self.ledger.lifetime_delta:
-            raise ValueError(f"release.delta ({self.release.delta:g}) exceeds the lifetime delta "
-                             f"({self.ledger.lifetime_delta:g})")
         return self
 
     @property
@@ -57,7 +63,8 @@ class ReleaseSpec(Strict):
 
     @property
     def ledger_path(self) -> Path:
-        return Path(self.ledger.path) if self.ledger.path else Path(self.output_dir) / "privacy-ledger.sqlite"
+        """The operator's ledger (configuration of the machine, see `tasks.ledger.configured_path`)."""
+        return configured_path()
 
     def fingerprint(self) -> str:
         """Hash of everything that determines the DP measurements; a resumed release must match it."""

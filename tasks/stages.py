@@ -80,13 +80,12 @@ def measure(spec: ReleaseSpec, release_id: str, run: RunPaths, prepared: StageOu
     kind.check_feasible(spec, prepared)
     plan = kind.plan(spec)
     event = plan.event()
-    own = accounting.release_guarantee(event, getattr(spec.release, "delta", None) or spec.ledger.lifetime_delta)
+    own = accounting.release_guarantee(event, getattr(spec.release, "delta", 0.0))
     ledger, charge = None, None
     if not spec.test_mode:
         ledger = PrivacyLedger(spec.ledger_path)
         charge = ledger.charge(dataset_id=spec.dataset.id, release_id=release_id, kind=kind.name,
                                fingerprint=spec.fingerprint(), event=event,
-                               budget=(spec.ledger.lifetime_epsilon, spec.ledger.lifetime_delta),
                                release_delta=getattr(spec.release, "delta", None),
                                redraw=not run.measurements.exists(), location=str(run.root.resolve()))
         own = charge.release

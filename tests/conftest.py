@@ -25,6 +25,29 @@ def prefect_api():
         yield
 
 
+@pytest.fixture(autouse=True)
+def operator_ledger(tmp_path, monkeypatch) -> Path:
+    """Every test runs against a ledger of its own, configured as an operator configures one."""
+    from tasks.ledger import LEDGER_ENV
+
+    path = tmp_path / "operator-ledger.sqlite"
+    monkeypatch.setenv(LEDGER_ENV, str(path))
+    return path
+
+
+def budget(dataset_id: str, epsilon: float = 10.0, delta: float = 1e-6) -> None:
+    """Register a dataset's lifetime budget in the configured ledger, as `dprelease budget set` does."""
+    from tasks.ledger import PrivacyLedger, configured_path
+
+    PrivacyLedger(configured_path()).set_budget(dataset_id, epsilon, delta)
+
+
+def ledger():
+    from tasks.ledger import PrivacyLedger, configured_path
+
+    return PrivacyLedger(configured_path())
+
+
 @pytest.fixture
 def shared_data() -> Path:
     if not SHARED_DATA.is_dir():
@@ -52,11 +75,13 @@ def write_parquet(path: Path, columns: dict) -> Path:
 
 
 def spec_dict(tmp_path: Path, data: Path, **release) -> dict:
-    """A small kmeans release spec as a dict (tests tweak it before parsing)."""
+    """A small kmeans release spec as a dict (tests tweak it before parsing); registers the budget of its dataset
+    ('blobs': epsilon 10, delta 1e-6) in the test's ledger unless one is there."""
+    if ledger().budget("blobs") is None:
+        budget("blobs")
     return {
         "dataset": {"id": "blobs", "path": str(data), "bounds": {"x": [0, 100], "y": [0, 100]}},
         "release": {"kind": "kmeans", "k": 3, "iterations": 5, "epsilon": 1.0, **release},
-        "ledger": {"lifetime_epsilon": 10.0, "lifetime_delta": 1e-6},
         "output_dir": str(tmp_path / "runs"),
         "dask": {"n_workers": 1, "threads_per_worker": 2},
     }

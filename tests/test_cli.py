@@ -37,10 +37,11 @@ def test_invalid_spec_exits_2_with_the_field_named(tmp_path):
     assert out.returncode == 2
 
 
-def test_run_then_budget_show(tmp_path):
+def test_run_then_budget_show(tmp_path, operator_ledger):
     """One real run of the CLI (its own ephemeral Prefect API), then a refused one, then the ledger."""
     d = spec_dict(tmp_path, write_csv(tmp_path / "b.csv", blobs(2000)))
-    d["ledger"]["lifetime_epsilon"] = 1.5
+    ok = dprelease("budget", "set", "blobs", "--epsilon", "1.5", "--delta", "1e-6")
+    assert ok.returncode == 0 and str(operator_ledger) in ok.stdout
     (tmp_path / "s.yaml").write_text(yaml.safe_dump(d))
     ok = dprelease("run", str(tmp_path / "s.yaml"), "--release-id", "cli-1", cwd=tmp_path)
     assert ok.returncode == 0, ok.stderr[-3000:]
@@ -51,8 +52,8 @@ def test_run_then_budget_show(tmp_path):
     assert refused.returncode == 1 and "would exceed the lifetime budget" in refused.stderr
     assert not (tmp_path / "runs" / "cli-2").exists()
 
-    ledger = str(tmp_path / "runs" / "privacy-ledger.sqlite")
-    shown = dprelease("budget", "show", "blobs", "--ledger", ledger, "--json")
+    ledger = str(operator_ledger)
+    shown = dprelease("budget", "show", "blobs", "--json")  # the configured ledger
     assert shown.returncode == 0
     info = json.loads(shown.stdout)
     assert [r["release_id"] for r in info["releases"]] == ["cli-1"]

@@ -34,7 +34,7 @@ def test_charged_event_composes_within_the_spec_budget(name, tmp_path):
     kind = REGISTRY[name]
     spec = parse_spec(C.spec_for(kind, tmp_path))
     delta = getattr(spec.release, "delta", 0.0)
-    g = accounting.release_guarantee(kind.plan(spec).event(), delta or spec.ledger.lifetime_delta)
+    g = accounting.release_guarantee(kind.plan(spec).event(), delta)
     assert g.epsilon <= spec.release.epsilon * (1 + 1e-6) and g.delta <= max(delta, 0.0) + 1e-15
 
 

@@ -72,8 +72,7 @@ def _histogram_spec(tmp_path):
     data = write_parquet(tmp_path / "h.parquet", {"value": np.arange(256) + 0.5, "n": counts})
     return {"dataset": {"id": "h", "path": str(data), "bounds": {"value": [0, 256]}, "weight_column": "n",
                         "weights_count_records": True},
-            "release": {"kind": "histogram", "bins": 256, "branching": 16, "epsilon": 1.0},
-            "ledger": {"lifetime_epsilon": 10.0}}
+            "release": {"kind": "histogram", "bins": 256, "branching": 16, "epsilon": 1.0}}
 
 
 def _kmeans_spec(tmp_path):

@@ -5,15 +5,18 @@ import dp_accounting
 import pytest
 
 from dpalgos import accounting, dpkmeans
-from tasks.errors import BudgetExceeded, ReleaseConflict, ReleaseError
+from tasks.errors import BudgetExceeded, NoBudget, ReleaseConflict, ReleaseError
 from tasks.ledger import PrivacyLedger
 
 BUDGET = (1.0, 1e-6)
 
 
 def _charge(ledger, release_id, eps, fingerprint="f", dataset="d", budget=BUDGET):
+    """Charge a DP k-means release; the dataset's budget is registered first when it has none (an operator's)."""
+    if ledger.budget(dataset) is None:
+        ledger.set_budget(dataset, *budget)
     return ledger.charge(dataset_id=dataset, release_id=release_id, kind="kmeans", fingerprint=fingerprint,
-                         event=dpkmeans.plan(epsilon=eps, iterations=5).event(), budget=budget)
+                         event=dpkmeans.plan(epsilon=eps, iterations=5).event())
 
 
 def test_spends_compose_and_the_budget_refuses_before_noise(tmp_path):
@@ -45,14 +48,21 @@ def test_reusing_a_release_id_with_other_parameters_is_refused(tmp_path):
         _charge(ledger, "r1", 0.5, fingerprint="b")
 
 
-def test_budget_changes_must_be_explicit(tmp_path):
+def test_budgets_are_set_by_an_operator_only(tmp_path):
     ledger = PrivacyLedger(tmp_path / "l.sqlite")
+    with pytest.raises(NoBudget, match="budget set unregistered"):
+        ledger.charge(dataset_id="unregistered", release_id="x", kind="kmeans", fingerprint="f",
+                      event=dpkmeans.plan(epsilon=0.5, iterations=5).event())
+    assert ledger.releases("unregistered") == []
     _charge(ledger, "r1", 0.5)
-    with pytest.raises(ReleaseConflict, match="budget set"):
-        _charge(ledger, "r2", 0.5, budget=(5.0, 1e-6))
+    with pytest.raises(BudgetExceeded):
+        _charge(ledger, "r2", 2.0)
     ledger.set_budget("d", 5.0, 1e-6)
-    _charge(ledger, "r2", 2.0, budget=(5.0, 1e-6))
+    _charge(ledger, "r2", 2.0)
     assert ledger.budget("d") == (5.0, 1e-6)
+    for bad in ((float("inf"), 0.0), (0.0, 0.0), (1.0, 1.0), (float("nan"), 0.0)):
+        with pytest.raises(ValueError):
+            ledger.set_budget("d", *bad)
 
 
 def test_status_advances(tmp_path):
@@ -84,7 +94,7 @@ def _race(path, release_id, barrier, results):
 
 def test_concurrent_releases_cannot_both_pass_the_budget_check(tmp_path):
     path = tmp_path / "l.sqlite"
-    PrivacyLedger(path)
+    PrivacyLedger(path).set_budget("d", *BUDGET)
     ctx = mp.get_context("spawn")
     barrier, results = ctx.Barrier(4), ctx.Queue()
     procs = [ctx.Process(target=_race, args=(path, f"r{i}", barrier, results)) for i in range(4)]
@@ -101,8 +111,9 @@ def test_concurrent_releases_cannot_both_pass_the_budget_check(tmp_path):
 def test_gaussian_spends_compose_with_dp_accounting(tmp_path):
     ledger = PrivacyLedger(tmp_path / "l.sqlite")
     ev = dp_accounting.GaussianDpEvent(4.0)
-    c1 = ledger.charge(dataset_id="g", release_id="g1", kind="x", fingerprint="f", event=ev, budget=(2.0, 1e-5))
-    c2 = ledger.charge(dataset_id="g", release_id="g2", kind="x", fingerprint="f", event=ev, budget=(2.0, 1e-5))
+    ledger.set_budget("g", 2.0, 1e-5)
+    c1 = ledger.charge(dataset_id="g", release_id="g1", kind="x", fingerprint="f", event=ev)
+    c2 = ledger.charge(dataset_id="g", release_id="g2", kind="x", fingerprint="f", event=ev)
     assert c1.release.delta == 1e-5
     # Two Gaussian releases compose sub-additively under PLD / RDP.
     assert c1.release.epsilon < c2.total.epsilon < 2 * c1.release.epsilon
@@ -111,26 +122,27 @@ def test_gaussian_spends_compose_with_dp_accounting(tmp_path):
 def test_a_retry_after_noise_was_drawn_is_charged_again(tmp_path):
     """The redraw rule: a failed attempt that had drawn noise counts as a run of the mechanism."""
     ledger = PrivacyLedger(tmp_path / "l.sqlite")
+    ledger.set_budget("d", *BUDGET)
     first = ledger.charge(dataset_id="d", release_id="r", kind="kmeans", fingerprint="f", redraw=True,
-                          event=dpkmeans.plan(epsilon=0.3, iterations=2).event(), budget=BUDGET)
+                          event=dpkmeans.plan(epsilon=0.3, iterations=2).event())
     assert first.state == "charged"
     # the attempt failed before drawing: the retry is free
     again = ledger.charge(dataset_id="d", release_id="r", kind="kmeans", fingerprint="f", redraw=True,
-                          event=dpkmeans.plan(epsilon=0.3, iterations=2).event(), budget=BUDGET)
+                          event=dpkmeans.plan(epsilon=0.3, iterations=2).event())
     assert again.state == "already charged" and ledger.spent("d").epsilon == pytest.approx(0.3, rel=0.01)
     ledger.mark("r", "drawing")  # the next attempt drew noise, then failed before its commit
     third = ledger.charge(dataset_id="d", release_id="r", kind="kmeans", fingerprint="f", redraw=True,
-                          event=dpkmeans.plan(epsilon=0.3, iterations=2).event(), budget=BUDGET)
+                          event=dpkmeans.plan(epsilon=0.3, iterations=2).event())
     assert third.state.startswith("charged again") and ledger.spent("d").epsilon == pytest.approx(0.6, rel=0.01)
     assert ledger.releases("d")[0]["attempts"] == 2
     # ... and once committed, a resume is free again
     ledger.mark("r", "measured")
     assert ledger.charge(dataset_id="d", release_id="r", kind="kmeans", fingerprint="f", redraw=False,
-                         event=dpkmeans.plan(epsilon=0.3, iterations=2).event(), budget=BUDGET).state \
+                         event=dpkmeans.plan(epsilon=0.3, iterations=2).event()).state \
         == "already charged"
     ledger.mark("r", "drawing")
     with pytest.raises(BudgetExceeded):
         for _ in range(3):
             ledger.charge(dataset_id="d", release_id="r", kind="kmeans", fingerprint="f", redraw=True,
-                          event=dpkmeans.plan(epsilon=0.3, iterations=2).event(), budget=BUDGET)
+                          event=dpkmeans.plan(epsilon=0.3, iterations=2).event())
             ledger.mark("r", "drawing")

@@ -16,7 +16,7 @@ from tasks.errors import BudgetExceeded, InputError
 from tasks.kinds.kmeans import postprocessing_seed, read_trajectory
 from tasks.ledger import PrivacyLedger
 from tasks.spec import parse_spec
-from tests.conftest import blobs, spec_dict, write_csv, write_parquet
+from tests.conftest import blobs, budget, ledger, spec_dict, write_csv, write_parquet
 
 pytestmark = pytest.mark.usefixtures("prefect_api")
 
@@ -92,8 +92,7 @@ def test_release_end_to_end(tmp_path, csv_data):
     assert (internal / "evaluation" / "wcss.png").stat().st_size > 0
     assert (internal / "mcmc_chain.png").stat().st_size > 0  # chain diagnostics: internal, not released
 
-    ledger = PrivacyLedger(tmp_path / "runs" / "privacy-ledger.sqlite")
-    assert [(r["release_id"], r["status"]) for r in ledger.releases("blobs")] == [("blobs-r1", "published")]
+    assert [(r["release_id"], r["status"]) for r in ledger().releases("blobs")] == [("blobs-r1", "published")]
 
 
 def test_rerun_of_a_published_release_changes_nothing(tmp_path, csv_data, count_dp_runs):
@@ -104,7 +103,7 @@ def test_rerun_of_a_published_release_changes_nothing(tmp_path, csv_data, count_
     again = _run(d)
     assert again["status"] == "already published" and _sha(manifest) == before
     assert len(count_dp_runs) == 1
-    assert len(PrivacyLedger(tmp_path / "runs" / "privacy-ledger.sqlite").releases("blobs")) == 1
+    assert len(ledger().releases("blobs")) == 1
 
 
 def test_failed_postprocessing_keeps_measurements_and_a_rerun_finishes_without_new_noise(
@@ -129,7 +128,7 @@ def test_failed_postprocessing_keeps_measurements_and_a_rerun_finishes_without_n
     assert s["status"] == "published"
     assert _sha(run / "release" / "measurements" / "trajectory.parquet") == stored
     assert len(count_dp_runs) == 1
-    rows = PrivacyLedger(tmp_path / "runs" / "privacy-ledger.sqlite").releases("blobs")
+    rows = ledger().releases("blobs")
     assert len(rows) == 1 and rows[0]["status"] == "published"
 
 
@@ -150,19 +149,19 @@ def test_forced_task_retry_reuses_the_stored_measurements(tmp_path, csv_data, co
     assert failures == ["blobs-r4"]  # the first attempt really failed after drawing noise
     assert s["status"] == "published"
     assert len(count_dp_runs) == 1  # the retry reused the measurements
-    rows = PrivacyLedger(tmp_path / "runs" / "privacy-ledger.sqlite").releases("blobs")
+    rows = ledger().releases("blobs")
     assert len(rows) == 1 and rows[0]["epsilon"] == pytest.approx(1.0)
 
 
 def test_over_budget_release_is_refused_before_any_noise(tmp_path, csv_data, count_dp_runs):
     d = spec_dict(tmp_path, csv_data)
-    d["ledger"] = {"lifetime_epsilon": 1.5, "lifetime_delta": 0.0}
+    budget("blobs", 1.5, 0.0)
     _run({**d, "release_id": "blobs-b1"})
     with pytest.raises(BudgetExceeded, match="would exceed the lifetime budget"):
         _run({**d, "release_id": "blobs-b2"})
     assert len(count_dp_runs) == 1
     assert not (tmp_path / "runs" / "blobs-b2").exists()
-    assert [r["release_id"] for r in PrivacyLedger(tmp_path / "runs" / "privacy-ledger.sqlite").releases("blobs")] \
+    assert [r["release_id"] for r in ledger().releases("blobs")] \
         == ["blobs-b1"]
 
 
@@ -205,8 +204,7 @@ def test_bad_input_fails_clearly_and_leaves_nothing(tmp_path, case):
         _run({**spec_dict(tmp_path, data, **release), "release_id": "bad"})
     runs = tmp_path / "runs"
     assert not (runs / "bad").exists()
-    ledger = runs / "privacy-ledger.sqlite"
-    assert not ledger.exists() or PrivacyLedger(ledger).releases("blobs") == []
+    assert ledger().releases("blobs") == []
 
 
 def test_test_mode_is_not_a_release(tmp_path, csv_data):
@@ -219,7 +217,7 @@ def test_test_mode_is_not_a_release(tmp_path, csv_data):
     assert manifest["randomness"]["mode"] == "test" and manifest["randomness"]["seed"] == 3
     assert {m["distribution"] for m in manifest["privacy"]["mechanisms"]} == {"numpy_laplace"}
     assert "dataset_budget" not in manifest["privacy"] and s["dataset_budget"] is None
-    assert not (tmp_path / "runs" / "privacy-ledger.sqlite").exists()
+    assert ledger().releases("blobs") == []
     # reproducible: the same seed gives the same measurements
     again = _run({**spec_dict(tmp_path / "b", csv_data), "release_id": "blobs-t", "mode": "test", "seed": 3})
     assert _sha(run / "measurements" / "trajectory.parquet") == \
@@ -243,10 +241,11 @@ def test_no_raw_value_reaches_logs_exceptions_or_flow_states(tmp_path, caplog):
     from flows.release import release
 
     caplog.set_level(logging.INFO)
+    budget("c")
     bad = write_parquet(tmp_path / "bad.parquet", {"a": ["u"] * 1236 + [PLANTED], "count": np.ones(1237)})
     d = {"dataset": {"id": "c", "path": str(bad), "categories": {"a": ["u", "v"]}, "weight_column": "count",
                      "weights_count_records": True},
-         "release": {"kind": "contingency", "epsilon": 1.0}, "ledger": {"lifetime_epsilon": 10.0},
+         "release": {"kind": "contingency", "epsilon": 1.0},
          "output_dir": str(tmp_path / "runs"), "release_id": "planted"}
     state = release(spec=parse_spec(d), return_state=True)
     assert state.is_failed()
@@ -273,13 +272,12 @@ def test_a_release_id_is_drawn_in_one_place_only(tmp_path, csv_data):
     would publish a second, independent release under one charge."""
     from tasks.errors import ReleaseConflict
 
-    d = {**spec_dict(tmp_path, csv_data), "release_id": "one-place",
-         "ledger": {"lifetime_epsilon": 10.0, "lifetime_delta": 1e-6, "path": str(tmp_path / "ledger.sqlite")}}
+    d = {**spec_dict(tmp_path, csv_data), "release_id": "one-place"}
     _run(d)
     with pytest.raises(ReleaseConflict, match="drawn once, in one place"):
         _run({**d, "output_dir": str(tmp_path / "elsewhere")})
     assert not (tmp_path / "elsewhere" / "one-place" / "release").exists()
-    rows = PrivacyLedger(tmp_path / "ledger.sqlite").releases("blobs")
+    rows = ledger().releases("blobs")
     assert [(r["release_id"], r["attempts"]) for r in rows] == [("one-place", 1)]
     # a published release id reused with other parameters is an error, not "already published"
     with pytest.raises(ReleaseConflict, match="other data or parameters"):

@@ -27,7 +27,7 @@ def _run(d: dict):
 
 def _base(tmp_path, dataset: dict, release: dict) -> dict:
     return {"dataset": dataset, "release": release, "output_dir": str(tmp_path / "runs"),
-            "ledger": {"lifetime_epsilon": 10.0}, "mode": "test", "seed": 11}
+            "mode": "test", "seed": 11}
 
 
 def _sparse_histogram(n=256, seed=0) -> np.ndarray:
@@ -71,7 +71,8 @@ def test_contingency_release_honours_the_public_marginals(tmp_path):
     write_marginals(tmp_path / "m1.csv", table, marginals, b)
     d = _base(tmp_path, {"id": "t", "path": str(data), "categories": levels, "weight_column": "count",
               "weights_count_records": True},
-              {"kind": "contingency", "epsilon": 0.5, "public_marginals": str(tmp_path / "m1.csv")})
+              {"kind": "contingency", "epsilon": 0.5, "public_marginals": str(tmp_path / "m1.csv"),
+               "public_marginals_source": "the test's own (made public for it)"})
     s = _run(d)
     released = pq.read_table(Path(s["release_dir"]) / "table.parquet").to_pandas()
     x = released["count"].to_numpy()
@@ -124,7 +125,6 @@ def test_kernel_kmeans_release_on_generated_cdr(tmp_path):
     d = _base(tmp_path, {"id": "cdr", "path": str(tmp_path / "cdr"), "items_column": "towers", "item_count": 1303},
               {"kind": "kernel_kmeans", "k": 4, "iterations": 5, "epsilon": 1.0, "delta": 1e-6, "features": 32,
                "public_sample": str(tmp_path / "public")})
-    d["ledger"] = {"lifetime_epsilon": 10.0, "lifetime_delta": 1e-5}
     s = _run(d)
     rel = Path(s["release_dir"])
     centres = pq.read_table(rel / "centres.parquet").to_pandas()
@@ -151,7 +151,6 @@ def test_synthetic_release_end_to_end_on_generated_cdr(tmp_path):
     d = _base(tmp_path, {"id": "cdr", "path": str(tmp_path / "cdr"), "items_column": "towers", "item_count": 1303},
               {"kind": "synthetic", "k": 3, "iterations": 4, "epsilon": 2.0, "delta": 1e-6, "features": 32,
                "gamma": 0.05, "steps": 30, "q": 0.05, "hidden": [32], "queries": 100, "max_items": 30})
-    d["ledger"] = {"lifetime_epsilon": 10.0, "lifetime_delta": 1e-5}
     s = _run(d)
     rel, internal = Path(s["release_dir"]), Path(s["internal_dir"])
     parts = sorted((rel / SYNTHETIC).glob("*.parquet"))

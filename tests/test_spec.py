@@ -27,7 +27,10 @@ def _spec(tmp_path, **changes):
     ({"dataset.bounds": ...}, "bounds are missing"),
     ({"dataset.bounds": {"x": [5, 5]}}, "need lower < upper"),
     ({"dataset.bounds": {"x": [9, 1]}}, "need lower < upper"),
-    ({"ledger.lifetime_epsilon": 0}, "ledger.lifetime_epsilon"),
+    ({"ledger": {"lifetime_epsilon": 1e6}}, "operator configuration, not spec fields"),
+    ({"release": {"kind": "contingency", "epsilon": 1, "public_marginals": "m.csv"},
+      "dataset": {"id": "c", "path": "c", "categories": {"a": ["x", "y"]}}}, "public_marginals_source"),
+    ({"dataset.weight_column": "w"}, "exactly one of: the public max_weight"),
     ({"seed": 3}, "only with mode: test"),
     ({"release_id": "../escape"}, "release_id"),
     ({"release.kind": "nope"}, "release"),
@@ -60,7 +63,7 @@ def test_seed_accepted_in_test_mode_and_fingerprint_tracks_parameters(tmp_path):
 def test_load_spec_from_yaml_with_overrides(tmp_path):
     f = tmp_path / "s.yaml"
     f.write_text("dataset: {id: d, path: x.csv, bounds: {a: [0, 1]}}\n"
-                 "release: {kind: kmeans, k: 2, epsilon: 0.5}\nledger: {lifetime_epsilon: 3}\n")
+                 "release: {kind: kmeans, k: 2, epsilon: 0.5}\n")
     spec = load_spec(f, release_id="r-1", output_dir=None)
     assert spec.release_id == "r-1" and spec.release.iterations == 5 and spec.dataset.columns == ["a"]
     with pytest.raises(SpecError, match="does not exist"):

@@ -8,7 +8,7 @@ from typing import Literal
 
 import numpy as np
 import pandas as pd
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from data_contracts import suites
 from dpalgos import contingency
@@ -24,7 +24,16 @@ class ContingencyParams(ConsistencyBase):
     public_marginals: str | None = Field(
         None, description="CSV of public marginal counts: one column per attribute (empty = summed out) and "
                           "`count`; e.g. M0 is one row of empty attributes and the total")
+    public_marginals_source: str | None = Field(
+        None, description="where the public marginals come from (a census, an earlier DP release...): required "
+                          "with public_marginals, recorded in the manifest")
 
+    @model_validator(mode="after")
+    def _source_stated(self):
+        if self.public_marginals and not (self.public_marginals_source or "").strip():
+            raise ValueError("public_marginals need public_marginals_source: say where these counts come from (they "
+                             "are released exactly; marginals of the private data itself are not public)")
+        return self
 
 
 NOISY = "noisy_cells.parquet"
@@ -88,6 +97,21 @@ class ContingencyKind(ReleaseKind):
     def example(self):
         return {"kind": "contingency", "epsilon": 1.0}
 
+    def check_feasible(self, spec, prepared):
+        """The public marginals are read and checked before anything is charged (a typo must not burn budget)."""
+        self._marginals(spec)
+
+    def _marginals(self, spec):
+        p, table = spec.release, table_of(spec)
+        marginals, values = (read_public_marginals(p.public_marginals, table) if p.public_marginals
+                             else ([], np.zeros(0)))
+        A = table.constraint_matrix(marginals)
+        try:
+            contingency.check_marginals(A, values)
+        except ValueError as exc:
+            raise InputError(f"{p.public_marginals}: {exc}") from None
+        return marginals, values, A
+
     def plan(self, spec):
         return contingency.cells_plan(table_of(spec), epsilon=spec.release.epsilon,
                                       unit_weight=spec.dataset.unit_weight)
@@ -115,13 +139,7 @@ class ContingencyKind(ReleaseKind):
         p = spec.release
         table = table_of(spec)
         noisy = counts.read_column(measurements / NOISY, "noisy_count")
-        marginals, values = (read_public_marginals(p.public_marginals, table) if p.public_marginals
-                             else ([], np.zeros(0)))
-        A = table.constraint_matrix(marginals)
-        try:
-            contingency.check_marginals(A, values)
-        except ValueError as exc:
-            raise InputError(f"{p.public_marginals}: {exc}") from None
+        marginals, values, A = self._marginals(spec)
         res = contingency.consistent_table(noisy, A, values, noise_scale=self.plan(spec)["cells"].scale,
                                            penalty=p.penalty, alpha=p.alpha, rho=p.rho)
         counts.write_vector(staging / TABLE, "cell", {"count": res.x}, **_level_columns(table))

@@ -21,3 +21,18 @@ def load_numeric_csv(path: str | Path) -> np.ndarray:
     if not np.all(np.isfinite(X)):
         raise SystemExit(f"{path}: non-finite values")
     return X
+
+
+def operator_ledger(folder: str | Path, budgets: dict[str, tuple[float, float]]) -> Path:
+    """A benchmark acts as its own operator: a ledger in `folder` (set as this process's ledger) holding the
+    given lifetime budgets."""
+    import os
+
+    from tasks.ledger import LEDGER_ENV, PrivacyLedger
+
+    path = Path(folder).resolve() / "operator-ledger.sqlite"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    os.environ[LEDGER_ENV] = str(path)
+    for dataset, (epsilon, delta) in budgets.items():
+        PrivacyLedger(path).set_budget(dataset, epsilon, delta)
+    return path

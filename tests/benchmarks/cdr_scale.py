@@ -25,7 +25,9 @@ import tempfile
 import time
 from pathlib import Path
 
-import tasks  # noqa: F401
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import tasks  # noqa: E402,F401
+from _data import operator_ledger  # noqa: E402
 
 CACHE = Path(os.environ.get("DPRELEASE_BENCH_CACHE", Path(tempfile.gettempdir()) / "dprelease-bench"))
 
@@ -99,10 +101,11 @@ def main() -> None:
     if args.release == "synthetic":
         release_params.update(kind="synthetic", iterations=10, epsilon=args.epsilon or 1.74, model=args.model,
                               steps=args.steps, q=args.q, max_items=100)
+    operator_ledger(tmp, {"cdr-bench": (1000.0, 1e-6)})
     spec = parse_spec({
         "dataset": {"id": "cdr-bench", "path": str(data), "items_column": "towers", "item_count": 1303},
         "release": release_params,
-        "ledger": {"lifetime_epsilon": 1000.0, "lifetime_delta": 1e-6}, "output_dir": str(tmp / "runs"),
+        "output_dir": str(tmp / "runs"),
         "dask": dask})
     try:
         t0 = time.perf_counter()

@@ -111,12 +111,16 @@ def distinguishable(v, c, delta: float, sampler: str, scale: float, log2_grid: i
 def make_release(spec, out: Path) -> Path:
     """Production release of `spec` into `out`, charged to a ledger of its own there; returns the run folder.
     The internal evaluation is skipped: it changes nothing published."""
-    from flows.release import release
+    import os
 
-    out = Path(out)
-    spec = spec.model_copy(update={
-        "output_dir": str(out), "mode": "production", "seed": None, "evaluate": False,
-        "ledger": spec.ledger.model_copy(update={"path": str(out / "privacy-ledger.sqlite")})})
+    from flows.release import release
+    from tasks.ledger import LEDGER_ENV, PrivacyLedger
+
+    out = Path(out).resolve()
+    os.environ[LEDGER_ENV] = str(out / "privacy-ledger.sqlite")  # this attack's own ledger, as its operator
+    out.mkdir(parents=True, exist_ok=True)
+    PrivacyLedger(out / "privacy-ledger.sqlite").set_budget(spec.dataset.id, 100.0, 1e-5)
+    spec = spec.model_copy(update={"output_dir": str(out), "mode": "production", "seed": None, "evaluate": False})
     return Path(release(spec=spec)["release_dir"]).parent
 
 

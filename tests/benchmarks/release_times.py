@@ -14,6 +14,8 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _data import operator_ledger  # noqa: E402
 
 SPECS = {"kmeans": "deployments/specs/s1-kmeans.yaml",
          "histogram": "deployments/specs/adult-capital-loss-histogram.yaml",
@@ -34,10 +36,8 @@ def set_valued_specs(out: Path, users: int) -> dict:
             generators.generate(generators.CDR, public, users=5_000, seed=2, client=client)
     dataset = {"id": "cdr-bench", "path": str(data), "items_column": "towers", "item_count": 1303}
     common = {"k": 10, "features": 200, "public_sample": str(public), "epsilon": 1.0, "delta": 1e-7}
-    ledger = {"lifetime_epsilon": 100.0, "lifetime_delta": 1e-6}
-    return {"kernel_kmeans": {"dataset": dataset, "ledger": ledger,
-                              "release": {"kind": "kernel_kmeans", "iterations": 20, **common}},
-            "synthetic": {"dataset": dataset, "ledger": ledger,
+    return {"kernel_kmeans": {"dataset": dataset, "release": {"kind": "kernel_kmeans", "iterations": 20, **common}},
+            "synthetic": {"dataset": dataset,
                           "release": {"kind": "synthetic", "iterations": 10, "steps": 100, "q": 0.01, **common}}}
 
 
@@ -56,10 +56,10 @@ def main() -> None:
     specs = {k: yaml.safe_load(Path(p).read_text()) for k, p in SPECS.items()}
     specs.update(set_valued_specs(out, args.users))
     wanted = args.kinds.split(",") if args.kinds else list(specs)
+    operator_ledger(out, {specs[k]["dataset"]["id"]: (100.0, 1e-6) for k in wanted})
     results = {}
     for kind in wanted:
-        d = {**specs[kind], "output_dir": str(out / "runs"), "evaluate": False, "release_id": f"bench-{kind}",
-             "ledger": {**specs[kind]["ledger"], "path": str(out / "ledger.sqlite")}}
+        d = {**specs[kind], "output_dir": str(out / "runs"), "evaluate": False, "release_id": f"bench-{kind}"}
         t0 = time.perf_counter()
         summary = release(spec=parse_spec(d))
         total = time.perf_counter() - t0

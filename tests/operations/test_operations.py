@@ -27,11 +27,21 @@ PREFECT = [sys.executable, "-m", "prefect"]
 T = 40
 
 
+def _env(server_env: dict, tmp: Path, dataset: str = "ops-blobs", budget=(100.0, 1e-6)) -> dict:
+    """The operator's setting for these processes: a ledger of the test's own, with the dataset's budget."""
+    path = tmp / "operator-ledger.sqlite"
+    PrivacyLedger(path).set_budget(dataset, *budget)
+    return {**server_env, "DPRELEASE_LEDGER": str(path)}
+
+
+def _ledger(tmp: Path) -> PrivacyLedger:
+    return PrivacyLedger(tmp / "operator-ledger.sqlite")
+
+
 def _spec(tmp: Path, data: Path, **extra) -> Path:
     spec = {"dataset": {"id": "ops-blobs", "path": str(data), "bounds": {"x": [0, 100], "y": [0, 100]}},
             "release": {"kind": "kmeans", "k": 3, "iterations": T, "epsilon": 1.0, "mcmc_steps": 1_500_000},
-            "ledger": {"lifetime_epsilon": 100.0, "lifetime_delta": 1e-6}, "output_dir": str(tmp / "runs"),
-            **extra}
+            "output_dir": str(tmp / "runs"), **extra}
     path = tmp / f"spec-{len(list(tmp.glob('spec-*.yaml')))}.yaml"
     path.write_text(yaml.safe_dump(spec))
     return path
@@ -44,7 +54,7 @@ def ops_data(tmp_path_factory) -> Path:
 
 
 def test_prefect_deployment_run_publishes_a_release(prefect_server, tmp_path):
-    env = prefect_server
+    env = _env(prefect_server, tmp_path, "example-sensors", (30.0, 1e-6))
     for args in (["work-pool", "create", "local-pool", "--type", "process"],
                  ["--no-prompt", "deploy", "--all", "--prefect-file", "deployments/prefect.yaml"]):
         done = subprocess.run(PREFECT + args, env=env, cwd=REPO, capture_output=True, text=True, timeout=120)
@@ -64,7 +74,7 @@ def test_prefect_deployment_run_publishes_a_release(prefect_server, tmp_path):
     manifest = json.loads((out / "ops-deployed" / "release" / "manifest.json").read_text())
     assert manifest["privacy"]["epsilon"] == pytest.approx(1.0) and manifest["dataset_id"] == "example-sensors"
     assert (out / "ops-deployed" / "internal" / "report.md").exists()
-    rows = PrivacyLedger(out / "privacy-ledger.sqlite").releases("example-sensors")
+    rows = _ledger(tmp_path).releases("example-sensors")
     assert [(r["release_id"], r["status"]) for r in rows] == [("ops-deployed", "published")]
     print(f"\nprefect deployment run -> Completed in {seconds:.1f}s")
 
@@ -99,27 +109,28 @@ def test_kill_9_mid_stage_then_rerun_publishes_with_the_right_charge(prefect_ser
     marker, status_after_kill, committed, attempts = KILLS[stage]
     rid = "killed-" + stage.replace(" ", "-")
     args = ["run", str(_spec(tmp_path, ops_data)), "--release-id", rid]
-    _kill_at(args, prefect_server, tmp_path / "killed.log", marker)
+    env = _env(prefect_server, tmp_path)
+    _kill_at(args, env, tmp_path / "killed.log", marker)
     run_dir = tmp_path / "runs" / rid
-    ledger_path = tmp_path / "runs" / "privacy-ledger.sqlite"
     assert not (run_dir / "release").exists()
     assert (run_dir / "measurements").exists() == committed
     stored = (run_dir / "measurements" / "trajectory.parquet").read_bytes() if committed else None
-    statuses = [r["status"] for r in PrivacyLedger(ledger_path).releases("ops-blobs")] if ledger_path.exists() else []
+    statuses = [r["status"] for r in _ledger(tmp_path).releases("ops-blobs")]
     assert statuses == ([status_after_kill] if status_after_kill else [])
 
-    rc = run_cli(args, prefect_server, tmp_path / "rerun.log")
+    rc = run_cli(args, env, tmp_path / "rerun.log")
     assert rc == 0, (tmp_path / "rerun.log").read_text()[-3000:]
-    rows = PrivacyLedger(ledger_path).releases("ops-blobs")
+    rows = _ledger(tmp_path).releases("ops-blobs")
     assert [(r["release_id"], r["status"], r["attempts"]) for r in rows] == [(rid, "published", attempts)]
     if committed:  # the committed noise was reused, not redrawn
         assert (run_dir / "release" / "measurements" / "trajectory.parquet").read_bytes() == stored
 
 
 def test_concurrent_releases_of_one_dataset_cannot_both_pass_the_budget(prefect_server, ops_data, tmp_path):
-    spec = _spec(tmp_path, ops_data, ledger={"lifetime_epsilon": 1.5, "lifetime_delta": 0.0},
-                 release={"kind": "kmeans", "k": 3, "iterations": 5, "epsilon": 1.0, "postprocess": []})
-    procs = [dprelease_proc(["run", str(spec), "--release-id", f"c{i}", "--no-evaluate"], prefect_server,
+    spec = _spec(tmp_path, ops_data, release={"kind": "kmeans", "k": 3, "iterations": 5, "epsilon": 1.0,
+                                              "postprocess": []})
+    env = _env(prefect_server, tmp_path, budget=(1.5, 0.0))
+    procs = [dprelease_proc(["run", str(spec), "--release-id", f"c{i}", "--no-evaluate"], env,
                             tmp_path / f"c{i}.log") for i in range(2)]
     try:
         codes = sorted(p.wait(300) for p in procs)
@@ -129,14 +140,15 @@ def test_concurrent_releases_of_one_dataset_cannot_both_pass_the_budget(prefect_
     assert codes == [0, 1]
     logs = "".join((tmp_path / f"c{i}.log").read_text() for i in range(2))
     assert "would exceed the lifetime budget" in logs
-    rows = PrivacyLedger(tmp_path / "runs" / "privacy-ledger.sqlite").releases("ops-blobs")
+    rows = _ledger(tmp_path).releases("ops-blobs")
     assert len(rows) == 1 and rows[0]["status"] == "published"
 
 
 def test_release_on_an_existing_dask_scheduler(prefect_server, ops_data, tmp_path):
     with dask_cluster(tmp_path) as address:
         spec = _spec(tmp_path, ops_data, dask={"address": address})
-        rc = run_cli(["run", str(spec), "--release-id", "on-dask"], prefect_server, tmp_path / "dask.log")
+        rc = run_cli(["run", str(spec), "--release-id", "on-dask"], _env(prefect_server, tmp_path),
+                     tmp_path / "dask.log")
     log = (tmp_path / "dask.log").read_text()
     assert rc == 0, log[-3000:]
     assert f"dask scheduler: {address}" in log
