@@ -233,3 +233,17 @@ def synthetic_sets(column: str, item_count: int) -> Contract:
     contract = ingested_sets(column, item_count)
     contract.stage = "release"
     return contract
+
+
+def friendly_result(columns: Sequence[str], rows: int) -> Contract:
+    """A FriendlyCore result: `rows` rows (1 mean, or k centres), a `released` flag and the columns, finite
+    when released and null for "no friendly core" (great-expectations skips nulls in value expectations)."""
+    import great_expectations.expectations as gxe
+
+    cols = list(columns)
+    return Contract("measurements", partitioned=False,
+                    rows=[gxe.ExpectTableColumnsToMatchOrderedList(column_list=["released"] + cols),
+                          gxe.ExpectColumnValuesToNotBeNull(column="released")]
+                    + [gxe.ExpectColumnValuesToBeBetween(column=c, min_value=-FLOAT_MAX, max_value=FLOAT_MAX)
+                       for c in cols],
+                    table=[gxe.ExpectTableRowCountToEqual(value=rows)])

@@ -74,10 +74,18 @@ def _as_rdp(event: dpe.DpEvent) -> dpe.DpEvent:
     return event
 
 
-def epsilon_at(event: dpe.DpEvent, delta: float) -> Guarantee:
-    """The smallest epsilon any of our accountants proves for `event` at `delta`."""
+def epsilon_at(event: dpe.DpEvent, delta: float, extra_delta: float = 0.0) -> Guarantee:
+    """The smallest epsilon any of our accountants proves for `event` at `delta`; with `extra_delta` (failure
+    probabilities outside the events, `dpalgos.plan.Plan.extra_delta`), the events are composed at
+    delta - extra_delta and the guarantee states the total delta."""
     if not 0.0 <= delta < 1.0:
         raise ValueError(f"delta must be in [0, 1), got {delta}")
+    if extra_delta > 0:
+        if not delta > extra_delta:
+            return Guarantee(epsilon=math.inf, delta=delta, method=f"delta not above the PTR delta {extra_delta:g}")
+        g = epsilon_at(event, delta - extra_delta)
+        return Guarantee(epsilon=g.epsilon, delta=delta,
+                         method=f"{g.method} at delta_0 = {delta - extra_delta:g}, plus delta' = {extra_delta:g}")
     candidates = [(pure_epsilon(event), "basic composition (pure DP)")]
     if delta > 0:
         candidates.append((_accountant_epsilon(PLDAccountant(), event, delta), "dp_accounting PLD"))
@@ -86,13 +94,26 @@ def epsilon_at(event: dpe.DpEvent, delta: float) -> Guarantee:
     return Guarantee(epsilon=eps, delta=0.0 if method.startswith("basic") else delta, method=method)
 
 
-def release_guarantee(event: dpe.DpEvent, delta: float) -> Guarantee:
+def release_guarantee(event: dpe.DpEvent, delta: float, extra_delta: float = 0.0) -> Guarantee:
     """The guarantee to state for one release: pure (epsilon, 0) when every part is pure DP (the plainest
-    true statement), else the best (epsilon, delta) at `delta`."""
+    true statement), else the best (epsilon, delta) at `delta` (of which `extra_delta` is outside the event)."""
     pure = pure_epsilon(event)
-    if math.isfinite(pure):
+    if math.isfinite(pure) and extra_delta == 0:
         return Guarantee(epsilon=pure, delta=0.0, method="basic composition (pure DP)")
-    return epsilon_at(event, delta)
+    return epsilon_at(event, delta, extra_delta)
+
+
+def zcdp_rho(epsilon: float, delta: float) -> float:
+    """The largest rho whose rho-zCDP the RDP accountant converts to at most (epsilon, delta) (bisection)."""
+    if not (epsilon > 0 and 0 < delta < 1):
+        raise ValueError(f"need epsilon > 0 and 0 < delta < 1, got ({epsilon}, {delta})")
+    lo, hi = 0.0, epsilon
+    for _ in range(80):
+        mid = (lo + hi) / 2
+        acc = RdpAccountant()
+        acc.compose(dpe.ZCDpEvent(mid))
+        lo, hi = (mid, hi) if acc.get_epsilon(delta) <= epsilon else (lo, mid)
+    return lo
 
 
 def event_to_json(event: dpe.DpEvent) -> dict:

@@ -705,42 +705,35 @@ def _batched_kmeans(P, mask, k, rng, restarts, max_iter):
 def subset_tuples(X, k: int, subsets: int, rng: np.random.Generator, *, restarts: int = 3, max_iter: int = 100,
                   backend: Literal["numpy", "sklearn"] = "numpy") -> np.ndarray:
     """Non-private part of friendly k-means: each record goes to one of `subsets` subsets by an independent coin
-    from `rng` (public randomness: independent of the data, not published, §9.1), and k-means++ with Lloyd
-    (best of `restarts`) runs on every subset. Returns the tuples (m, k, d); a subset with fewer than k points
-    gives a NaN tuple (which has no friends)."""
+    from `rng` (independent of the data, not published, §9.1), and k-means++ with Lloyd (best of `restarts`)
+    runs on every subset. Returns the tuples (m, k, d); a subset with fewer than k points gives a NaN tuple
+    (which has no friends).
+
+    Every subset's k-means++ draws from a generator of its own, spawned from `rng` (not from its stream): a
+    subset's tuple is then a function of its own records and its own randomness only, so adding a record
+    changes one tuple for every fixed draw of the randomness (the coupling of Lemma 9.1). A shared stream
+    would not do: how much of it the other subsets consume depends on their contents."""
     X = np.asarray(X, dtype=np.float64)
     n, d = X.shape
     coins = rng.integers(0, subsets, size=n)
+    streams = rng.spawn(subsets)
     order = np.argsort(coins, kind="stable")
     sizes = np.bincount(coins, minlength=subsets)
     starts = np.concatenate([[0], np.cumsum(sizes)])
     out = np.full((subsets, k, d), np.nan)
-    good = np.nonzero(sizes >= k)[0]
-    if good.size == 0:
-        return out
-    if backend == "sklearn":
-        from sklearn.cluster import KMeans
-
-        for g in good:
-            pts = X[order[starts[g]:starts[g + 1]]]
-            km = KMeans(n_clusters=k, init="k-means++", n_init=restarts, max_iter=max_iter,
-                        random_state=int(rng.integers(2 ** 31 - 1))).fit(pts)
-            out[g] = km.cluster_centers_
-        return out
-    if backend != "numpy":
+    if backend not in ("numpy", "sklearn"):
         raise ValueError("backend must be 'numpy' or 'sklearn'")
-    # Batched in chunks of subsets of similar size (bounded memory: chunk * s_max * k * d floats).
-    s_max = int(sizes[good].max())
-    chunk = max(1, int((64 << 20) // (8 * s_max * max(k, 2) * d * 4)))
-    for c0 in range(0, good.size, chunk):
-        g = good[c0:c0 + chunk]
-        P = np.zeros((g.size, s_max, d))
-        mask = np.zeros((g.size, s_max), dtype=bool)
-        for i, gi in enumerate(g):
-            sz = sizes[gi]
-            P[i, :sz] = X[order[starts[gi]:starts[gi + 1]]]
-            mask[i, :sz] = True
-        out[g] = _batched_kmeans(P, mask, k, rng, restarts, max_iter)[0]
+    for g in np.nonzero(sizes >= k)[0]:
+        pts = X[order[starts[g]:starts[g + 1]]]
+        if backend == "sklearn":
+            from sklearn.cluster import KMeans
+
+            km = KMeans(n_clusters=k, init="k-means++", n_init=restarts, max_iter=max_iter,
+                        random_state=int(streams[g].integers(2 ** 31 - 1))).fit(pts)
+            out[g] = km.cluster_centers_
+        else:
+            out[g] = _batched_kmeans(pts[None], np.ones((1, pts.shape[0]), dtype=bool), k, streams[g], restarts,
+                                     max_iter)[0][0]
     return out
 
 

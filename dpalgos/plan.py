@@ -155,8 +155,14 @@ class Mechanism:
 
 @dataclass(frozen=True)
 class Plan:
-    """The mechanisms of one release, in the order they run."""
+    """The mechanisms of one release, in the order they run.
+
+    extra_delta : a failure probability outside the mechanisms' events (a propose-test-release test that may
+        pass when it should not): the release is (eps, delta_0 + extra_delta)-DP for every (eps, delta_0) its
+        event gives, and releases compose at delta_total - sum of their extra_deltas. The argument says why."""
     mechanisms: tuple[Mechanism, ...]
+    extra_delta: float = 0.0
+    extra_delta_argument: str = ""
 
     def __post_init__(self):
         names = [m.name for m in self.mechanisms]
@@ -178,6 +184,9 @@ class Plan:
         events = [m.event() for m in self.mechanisms]
         return events[0] if len(events) == 1 else dpe.ComposedDpEvent(events)
 
+    def with_extra_delta(self, extra_delta: float, argument: str) -> "Plan":
+        return Plan(self.mechanisms, extra_delta, argument)
+
     def manifest(self, samplers: dict[str, str] | None = None) -> list[dict]:
         samplers = samplers or {}
         return [m.manifest(samplers.get(m.name)) for m in self.mechanisms]
@@ -192,4 +201,4 @@ class Plan:
                           else {"bound_multiple": m.bound_multiple * factor})
                 m = Mechanism(**{**m.__dict__, **change})
             out.append(m)
-        return Plan(tuple(out))
+        return Plan(tuple(out), self.extra_delta, self.extra_delta_argument)

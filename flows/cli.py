@@ -107,11 +107,16 @@ def cmd_experiment(args) -> int:
     print(f"\nExperiment {args.name}: tables and plots in {result['internal_dir']} (internal: not for publication)")
     for table in result["tables"]:
         frame = pd.read_parquet(table)
-        keys = [c for c in ("dataset", "known", "workload", "epsilon", "range_length") if c in frame.columns]
-        metric = next(c for c in ("ratio", "accuracy", "mse") if c in frame.columns)
-        summary = frame.groupby(keys + ["method"])[metric].mean().unstack("method")
-        label = {"ratio": "mean WCSS / k-means++", "accuracy": "mean clustering accuracy", "mse": "mean MSE"}[metric]
-        print(f"\n{Path(table).name} ({label} over runs)\n{summary.to_string(float_format=lambda v: f'{v:.4g}')}")
+        keys = [c for c in ("dataset", "known", "workload", "panel", "dimension", "R", "n", "epsilon", "range_length")
+                if c in frame.columns]
+        metric = next(c for c in ("ratio", "accuracy", "mse", "l2_error") if c in frame.columns)
+        # Tables with a 'released' column count a failed release as +inf: their mean would be +inf, so the median.
+        agg = "median" if "released" in frame.columns else "mean"
+        summary = frame.groupby(keys + ["method"])[metric].agg(agg).unstack("method")
+        label = {"ratio": "WCSS / k-means++", "accuracy": "clustering accuracy", "mse": "MSE",
+                 "l2_error": "L2 error"}[metric]
+        print(f"\n{Path(table).name} ({agg} {label} over runs)\n"
+              f"{summary.to_string(float_format=lambda v: f'{v:.4g}')}")
     return 0
 
 
@@ -173,7 +178,8 @@ def cmd_budget_set(args) -> int:
 
 
 SHAPES = {"points": "numeric columns with public bounds", "values": "one numeric column with public bounds",
-          "categories": "categorical columns with public levels", "sets": "set-valued records (a list of item ids)"}
+          "categories": "categorical columns with public levels", "sets": "set-valued records (a list of item ids)",
+          "numeric": "numeric columns, no bounds needed"}
 
 
 def kinds_table() -> str:
@@ -219,10 +225,15 @@ def build_parser() -> argparse.ArgumentParser:
                          description="Run a paper-reproduction experiment (a Prefect flow): sweep epsilon over "
                                      "the methods, write a Parquet table and PNG plots into "
                                      "<output_dir>/experiments/<name>-<time>/internal/.")
-    exp.add_argument("name", choices=["kmeans", "contingency", "histogram", "matrix_mechanism", "mnist_clustering"],
+    exp.add_argument("name", choices=["kmeans", "contingency", "histogram", "matrix_mechanism", "mnist_clustering",
+                                      "friendlycore_mean", "friendlycore_kmeans"],
                      help="kmeans: Lee-Kifer Fig 1 (DPKM vs consistency vs MCMC); contingency: Lee-Wang-Kifer "
                           "Fig 5.1.1; histogram: Figs 5.2.1-5.2.2; matrix_mechanism: Figs 5.3.1-5.3.2; "
-                          "mnist_clustering: Acs et al. Fig 3")
+                          "mnist_clustering: Acs et al. Fig 3; friendlycore_mean: FriendlyCore blog, averaging vs "
+                          "CoinPress (error vs R and vs d); friendlycore_kmeans: FriendlyCore blog, k-means cost vs n "
+                          "(friendly k-means vs DP k-means and Lee-Kifer). The friendlycore_* experiments generate "
+                          "their data and fix rho = 0.5 (no --epsilons); friendlycore_kmeans with --runs <= 2 "
+                          "runs quick settings (n <= 5e4)")
     exp.add_argument("--runs", type=int, default=10, help="runs per setting (default 10)")
     exp.add_argument("--seed", type=int, default=0, help="seed of the experiment's noise (default 0)")
     exp.add_argument("--epsilons", help="comma-separated epsilons (default 0.05,0.1,0.25,0.5,1.0 for kmeans, "

@@ -107,7 +107,7 @@ def _stages(spec: ReleaseSpec, release_id: str, run: RunPaths, timer: _Timer):
     with timer.stage("ingest"):
         ingested = ingest(ds, run.internal / "ingested")
         contract = (suites.ingested_sets(ds.items_column, ds.item_count) if ds.items_column else
-                    suites.ingested(list(ds.bounds or {}), ds.categories, ds.weight_column))
+                    suites.ingested(list(ds.bounds or {}) + list(ds.numeric or []), ds.categories, ds.weight_column))
         check_contract("ingested", ingested.path, contract, contracts_dir)
     prepared = ingested
     if kind.prepared_stage is not None:

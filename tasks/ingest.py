@@ -99,7 +99,7 @@ def read_source(dataset: DatasetSpec, path: Path):
     if missing:
         raise InputError(f"dataset '{dataset.id}': columns {missing} are missing from {path}")
     ddf = ddf[wanted]
-    numeric = list(dataset.bounds or {}) + weight
+    numeric = list(dataset.bounds or {}) + list(dataset.numeric or []) + weight
     wrong = {c: str(ddf.dtypes[c]) for c in numeric
              if not (pd.api.types.is_numeric_dtype(ddf.dtypes[c]) and not pd.api.types.is_bool_dtype(ddf.dtypes[c]))}
     if wrong:

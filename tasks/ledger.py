@@ -60,7 +60,8 @@ CREATE TABLE IF NOT EXISTS budgets (
 CREATE TABLE IF NOT EXISTS spends (
     release_id TEXT PRIMARY KEY, dataset_id TEXT NOT NULL, kind TEXT NOT NULL, fingerprint TEXT NOT NULL,
     event TEXT NOT NULL, epsilon REAL NOT NULL, delta REAL NOT NULL, status TEXT NOT NULL,
-    created_at TEXT NOT NULL, updated_at TEXT NOT NULL, attempts INTEGER NOT NULL DEFAULT 1, location TEXT);
+    created_at TEXT NOT NULL, updated_at TEXT NOT NULL, attempts INTEGER NOT NULL DEFAULT 1, location TEXT,
+    extra_delta REAL NOT NULL DEFAULT 0);
 CREATE INDEX IF NOT EXISTS spends_by_dataset ON spends (dataset_id);
 """
 #: Relative slack on the budget comparison, for the floating-point sum of equal shares.
@@ -98,6 +99,8 @@ class PrivacyLedger:
                 db.execute("ALTER TABLE spends ADD COLUMN attempts INTEGER NOT NULL DEFAULT 1")
             if "location" not in columns:  # ... or before run folders were recorded
                 db.execute("ALTER TABLE spends ADD COLUMN location TEXT")
+            if "extra_delta" not in columns:  # ... or before PTR failure probabilities were
+                db.execute("ALTER TABLE spends ADD COLUMN extra_delta REAL NOT NULL DEFAULT 0")
         except sqlite3.DatabaseError as exc:
             raise ReleaseError(f"privacy ledger {self.path} is unusable: {exc}") from None
         finally:
@@ -141,11 +144,14 @@ class PrivacyLedger:
         return (row["epsilon"], row["delta"]) if row else None
 
     def charge(self, *, dataset_id: str, release_id: str, kind: str, fingerprint: str, event: dpe.DpEvent,
-               release_delta: float | None = None, redraw: bool = False, location: str | None = None) -> Charge:
+               release_delta: float | None = None, redraw: bool = False, location: str | None = None,
+               extra_delta: float = 0.0) -> Charge:
         """Record the spend of `release_id` unless it is recorded already; refuse it if over budget.
 
         redraw : the measurements are not committed. If an earlier attempt of this release drew noise
         (status 'drawing'), this attempt is charged again.
+        extra_delta : the release's failure probability outside its event (`Plan.extra_delta`); the dataset's
+        releases compose at the budget's delta minus the sum of theirs.
         location : the run folder whose measurements/ this release id draws into. A release id is drawn in
         one place only: once noise was drawn for it, a run in another folder is refused (it would publish a
         second, independent release under one charge).
@@ -160,7 +166,7 @@ class PrivacyLedger:
                 raise BudgetExceeded(f"release '{release_id}' asks delta={release_delta:g}, above the lifetime delta "
                                      f"{bud_delta:g} of dataset '{dataset_id}'. No noise was drawn.")
             prior = db.execute("SELECT * FROM spends WHERE release_id=?", (release_id,)).fetchone()
-            own = accounting.release_guarantee(event, release_delta or bud_delta)
+            own = accounting.release_guarantee(event, release_delta or bud_delta, extra_delta)
             if prior is not None:
                 if prior["dataset_id"] != dataset_id or prior["fingerprint"] != fingerprint:
                     raise ReleaseConflict(
@@ -174,29 +180,29 @@ class PrivacyLedger:
                             f"in one place; resume it there (its output_dir), or choose a new release id")
                     db.execute("UPDATE spends SET location=? WHERE release_id=?", (location, release_id))
                 if not (redraw and prior["status"] == "drawing"):
-                    total = accounting.epsilon_at(accounting.compose_events(self._events_locked(db, dataset_id)),
-                                                  bud_delta)
-                    return Charge(release_id, "already charged", own, total, bud_eps, bud_delta)
-            events = self._events_locked(db, dataset_id) + [event]
-            total = accounting.epsilon_at(accounting.compose_events(events), bud_delta)
+                    return Charge(release_id, "already charged", own, self._total_locked(db, dataset_id, bud_delta),
+                                  bud_eps, bud_delta)
+            events, extra = self._events_locked(db, dataset_id)
+            events.append(event)
+            extra += extra_delta
+            total = accounting.epsilon_at(accounting.compose_events(events), bud_delta, extra)
             if total.epsilon > bud_eps * (1 + _TOLERANCE):
-                spent = (accounting.epsilon_at(accounting.compose_events(events[:-1]), bud_delta).epsilon
-                         if len(events) > 1 else 0.0)
+                spent = self._total_locked(db, dataset_id, bud_delta).epsilon
                 raise BudgetExceeded(
                     f"release '{release_id}' (epsilon={own.epsilon:.6g}) would exceed the lifetime budget of "
                     f"dataset '{dataset_id}': spent epsilon={spent:.6g}, composed total would be "
                     f"{total.epsilon:.6g} > budget {bud_eps:.6g} (delta={bud_delta:g}). No noise was drawn.")
             now = _now()
             if prior is not None:
-                db.execute("UPDATE spends SET attempts=attempts+1, status='charged', updated_at=? WHERE release_id=?",
-                           (now, release_id))
+                db.execute("UPDATE spends SET attempts=attempts+1, extra_delta=extra_delta+?, status='charged', "
+                           "updated_at=? WHERE release_id=?", (extra_delta, now, release_id))
                 return Charge(release_id, "charged again: an earlier attempt drew noise and failed before its "
                                           "commit", own, total, bud_eps, bud_delta)
             db.execute("INSERT INTO spends (release_id, dataset_id, kind, fingerprint, event, epsilon, delta, "
-                       "status, created_at, updated_at, attempts, location) "
-                       "VALUES (?, ?, ?, ?, ?, ?, ?, 'charged', ?, ?, 1, ?)",
+                       "status, created_at, updated_at, attempts, location, extra_delta) "
+                       "VALUES (?, ?, ?, ?, ?, ?, ?, 'charged', ?, ?, 1, ?, ?)",
                        (release_id, dataset_id, kind, fingerprint, json.dumps(accounting.event_to_json(event)),
-                        own.epsilon, own.delta, now, now, location))
+                        own.epsilon, own.delta, now, now, location, extra_delta))
             return Charge(release_id, "charged", own, total, bud_eps, bud_delta)
 
     def mark(self, release_id: str, status: str) -> None:
@@ -221,20 +227,25 @@ class PrivacyLedger:
     def spent(self, dataset_id: str) -> accounting.Guarantee:
         """The composed guarantee of every release of the dataset, at its budget's delta."""
         with self._transaction() as db:
-            events = self._events_locked(db, dataset_id)
             row = db.execute("SELECT delta FROM budgets WHERE dataset_id=?", (dataset_id,)).fetchone()
-        if not events:
-            return accounting.Guarantee(0.0, 0.0, "no releases")
-        return accounting.epsilon_at(accounting.compose_events(events), row["delta"] if row else 0.0)
+            return self._total_locked(db, dataset_id, row["delta"] if row else 0.0)
 
     @staticmethod
-    def _events_locked(db, dataset_id: str) -> list[dpe.DpEvent]:
-        rows = db.execute("SELECT event, attempts FROM spends WHERE dataset_id=? ORDER BY created_at", (dataset_id,))
+    def _events_locked(db, dataset_id: str) -> tuple[list[dpe.DpEvent], float]:
+        """Every spend of the dataset (each attempt that drew noise counts) and the sum of their extra deltas."""
+        rows = db.execute("SELECT event, attempts, extra_delta FROM spends WHERE dataset_id=? ORDER BY created_at",
+                          (dataset_id,)).fetchall()
         events = []
         for r in rows:
             event = accounting.event_from_json(json.loads(r["event"]))
             events.append(event if r["attempts"] == 1 else dpe.SelfComposedDpEvent(event, r["attempts"]))
-        return events
+        return events, math.fsum(r["extra_delta"] for r in rows)
+
+    def _total_locked(self, db, dataset_id: str, delta: float) -> accounting.Guarantee:
+        events, extra = self._events_locked(db, dataset_id)
+        if not events:
+            return accounting.Guarantee(0.0, 0.0, "no releases")
+        return accounting.epsilon_at(accounting.compose_events(events), delta, extra)
 
     def _budget_locked(self, db, dataset_id: str) -> tuple[float, float]:
         row = db.execute("SELECT epsilon, delta FROM budgets WHERE dataset_id=?", (dataset_id,)).fetchone()

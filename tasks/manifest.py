@@ -47,6 +47,8 @@ def publish_release(spec: ReleaseSpec, release_id: str, run: RunPaths, staging: 
              for p in sorted(staging.rglob("*")) if p.is_file()}
     privacy = {"epsilon": measured.guarantee.epsilon, "delta": measured.guarantee.delta,
                "accounting": measured.guarantee.method, "mechanisms": meta["mechanisms"], "dp_event": meta["event"]}
+    if meta.get("extra_delta"):
+        privacy["extra_delta"] = {"delta": meta["extra_delta"], "argument": meta["extra_delta_argument"]}
     ledger = None
     if spec.test_mode:
         privacy["private"] = False

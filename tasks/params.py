@@ -39,6 +39,8 @@ class DatasetSpec(Strict):
     header: bool | None = Field(None, description="CSV only; default: detected from the first line")
     delimiter: str | None = Field(None, description="CSV only; default: ',' or tab if present, else whitespace")
     bounds: dict[str, tuple[float, float]] | None = None
+    numeric: list[str] | None = Field(None, description="numeric columns WITHOUT public bounds (FriendlyCore "
+                                                        "kinds need none); refused by kinds that need bounds")
     categories: dict[str, list[str]] | None = None
     weight_column: str | None = None
     max_weight: int | None = Field(None, ge=1, description="PUBLIC cap of a row's weight (its sensitivity)")
@@ -85,8 +87,12 @@ class DatasetSpec(Strict):
             return self
         if self.format == "transactions":
             raise ValueError("the transactions format holds set-valued records: give items_column and item_count")
-        if self.bounds is None and self.categories is None:
+        if self.bounds is None and self.categories is None and not self.numeric:
             raise ValueError("bounds are missing: give public bounds (numeric) or categories (categorical)")
+        if self.numeric and (self.bounds or self.categories):
+            raise ValueError("numeric (unbounded) columns are not combined with bounds or categories")
+        if self.numeric is not None and (not self.numeric or len(set(self.numeric)) != len(self.numeric)):
+            raise ValueError("numeric must list distinct column names")
         if self.bounds and self.categories and set(self.bounds) & set(self.categories):
             raise ValueError(f"columns {sorted(set(self.bounds) & set(self.categories))} have both bounds "
                              f"and categories")
@@ -108,7 +114,7 @@ class DatasetSpec(Strict):
     def columns(self) -> list[str]:
         if self.items_column:
             return [self.items_column]
-        return list(self.bounds or {}) + list(self.categories or {})
+        return list(self.bounds or {}) + list(self.numeric or []) + list(self.categories or {})
 
     @property
     def source_format(self) -> str:

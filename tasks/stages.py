@@ -80,14 +80,15 @@ def measure(spec: ReleaseSpec, release_id: str, run: RunPaths, prepared: StageOu
     kind.check_feasible(spec, prepared)
     plan = kind.plan(spec)
     event = plan.event()
-    own = accounting.release_guarantee(event, getattr(spec.release, "delta", 0.0))
+    own = accounting.release_guarantee(event, getattr(spec.release, "delta", 0.0), plan.extra_delta)
     ledger, charge = None, None
     if not spec.test_mode:
         ledger = PrivacyLedger(spec.ledger_path)
         charge = ledger.charge(dataset_id=spec.dataset.id, release_id=release_id, kind=kind.name,
                                fingerprint=spec.fingerprint(), event=event,
                                release_delta=getattr(spec.release, "delta", None),
-                               redraw=not run.measurements.exists(), location=str(run.root.resolve()))
+                               redraw=not run.measurements.exists(), location=str(run.root.resolve()),
+                               extra_delta=plan.extra_delta)
         own = charge.release
         log.info("privacy ledger: release %s costs epsilon=%.4g, delta=%.3g (%s); dataset '%s' total epsilon=%.4g "
                  "of %.4g", release_id, own.epsilon, own.delta, charge.state, spec.dataset.id,
@@ -115,6 +116,7 @@ def _draw_and_commit(spec, release_id, run, prepared, plan, ledger, log) -> None
     draw = kind_of(spec).draw(spec, prepared, measure_, public_rng, log)
     meta = {"release_id": release_id, "dataset_id": spec.dataset.id, "kind": spec.release.kind,
             "fingerprint": spec.fingerprint(), "event": accounting.event_to_json(plan.event()),
+            "extra_delta": plan.extra_delta, "extra_delta_argument": plan.extra_delta_argument,
             "mechanisms": plan.manifest(measure_.samplers()), "noise": noise.description,
             "private": noise.private, **draw.meta}
 

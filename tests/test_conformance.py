@@ -44,8 +44,9 @@ def test_plan_equals_opendp_privacy_map(name, tmp_path):
     for m in kind.plan(parse_spec(C.spec_for(kind, tmp_path))):
         if m.per_step_generator:  # DP-SGD: numpy noise, dp_accounting's own Gaussian (tests/test_dpgm.py)
             continue
-        d_in = 1.0 if m.sensitivity is None else (int(m.sensitivity) if m.integer and float(m.sensitivity).is_integer()
-                                                  else m.sensitivity)
+        # A bound chosen during the release: the query's sensitivity is bound_multiple x C, here with C = 1.
+        d_in = m.bound_multiple if m.sensitivity is None else (
+            int(m.sensitivity) if m.integer and float(m.sensitivity).is_integer() else m.sensitivity)
         claimed = m.manifest().get("epsilon_each", m.manifest().get("rho_each"))
         assert m.opendp_measurement(size=3, sensitivity_scale=1.0).map(d_in) == pytest.approx(claimed, rel=1e-9), m.name
 

@@ -4,7 +4,7 @@ and the conformance suite all derive from `REGISTRY`."""
 
 from __future__ import annotations
 
-from tasks.kinds import contingency, histogram, kernel_kmeans, kmeans, matrix_mechanism, synthetic
+from tasks.kinds import contingency, friendlycore, histogram, kernel_kmeans, kmeans, matrix_mechanism, synthetic
 from tasks.kinds.base import ReleaseKind
 
 REGISTRY: dict[str, ReleaseKind] = {k.name: k for k in (
@@ -14,6 +14,8 @@ REGISTRY: dict[str, ReleaseKind] = {k.name: k for k in (
     matrix_mechanism.KIND,
     kernel_kmeans.KIND,
     synthetic.KIND,
+    friendlycore.MEAN,
+    friendlycore.KMEANS,
 )}
 
 

@@ -25,8 +25,9 @@ from tasks.ingest import StageOutput
 from tasks.params import DatasetSpec, ReleaseBase
 from tasks.run import RunPaths
 
-#: Data shapes: numeric points with bounds, one bounded numeric column, categorical columns, set-valued records.
-Shape = Literal["points", "values", "categories", "sets"]
+#: Data shapes: numeric points with bounds, one bounded numeric column, categorical columns, set-valued records,
+#: numeric points without bounds.
+Shape = Literal["points", "values", "categories", "sets", "numeric"]
 
 
 @dataclass(frozen=True)
@@ -50,9 +51,9 @@ class ReleaseKind(ABC):
     def check_dataset(self, dataset: DatasetSpec) -> None:
         """Refuse a dataset section that does not fit the kind's data shape (a spec error)."""
         has = {"bounds": bool(dataset.bounds), "categories": bool(dataset.categories),
-               "items": bool(dataset.items_column)}
+               "items": bool(dataset.items_column), "numeric": bool(dataset.numeric)}
         need = {"points": ("bounds",), "values": ("bounds",), "categories": ("categories",),
-                "sets": ("items",)}[self.shape]
+                "sets": ("items",), "numeric": ("numeric",)}[self.shape]
         extra = [k for k, v in has.items() if v and k not in need]
         if not all(has[k] for k in need) or extra:
             raise ValueError(f"{self.name} releases need {self._shape_text()}")
@@ -63,7 +64,8 @@ class ReleaseKind(ABC):
         return {"points": "numeric columns with bounds (and no categories)",
                 "values": "exactly one numeric column with bounds",
                 "categories": "categorical columns with public levels (categories)",
-                "sets": "set-valued records (items_column, item_count)"}[self.shape]
+                "sets": "set-valued records (items_column, item_count)",
+                "numeric": "numeric columns without bounds (dataset.numeric: [columns])"}[self.shape]
 
     def check_feasible(self, spec, prepared: StageOutput) -> None:
         """Refuse a release that cannot be made (e.g. K > N) before anything is charged. Its message must

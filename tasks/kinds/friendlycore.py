@@ -1,0 +1,206 @@
+"""The `mean` and `friendly_kmeans` release kinds: FriendlyCore framework after Tsfadia et al., ICML 2022;
+filter and analysis derived in this project (dpalgos/friendlycore.py, proofs in docs/friendlycore.md).
+
+Neither needs public bounds: the soft core keeps the points with many friends within radius r, and the noise
+scales with r and the noisy core weight, not with a domain diameter. Both are zCDP mechanisms with one
+propose-test-release step: the spec's (epsilon, delta) is met by the largest rho that converts to epsilon at
+delta_0 = delta - delta', and the ledger charges the zCDP events plus delta' (the plan's extra delta).
+
+FriendlyCore is not a sufficient-statistics algorithm: the points are gathered on the driver (10^6 points in
+2-D take seconds and a few hundred MB). The subset coins of friendly k-means, and its k-means++ seeds, come from
+the noise source's secret generator: the guarantee is over those coins, so they are never published.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from functools import lru_cache
+from typing import Literal
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+from pydantic import Field, model_validator
+
+from data_contracts import suites
+from data_contracts.validate import parquet_files
+from dpalgos import accounting, metrics
+from dpalgos import friendlycore as fc
+from dpalgos.plan import Plan
+from tasks.kinds.base import Draw, ReleaseKind
+from tasks.params import ReleaseBase
+from tasks.partitions import Partitioned, current_client
+
+RESULT = "result.parquet"
+INFO = "friendlycore.json"
+LABEL = "FriendlyCore framework after Tsfadia et al., ICML 2022; filter and analysis derived in this project"
+
+
+class _FriendlyParams(ReleaseBase):
+    delta: float = Field(1e-6, gt=0, lt=1, description="delta of the release's (epsilon, delta), delta' included")
+    r: float | None = Field(None, gt=0, description="public radius of the friend predicate; default: chosen "
+                                                   "privately on the geometric grid [r_min, r_max]")
+    r_min: float | None = Field(None, gt=0, description="smallest radius of the public grid")
+    r_max: float | None = Field(None, gt=0, description="largest radius of the public grid")
+    delta_ptr: float = Field(1e-8, gt=0, lt=1e-3, description="delta' of the propose-test-release step")
+
+    @model_validator(mode="after")
+    def _radius_source(self):
+        if (self.r is None) == (self.r_min is None or self.r_max is None):
+            raise ValueError("give a public radius r, or the grid r_min and r_max (not both)")
+        if self.r_min is not None and self.r_max is not None and self.r_min > self.r_max:
+            raise ValueError("need r_min <= r_max")
+        if not self.delta > self.delta_ptr:
+            raise ValueError("delta must exceed delta_ptr (delta' is part of delta)")
+        return self
+
+    def radius(self) -> dict:
+        return {"r": self.r} if self.r is not None else {"grid": fc.RadiusGrid(self.r_min, self.r_max)}
+
+
+class MeanParams(_FriendlyParams):
+    """FriendlyCore averaging: the mean of numeric columns without bounds, or "no friendly core"."""
+    kind: Literal["mean"] = "mean"
+
+
+class FriendlyKMeansParams(_FriendlyParams):
+    """Friendly k-means: k-means++ on m random disjoint subsets, the k-tuples aggregated by FriendlyCore."""
+    kind: Literal["friendly_kmeans"] = "friendly_kmeans"
+    k: int = Field(ge=1, description="number of centres")
+    subsets: int = Field(ge=2, description="m, an even number of subsets, from PUBLIC knowledge of the size "
+                                           "(each subset should hold a few dozen points per cluster)")
+
+    @model_validator(mode="after")
+    def _even(self):
+        if self.subsets % 2:
+            raise ValueError("subsets must be even (docs/friendlycore.md Lemma 9.2)")
+        return self
+
+
+@lru_cache(maxsize=64)
+def _rho(epsilon: float, delta: float, delta_ptr: float) -> float:
+    return accounting.zcdp_rho(epsilon, delta - delta_ptr)
+
+
+def _math_params(p):
+    rho = _rho(p.epsilon, p.delta, p.delta_ptr)
+    if p.kind == "mean":
+        return fc.MeanParams(rho=rho, delta_ptr=p.delta_ptr, **p.radius())
+    return fc.KMeansParams(rho=rho, k=p.k, subsets=p.subsets, delta_ptr=p.delta_ptr, **p.radius())
+
+
+def _plan(p) -> Plan:
+    params = _math_params(p)
+    plan = fc.mean_plan(params) if p.kind == "mean" else fc.kmeans_plan(params)
+    return plan.with_extra_delta(fc.ptr_delta(params), "the propose-test-release test passes with L above the true "
+                                                       "core weight with probability at most delta' "
+                                                       "(docs/friendlycore.md Theorem 6.1, §8)")
+
+
+def _points(spec, prepared) -> np.ndarray:
+    """All points on the driver (FriendlyCore needs them together)."""
+    data = Partitioned.points(current_client(), parquet_files(prepared.path), spec.dataset.columns)
+    try:
+        return data.sample(prepared.rows, prepared.rows, seed=0)
+    finally:
+        data.close()
+
+
+def _write(folder, columns, rows: np.ndarray | None, k: int, info: dict) -> None:
+    values = np.full((k, len(columns)), np.nan) if rows is None else rows
+    pq.write_table(pa.table({"released": np.full(k, rows is not None),
+                             **{c: values[:, j] for j, c in enumerate(columns)}}), folder / RESULT)
+    (folder / INFO).write_text(json.dumps({"method": LABEL, **info}, indent=2))
+
+
+class _FriendlyKind(ReleaseKind):
+    shape = "numeric"
+    prepared_stage = None
+
+    def plan(self, spec):
+        return _plan(spec.release)
+
+    def _rows(self, spec) -> int:
+        return 1 if self.name == "mean" else spec.release.k
+
+    def measurements_contract(self, spec):
+        return RESULT, suites.friendly_result(spec.dataset.columns, self._rows(spec))
+
+    def postprocess(self, spec, measurements, staging, internal, log):
+        """The result in the data's own units (FriendlyCore works on them: nothing to invert), and what the
+        release found (radius, noisy core weight): all DP outputs."""
+        for name in (RESULT, INFO):
+            (staging / name).write_bytes((measurements / name).read_bytes())
+        return [RESULT, INFO]
+
+    def release_contract(self, spec):
+        name, contract = RESULT, suites.friendly_result(spec.dataset.columns, self._rows(spec))
+        contract.stage = "release"
+        return name, contract
+
+
+class MeanKind(_FriendlyKind):
+    name = "mean"
+    Params = MeanParams
+    summary = ("FriendlyCore averaging (framework after Tsfadia et al.; filter and analysis ours): soft core of the "
+               "points with many friends within r (public, or chosen privately on a public grid), a "
+               "propose-test-release Gaussian mean whose noise scales with r, not a domain bound; or "
+               "\"no friendly core\"")
+
+    def example(self):
+        return {"kind": "mean", "epsilon": 2.0, "delta": 1e-6, "r_min": 0.5, "r_max": 64.0}
+
+    def draw(self, spec, prepared, measure, public_rng, log):
+        X = _points(spec, prepared)
+        res = fc.friendly_mean(X, _math_params(spec.release), measure)
+        info = {"released": res.released, "radius": res.radius, "noisy_core_weight": res.noisy_weight,
+                "weight_lower_bound": res.weight_lower_bound, "noisy_count": res.noisy_count,
+                "radius_probes": [list(p) for p in res.probes]}
+        rows = None if res.mean is None else res.mean[None, :]
+        return Draw(write=lambda folder: _write(folder, spec.dataset.columns, rows, 1, info), meta={})
+
+    def evaluate(self, spec, run, prepared, log):
+        """L2 error of the released mean against the exact mean (internal)."""
+        X = _points(spec, prepared)
+        released = pq.read_table(run.release / RESULT).to_pandas()
+        if not bool(released["released"].iloc[0]):
+            return {"released": False, "headline": "no friendly core (nothing released)"}
+        err = float(np.linalg.norm(released[spec.dataset.columns].to_numpy()[0] - X.mean(axis=0)))
+        return {"released": True, "l2_error": err, "headline": f"L2 error of the mean {err:.4g}"}
+
+
+class FriendlyKMeansKind(_FriendlyKind):
+    name = "friendly_kmeans"
+    Params = FriendlyKMeansParams
+    summary = ("FriendlyCore k-means (framework after Tsfadia et al.; filter and analysis ours): non-private "
+               "k-means++ on m random disjoint subsets, the k-tuples of centres aggregated by one friendly "
+               "average of the core tuples; no domain bound needed")
+
+    def example(self):
+        return {"kind": "friendly_kmeans", "k": 2, "subsets": 100, "epsilon": 8.0, "delta": 1e-6, "r_min": 0.25,
+                "r_max": 32.0}
+
+    def draw(self, spec, prepared, measure, public_rng, log):
+        X = _points(spec, prepared)
+        # The subset coins are the mechanism's own randomness: secret (the noise source's), never public.
+        res = fc.friendly_kmeans(X, _math_params(spec.release), measure, measure.source.step_generator())
+        info = {"released": res.released, "radius": res.radius, "noisy_core_weight": res.noisy_weight,
+                "weight_lower_bound": res.weight_lower_bound, "radius_probes": [list(p) for p in res.probes]}
+        return Draw(write=lambda folder: _write(folder, spec.dataset.columns, res.centres, spec.release.k, info),
+                    meta={})
+
+    def evaluate(self, spec, run, prepared, log):
+        """k-means cost of the released centres / k-means++ (best of 10) on the data (internal)."""
+        X = _points(spec, prepared)
+        released = pq.read_table(run.release / RESULT).to_pandas()
+        if not bool(released["released"].iloc[0]):
+            return {"released": False, "headline": "no friendly core (nothing released)"}
+        ref, _ = metrics.kmeans_reference(X, spec.release.k, seed=0)
+        ratio = metrics.wcss(X, released[spec.dataset.columns].to_numpy()) / ref if ref > 0 else math.nan
+        return {"released": True, "cost_ratio_to_kmeanspp": ratio,
+                "headline": f"k-means cost / k-means++ = {ratio:.4g}"}
+
+
+MEAN = MeanKind()
+KMEANS = FriendlyKMeansKind()
