@@ -168,6 +168,12 @@ class PrivacyLedger:
             prior = db.execute("SELECT * FROM spends WHERE release_id=?", (release_id,)).fetchone()
             own = accounting.release_guarantee(event, release_delta or bud_delta, extra_delta)
             if prior is not None:
+                if (prior["dataset_id"] == dataset_id and prior["fingerprint"] != fingerprint
+                        and prior["status"] == "charged" and redraw):
+                    # Charged, nothing drawn: the rerun fixes a public input (a typo'd path, a parameter). The
+                    # charge is for the release, not the typo: its event is replaced, against the budget.
+                    return self._recharge_locked(db, prior, dataset_id, fingerprint, event, own, extra_delta,
+                                                 location, bud_eps, bud_delta)
                 if prior["dataset_id"] != dataset_id or prior["fingerprint"] != fingerprint:
                     raise ReleaseConflict(
                         f"release id '{release_id}' was already used (dataset '{prior['dataset_id']}', "
@@ -205,6 +211,20 @@ class PrivacyLedger:
                         own.epsilon, own.delta, now, now, location, extra_delta))
             return Charge(release_id, "charged", own, total, bud_eps, bud_delta)
 
+    def _recharge_locked(self, db, prior, dataset_id, fingerprint, event, own, extra_delta, location, bud_eps,
+                         bud_delta) -> Charge:
+        events, extra = self._events_locked(db, dataset_id, exclude=prior["release_id"])
+        total = accounting.epsilon_at(accounting.compose_events(events + [event]), bud_delta, extra + extra_delta)
+        if total.epsilon > bud_eps * (1 + _TOLERANCE):
+            raise BudgetExceeded(f"release '{prior['release_id']}' with its new parameters would exceed the lifetime "
+                                 f"budget of dataset '{dataset_id}'. No noise was drawn.")
+        db.execute("UPDATE spends SET fingerprint=?, event=?, epsilon=?, delta=?, extra_delta=?, location=?, "
+                   "updated_at=? WHERE release_id=?",
+                   (fingerprint, json.dumps(accounting.event_to_json(event)), own.epsilon, own.delta, extra_delta,
+                    location or prior["location"], _now(), prior["release_id"]))
+        return Charge(prior["release_id"], "charged (parameters corrected before any noise was drawn)", own, total,
+                      bud_eps, bud_delta)
+
     def mark(self, release_id: str, status: str) -> None:
         """Advance a release's status: charged -> measured -> published."""
         with self._transaction(immediate=True) as db:
@@ -231,10 +251,10 @@ class PrivacyLedger:
             return self._total_locked(db, dataset_id, row["delta"] if row else 0.0)
 
     @staticmethod
-    def _events_locked(db, dataset_id: str) -> tuple[list[dpe.DpEvent], float]:
+    def _events_locked(db, dataset_id: str, exclude: str | None = None) -> tuple[list[dpe.DpEvent], float]:
         """Every spend of the dataset (each attempt that drew noise counts) and the sum of their extra deltas."""
-        rows = db.execute("SELECT event, attempts, extra_delta FROM spends WHERE dataset_id=? ORDER BY created_at",
-                          (dataset_id,)).fetchall()
+        rows = db.execute("SELECT event, attempts, extra_delta FROM spends WHERE dataset_id=? AND release_id IS NOT ? "
+                          "ORDER BY created_at", (dataset_id, exclude)).fetchall()
         events = []
         for r in rows:
             event = accounting.event_from_json(json.loads(r["event"]))

@@ -46,7 +46,7 @@ class DatasetSpec(Strict):
     max_weight: int | None = Field(None, ge=1, description="PUBLIC cap of a row's weight (its sensitivity)")
     weights_count_records: bool = Field(False, description="every unit of weight is one privacy unit")
     items_column: str | None = Field(None, description="set-valued records: a list<int> column of item ids")
-    item_count: int | None = Field(None, ge=1, description="PUBLIC size of the item universe: ids in [0, item_count)")
+    item_count: int | None = Field(None, ge=1, le=10_000_000, description="PUBLIC size of the item universe: ids in [0, item_count)")
 
     @field_validator("bounds")
     @classmethod

@@ -146,3 +146,18 @@ def test_a_retry_after_noise_was_drawn_is_charged_again(tmp_path):
             ledger.charge(dataset_id="d", release_id="r", kind="kmeans", fingerprint="f", redraw=True,
                           event=dpkmeans.plan(epsilon=0.3, iterations=2).event())
             ledger.mark("r", "drawing")
+
+
+def test_a_charged_release_whose_public_input_is_corrected_before_any_draw_is_recharged(tmp_path):
+    """The charge is for the release, not the typo: before any noise, a rerun with corrected parameters replaces
+    the event (against the budget); after noise, other parameters are refused."""
+    ledger = PrivacyLedger(tmp_path / "l.sqlite")
+    _charge(ledger, "r", 0.9, fingerprint="typo")
+    fixed = ledger.charge(dataset_id="d", release_id="r", kind="kmeans", fingerprint="fixed", redraw=True,
+                          event=dpkmeans.plan(epsilon=0.5, iterations=5).event())
+    assert fixed.state.startswith("charged (parameters corrected")
+    assert [r["epsilon"] for r in ledger.releases("d")] == [pytest.approx(0.5)]
+    ledger.mark("r", "drawing")
+    with pytest.raises(ReleaseConflict, match="already used"):
+        ledger.charge(dataset_id="d", release_id="r", kind="kmeans", fingerprint="again", redraw=True,
+                      event=dpkmeans.plan(epsilon=0.5, iterations=5).event())

@@ -67,8 +67,8 @@ class MeanParams(_FriendlyParams):
 class FriendlyKMeansParams(_FriendlyParams):
     """Friendly k-means: k-means++ on m random disjoint subsets, the k-tuples aggregated by FriendlyCore."""
     kind: Literal["friendly_kmeans"] = "friendly_kmeans"
-    k: int = Field(ge=1, description="number of centres")
-    subsets: int = Field(ge=2, description="m, an even number of subsets, from PUBLIC knowledge of the size "
+    k: int = Field(ge=1, le=1000, description="number of centres")
+    subsets: int = Field(ge=2, le=1_000_000, description="m, an even number of subsets, from PUBLIC knowledge of the size "
                                            "(each subset should hold a few dozen points per cluster)")
 
     @model_validator(mode="after")

@@ -27,7 +27,8 @@ class HistogramParams(ConsistencyBase):
     """Hierarchical histogram (Algorithm 3): noisy k-ary tree over `bins` equal-width bins of the column's
     public bounds, made consistent by ADMM with Hay et al.'s tree inference as the projection."""
     kind: Literal["histogram"] = "histogram"
-    bins: int = Field(ge=2, description="number of equal-width bins: a power of the branching factor")
+    bins: int = Field(ge=2, le=2 ** 24, description="number of equal-width bins: a power of the branching factor "
+                                                      "(at most 2^24: the tree is held in memory)")
     branching: int = Field(16, ge=2, description="tree branching factor k")
     consistency: Literal["admm", "htree", "none"] = Field(
         "admm", description="admm: maximum likelihood (L1); htree: least squares (Hay et al.); none: LM(H)")

@@ -35,10 +35,10 @@ class KernelKMeansParams(ReleaseBase):
     """DP kernel k-means of set-valued records (Acs et al. Algorithm 2): random Fourier features of an RBF
     kernel, T noisy Lloyd iterations with the Gaussian mechanism, sigma calibrated to (epsilon, delta)."""
     kind: Literal["kernel_kmeans"] = "kernel_kmeans"
-    k: int = Field(10, ge=1)
+    k: int = Field(10, ge=1, le=1000)
     iterations: int = Field(20, ge=1, le=1000)
     delta: float = Field(1e-6, gt=0, lt=1, description="delta of this release's (epsilon, delta) target")
-    features: int = Field(200, ge=1, description="d, the number of random Fourier features")
+    features: int = Field(200, ge=1, le=10_000, description="d, the number of random Fourier features")
     gamma: float | None = Field(None, gt=0, description="RBF width exp(-gamma ||x - y||^2); default: median "
                                                        "heuristic on the public sample")
     public_sample: str | None = Field(None, description="PUBLIC records (same format) for the initial centres")

@@ -27,7 +27,7 @@ from tasks.run import RunPaths, read_meta
 class KMeansParams(ReleaseBase):
     """DP k-means (Lee & Kifer, Algorithm 1): K centroids after T noisy Lloyd iterations."""
     kind: Literal["kmeans"] = "kmeans"
-    k: int = Field(ge=1, description="number of clusters")
+    k: int = Field(ge=1, le=10_000, description="number of clusters")
     iterations: int = Field(5, ge=1, le=1000, description="T, the number of DP Lloyd iterations")
     min_centroid_distance: float | None = Field(
         None, gt=0, description="public pairwise minimum distance of the initial centroids; default: "

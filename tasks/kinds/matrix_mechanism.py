@@ -19,7 +19,8 @@ class MatrixMechanismParams(ConsistencyBase):
     """Matrix mechanism (Algorithm 4): Laplace answers to a strategy matrix over a histogram of the column,
     the histogram reconstructed by L1 (ADMM) or least squares, then the workload answered from it."""
     kind: Literal["matrix_mechanism"] = "matrix_mechanism"
-    bins: int = Field(ge=2, description="number of equal-width bins of the column's public bounds")
+    bins: int = Field(ge=2, le=2 ** 16, description="number of equal-width bins of the column's public bounds "
+                                                      "(at most 2^16: strategy matrices are held in memory)")
     workload: Literal["identity", "predicate", "all_range", "plus_minus_one"] = "all_range"
     workload_queries: int = Field(512, ge=1, description="queries of the random workloads")
     workload_seed: int = Field(0, description="PUBLIC seed of the random workloads")

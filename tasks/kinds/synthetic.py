@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 from functools import lru_cache
-from typing import Literal
+from typing import Annotated, Literal
 
 import numpy as np
 import pyarrow as pa
@@ -43,7 +43,7 @@ class SyntheticParams(KernelKMeansParams):
     kind: Literal["synthetic"] = "synthetic"  # type: ignore[assignment]
     iterations: int = Field(10, ge=1, le=1000, description="DP kernel k-means iterations")
     model: Literal["vae", "rbm"] = Field("vae", description="generative model of every cluster")
-    hidden: list[int] = Field([200], min_length=1, max_length=2, description="hidden units: [200] is the paper's "
+    hidden: list[Annotated[int, Field(ge=1, le=4096)]] = Field([200], min_length=1, max_length=2, description="hidden units: [200] is the paper's "
                                                                              "VAE, [200, 200] its appendix variant")
     steps: int = Field(300, ge=1, le=100_000, description="DP-SGD steps (every step updates every cluster model)")
     q: float = Field(0.02, gt=0, le=1, description="Poisson sampling rate of every record at every step")
