@@ -8,6 +8,7 @@ import time
 from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Literal
 
 from prefect import flow, get_run_logger
 from prefect.runtime import flow_run
@@ -26,10 +27,29 @@ from tasks.spec import ReleaseSpec, load_spec
 from tasks.stages import evaluate, measure, postprocess, prepare
 
 
-def default_release_id(spec: ReleaseSpec) -> str:
-    """<dataset>-<UTC date>-<flow run id prefix>: stable when Prefect retries or reschedules the same flow run."""
-    run_id = str(flow_run.get_id() or "local")[:8]
-    return f"{spec.dataset.id}-{datetime.now(timezone.utc):%Y%m%d}-{run_id}"
+Period = Literal["daily", "weekly", "monthly"]
+
+
+def period_key(start: datetime, period: Period) -> str:
+    """The period a scheduled start falls in (UTC): 20261120, 2026W47, 202611."""
+    start = start.astimezone(timezone.utc)
+    if period == "daily":
+        return f"{start:%Y%m%d}"
+    if period == "weekly":
+        year, week, _ = start.isocalendar()
+        return f"{year}W{week:02d}"
+    return f"{start:%Y%m}"
+
+
+def default_release_id(spec: ReleaseSpec, period: Period | None) -> str:
+    """A scheduled release is <dataset>-<period of its scheduled start>: every run of one period (a backlog of
+    missed runs, a manual retry after midnight, two runs started at once) is the same release id, which the
+    ledger draws once. Other runs: <dataset>-<scheduled start>-<flow run id prefix>, both fixed when the flow
+    run is created, so stable under Prefect's retries of the same flow run."""
+    start = flow_run.scheduled_start_time or datetime.now(timezone.utc)
+    if period is not None:
+        return f"{spec.dataset.id}-{period_key(start, period)}"
+    return f"{spec.dataset.id}-{start.astimezone(timezone.utc):%Y%m%dT%H%M%S}-{str(flow_run.get_id() or 'local')[:8]}"
 
 
 def _run_name() -> str:
@@ -59,21 +79,23 @@ class _Timer:
 
 @flow(name="release", flow_run_name=_run_name)
 def release(spec: ReleaseSpec | None = None, spec_file: str | None = None, release_id: str | None = None,
-            output_dir: str | None = None) -> dict:
+            period: Period | None = None) -> dict:
     """Make one DP release; returns a summary (paths, privacy spend, evaluation).
 
-    Give the spec itself (`spec`) or the path of a spec file (`spec_file`, what deployments pass);
-    `release_id` and `output_dir` override the spec's. Rerunning a release id resumes it: stored measurements
-    are reused and the ledger is not charged again; a published release is left as it is.
+    Give the spec itself (`spec`) or the path of a spec file (`spec_file`, what deployments pass); `release_id`
+    overrides the spec's; `period` (deployments: daily / weekly / monthly, matching the schedule) makes the
+    default release id the dataset and the period of the scheduled start. Rerunning a release id resumes it:
+    stored measurements are reused and the ledger is not charged again; a published release is left as it is.
+    Where outputs go is the spec's `output_dir`, not a flow parameter; the ledger is the machine's.
     """
     log = get_run_logger()
     if (spec is None) == (spec_file is None):
         raise ReleaseError("give exactly one of `spec` and `spec_file`")
     if spec is None:
         spec = load_spec(spec_file)
-    spec = spec.model_copy(update={k: v for k, v in {"release_id": release_id, "output_dir": output_dir}.items()
-                                   if v is not None})
-    release_id = spec.release_id or default_release_id(spec)
+    if release_id is not None:
+        spec = spec.model_copy(update={"release_id": release_id})
+    release_id = spec.release_id or default_release_id(spec, period)
     if not spec.test_mode:
         require_budget(spec.dataset.id)  # before anything runs or is written
     created = not (Path(spec.output_dir) / release_id).exists()

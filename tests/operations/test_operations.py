@@ -53,29 +53,45 @@ def ops_data(tmp_path_factory) -> Path:
     return write_csv(tmp / "blobs.csv", blobs(100_000, seed=9))
 
 
+def _deployment_run(env: dict, *params: str, start_at: str | None = None) -> subprocess.Popen:
+    args = ["deployment", "run", "release/example-kmeans", "--watch", "--watch-interval", "1"]
+    args += [a for p in params for a in ("--param", p)] + (["--start-at", start_at] if start_at else [])
+    return subprocess.Popen(PREFECT + args, env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True)
+
+
 def test_prefect_deployment_run_publishes_a_release(prefect_server, tmp_path):
+    """A real server and worker: a deployment run publishes; two backdated runs of one period at once and a
+    later manual rerun of that period are one release, charged once."""
     env = _env(prefect_server, tmp_path, "example-sensors", (30.0, 1e-6))
+    out = tmp_path / "deployed"
+    spec = yaml.safe_load((REPO / "deployments/specs/example-kmeans.yaml").read_text())
+    spec_file = tmp_path / "example.yaml"
+    spec_file.write_text(yaml.safe_dump({**spec, "output_dir": str(out)}))
     for args in (["work-pool", "create", "local-pool", "--type", "process"],
                  ["--no-prompt", "deploy", "--all", "--prefect-file", "deployments/prefect.yaml"]):
         done = subprocess.run(PREFECT + args, env=env, cwd=REPO, capture_output=True, text=True, timeout=120)
         assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     worker = start(PREFECT + ["worker", "start", "--pool", "local-pool"], env, tmp_path / "worker.log")
     try:
-        out = tmp_path / "deployed"
         t0 = time.perf_counter()
-        done = subprocess.run(PREFECT + ["deployment", "run", "release/example-kmeans", "--param", f"output_dir={out}",
-                                         "--param", "release_id=ops-deployed", "--watch", "--watch-interval", "1"],
-                              env=env, cwd=REPO, capture_output=True, text=True, timeout=300)
+        first = _deployment_run(env, f"spec_file={spec_file}", "release_id=ops-deployed")
+        assert first.wait(300) == 0 and "Completed" in first.stdout.read(), (tmp_path / "worker.log").read_text()[-3000:]
         seconds = time.perf_counter() - t0
-        assert done.returncode == 0 and "Completed" in done.stdout, done.stdout[-3000:] + \
-            (tmp_path / "worker.log").read_text()[-3000:]
+        backlog = [_deployment_run(env, f"spec_file={spec_file}", start_at="2026-11-20 02:00:00") for _ in range(2)]
+        outputs = [(p.wait(300), p.stdout.read()) for p in backlog]
+        retry = _deployment_run(env, f"spec_file={spec_file}", start_at="2026-11-20 09:30:00")
+        outputs.append((retry.wait(300), retry.stdout.read()))
     finally:
         stop(worker)
+    assert all(code == 0 and "Completed" in text for code, text in outputs), outputs
     manifest = json.loads((out / "ops-deployed" / "release" / "manifest.json").read_text())
     assert manifest["privacy"]["epsilon"] == pytest.approx(1.0) and manifest["dataset_id"] == "example-sensors"
     assert (out / "ops-deployed" / "internal" / "report.md").exists()
     rows = _ledger(tmp_path).releases("example-sensors")
-    assert [(r["release_id"], r["status"]) for r in rows] == [("ops-deployed", "published")]
+    assert [(r["release_id"], r["status"], r["attempts"]) for r in rows] == [
+        ("ops-deployed", "published", 1), ("example-sensors-20261120", "published", 1)]
+    assert (out / "example-sensors-20261120" / "release" / "manifest.json").exists()
     print(f"\nprefect deployment run -> Completed in {seconds:.1f}s")
 
 
