@@ -15,7 +15,7 @@ from prefect.cache_policies import NO_CACHE
 from data_contracts.validate import parquet_files
 from tasks.errors import InputError, reason
 from tasks.example_data import is_builtin, materialise
-from tasks.sets import ingest_sets
+from tasks.sets import ingest_sets, ingest_users
 from tasks.params import DatasetSpec
 
 _NUMBER = re.compile(r"^[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?$|^[+-]?(nan|inf|infinity)$", re.IGNORECASE)
@@ -130,7 +130,10 @@ def _ingest_sets(dataset: DatasetSpec, source: Path, out_dir: Path, log) -> Stag
     from distributed import get_client
 
     fmt = dataset.format or dataset.source_format
-    rows, parts = ingest_sets(source, fmt, dataset.items_column, out_dir, client=get_client())
+    if dataset.user_column:
+        rows, parts = ingest_users(source, dataset.items_column, dataset.user_column, out_dir)
+    else:
+        rows, parts = ingest_sets(source, fmt, dataset.items_column, out_dir, client=get_client())
     if rows == 0:
         raise InputError(f"dataset '{dataset.id}': {dataset.path} has no records")
     log.info("ingested the set-valued records into %d partitions", parts)

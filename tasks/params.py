@@ -46,6 +46,9 @@ class DatasetSpec(Strict):
     max_weight: int | None = Field(None, ge=1, description="PUBLIC cap of a row's weight (its sensitivity)")
     weights_count_records: bool = Field(False, description="every unit of weight is one privacy unit")
     items_column: str | None = Field(None, description="set-valued records: a list<int> column of item ids")
+    user_column: str | None = Field(None, description="set-valued records in several rows per user (Parquet): "
+                                                      "rows are grouped per user, a user's items merged, before "
+                                                      "any statistic; without it, one row is one user")
     item_count: int | None = Field(None, ge=1, le=10_000_000, description="PUBLIC size of the item universe: ids in [0, item_count)")
 
     @field_validator("bounds")
@@ -79,6 +82,8 @@ class DatasetSpec(Strict):
 
     @model_validator(mode="after")
     def _has_columns(self):
+        if self.user_column is not None and (self.items_column is None or self.format == "transactions"):
+            raise ValueError("user_column groups Parquet set-valued records (items_column) per user")
         if self.items_column is not None:
             if self.item_count is None:
                 raise ValueError("set-valued records need the public item_count (item ids in [0, item_count))")

@@ -87,6 +87,30 @@ def _normalise_file(src: str, dst: str, column: str) -> int:
     return offsets.size - 1
 
 
+def ingest_users(path: Path, column: str, user_column: str, out_dir: Path) -> tuple[int, int]:
+    """Parquet rows (user, items) grouped into one record per user, the union of the user's items (the privacy
+    unit is the user, whatever the number of rows); the user ids are dropped. Returns (records, partitions)."""
+    import polars as pl
+
+    files = sorted(path.glob("*.parquet")) if path.is_dir() else [path]
+    try:
+        users = (pl.scan_parquet([str(f) for f in files]).select(pl.col(user_column), pl.col(column))
+                 .explode(column).drop_nulls(column).unique([user_column, column])
+                 .group_by(user_column).agg(pl.col(column).sort()).sort(user_column).collect())
+    except (pl.exceptions.PolarsError, OSError) as exc:
+        raise InputError(f"cannot read {path} with the user column '{user_column}': {reason(exc)}") from None
+    out_dir.mkdir(parents=True)
+    parts = 0
+    for start in range(0, max(users.height, 1), ROWS_PER_PART):
+        lists = users[column][start:start + ROWS_PER_PART].to_arrow()
+        lists = lists.combine_chunks() if hasattr(lists, "combine_chunks") else lists
+        offsets = lists.offsets.to_numpy()
+        values = lists.values.to_numpy(zero_copy_only=False)[offsets[0]:offsets[-1]]
+        pq.write_table(set_table(column, offsets - offsets[0], values), out_dir / f"part.{parts}.parquet")
+        parts += 1
+    return users.height, parts
+
+
 def ingest_sets(path: Path, fmt: str, column: str, out_dir: Path, client=None) -> tuple[int, int]:
     """Write the records of `path` as out_dir/part.<i>.parquet; returns (rows, partitions). With a dask
     client, the files of a Parquet folder are normalised in parallel, one task per file."""

@@ -70,7 +70,7 @@ class ReleaseSpec(Strict):
         """Hash of everything that determines the DP measurements; a resumed release must match it."""
         basis = {"dataset": self.dataset.id, "bounds": self.dataset.bounds, "categories": self.dataset.categories,
                  "weight": [self.dataset.weight_column, self.dataset.max_weight, self.dataset.weights_count_records],
-                 "items": [self.dataset.items_column, self.dataset.item_count],
+                 "items": [self.dataset.items_column, self.dataset.item_count, self.dataset.user_column],
                  "release": self.release.model_dump(), "mode": self.mode,
                  "seed": self.seed}
         return hashlib.sha256(json.dumps(basis, sort_keys=True).encode()).hexdigest()[:16]

@@ -72,3 +72,21 @@ def test_readme_kinds_table_is_the_registry():
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
     assert kinds_table() in readme
     assert all(f"| `{name}` |" in kinds_table() for name in REGISTRY)
+
+
+def test_a_dataset_without_a_registered_budget_is_refused_before_anything_runs(tmp_path):
+    """Budgets are operator decisions: a spec cannot bring its own, and a dataset without one is refused in
+    a second or two, before Prefect starts, with nothing written."""
+    import time
+
+    d = {k: v for k, v in spec_dict(tmp_path, write_csv(tmp_path / "b.csv", blobs(50))).items()}
+    d["dataset"]["id"] = "unregistered"
+    (tmp_path / "s.yaml").write_text(yaml.safe_dump(d))
+    t0 = time.perf_counter()
+    refused = dprelease("run", str(tmp_path / "s.yaml"), cwd=tmp_path)
+    assert refused.returncode == 1 and "has no lifetime budget" in refused.stderr
+    assert "budget set unregistered" in refused.stderr and time.perf_counter() - t0 < 15
+    assert not (tmp_path / "runs").exists()
+    (tmp_path / "l.yaml").write_text(yaml.safe_dump({**d, "ledger": {"lifetime_epsilon": 1e6}}))
+    own = dprelease("run", str(tmp_path / "l.yaml"), cwd=tmp_path)
+    assert own.returncode == 2 and "operator configuration, not spec fields" in own.stderr

@@ -183,3 +183,21 @@ def sp_vstack(parts):
     import scipy.sparse as sp
 
     return sp.vstack(parts).tocsr()
+
+
+def test_set_valued_records_are_grouped_per_user_before_any_statistic(tmp_path):
+    """dataset.user_column: several rows of a user are one privacy unit, merged at ingest."""
+    import pyarrow as pa
+
+    rng = np.random.default_rng(5)
+    users = np.repeat(np.arange(300), 2)  # every user in two rows
+    items = [sorted(set(rng.choice(30, 3, replace=False).tolist())) for _ in users]
+    (tmp_path / "rows").mkdir()
+    write_parquet(tmp_path / "rows" / "part.0.parquet",
+                  {"user": users, "items": pa.array(items, type=pa.list_(pa.int32()))})
+    d = _base(tmp_path, {"id": "u", "path": str(tmp_path / "rows"), "items_column": "items", "item_count": 30,
+                         "user_column": "user"},
+              {"kind": "kernel_kmeans", "k": 2, "iterations": 2, "features": 16, "gamma": 0.1, "epsilon": 1.0})
+    s = _run(d)
+    ingested = Path(s["internal_dir"]) / "ingested"
+    assert sum(pq.ParquetFile(f).metadata.num_rows for f in ingested.glob("*.parquet")) == 300

@@ -61,3 +61,23 @@ def test_cdr_generator_is_deterministic_realistic_and_heavy_tailed(tmp_path):
     transit = generators.generate(generators.TRANSIT, tmp_path / "t", users=30_000, seed=3)
     lengths = np.diff(pq.read_table(transit[0]).column("stations").combine_chunks().offsets.to_numpy())
     assert 4.5 < lengths.mean() < 6.0
+
+
+def test_rows_of_one_user_become_one_record(tmp_path):
+    """With a user column, the privacy unit is the user: their rows (across files) merge into one set."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from tasks.sets import ingest_users, read_sets
+
+    src = tmp_path / "src"
+    src.mkdir()
+    pq.write_table(pa.table({"user": [7, 3, 7], "items": pa.array([[1, 2], [5], [2, 9]], type=pa.list_(pa.int32()))}),
+                   src / "a.parquet")
+    pq.write_table(pa.table({"user": [3, 8], "items": pa.array([[0], []], type=pa.list_(pa.int32()))}),
+                   src / "b.parquet")
+    rows, parts = ingest_users(src, "items", "user", tmp_path / "out")
+    X = read_sets(str(tmp_path / "out" / "part.0.parquet"), "items", 10)
+    assert rows == 2 and parts == 1  # user 8 has no items: no record (the ingest contract refuses empty ones)
+    assert [sorted(X[i].indices.tolist()) for i in range(2)] == [[0, 5], [1, 2, 9]]
+    assert "user" not in pq.ParquetFile(tmp_path / "out" / "part.0.parquet").schema_arrow.names
