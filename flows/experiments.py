@@ -1,6 +1,9 @@
 """The `experiment` flow: reproduce a paper figure on the reference datasets (../shared/data), writing a
 Parquet table and PNG plots into <output_dir>/experiments/<name>-<UTC time>/internal/.
 
+The FriendlyCore experiments (friendlycore_mean, friendlycore_kmeans) generate their data (the FriendlyCore blog
+post's setup) and need no reference dataset; they fix the budget (rho = 0.5 zCDP) and take no epsilons.
+
 Experiments evaluate methods against the true data, so everything they write is internal. Their noise is
 seeded (default 0) for reproducibility: they are measurements of methods, not releases.
 """
@@ -18,6 +21,7 @@ from prefect.cache_policies import NO_CACHE
 
 from tasks.errors import InputError
 from tasks.experiments import contingency as exp_contingency
+from tasks.experiments import friendlycore as exp_fc
 from tasks.experiments import kmeans as exp_kmeans
 from tasks.experiments.points import gowalla_like, load_points
 from tasks.experiments import histogram as exp_histogram
@@ -25,7 +29,8 @@ from tasks.experiments import matrix_mechanism as exp_mm
 from tasks.experiments import mnist as exp_mnist
 from tasks.experiments.plots import bars, line_grid
 
-Name = Literal["kmeans", "contingency", "histogram", "matrix_mechanism", "mnist_clustering"]
+Name = Literal["kmeans", "contingency", "histogram", "matrix_mechanism", "mnist_clustering", "friendlycore_mean",
+               "friendlycore_kmeans"]
 HISTOGRAMS = ("NETTRACE", "SEARCHLOGS")
 TABLES = ("edwards_mildew", "czech_autoworkers_reinis")
 
@@ -119,21 +124,54 @@ def mnist_figure(data_dir: Path, out: Path, runs: int, seed: int, epsilons) -> l
     return [str(_save(frame, out, "mnist_clustering"))]
 
 
+@task(name="friendlycore-mean", cache_policy=NO_CACHE)
+def friendlycore_mean_figure(data_dir: Path, out: Path, runs: int, seed: int, epsilons) -> list[str]:
+    """FriendlyCore blog, averaging: L2 error of the mean of n = 800 samples of N(mu, I_d), FriendlyCore vs
+    CoinPress (t = 2, 4) at rho = 0.5, vs R at d = 1000 and vs d with R = sqrt(d). Generated data (no data_dir);
+    fast (about 1.5 s per run for the 11 settings), so no quick settings."""
+    frame = exp_fc.mean_table(runs=runs, seed=seed)
+    exp_fc.mean_figure(frame, out / "friendlycore_mean_l2.png")
+    return [str(_save(frame, out, "friendlycore_mean"))]
+
+
+@task(name="friendlycore-kmeans", cache_policy=NO_CACHE)
+def friendlycore_kmeans_figure(data_dir: Path, out: Path, runs: int, seed: int, epsilons,
+                               quick: bool = False) -> list[str]:
+    """FriendlyCore blog, k-means: cost / k-means++ (median, 0.1/0.9 quantiles) vs n = 1e3 .. 1e6 on 8 separated
+    2-D Gaussians, friendly k-means vs DP k-means (T = 5) and its Lee & Kifer refinement at FriendlyCore's
+    (eps, delta). Generated data (no data_dir). quick: n = 1e3, 1e4, 5e4 only (n = 1e6 takes ~1.5 min a run)."""
+    frame = exp_fc.kmeans_table(runs=runs, seed=seed, ns=exp_fc.QUICK_KMEANS_NS if quick else exp_fc.KMEANS_NS)
+    exp_fc.kmeans_figure(frame, out / "friendlycore_kmeans_cost.png")
+    return [str(_save(frame, out, "friendlycore_kmeans"))]
+
+
 FIGURES = {"kmeans": kmeans_figure, "mnist_clustering": mnist_figure, "contingency": contingency_figure, "histogram": histogram_figures,
-           "matrix_mechanism": matrix_mechanism_figures}
+           "matrix_mechanism": matrix_mechanism_figures, "friendlycore_mean": friendlycore_mean_figure,
+           "friendlycore_kmeans": friendlycore_kmeans_figure}
+#: Experiments on generated data with a fixed budget: no data_dir, no epsilons.
+GENERATED = ("friendlycore_mean", "friendlycore_kmeans")
 
 
 @flow(name="experiment", flow_run_name="experiment-{name}")
 def experiment(name: Name, data_dir: str = "../shared/data", output_dir: str = "dprelease-runs", runs: int = 10,
                seed: int = 0, epsilons: list[float] | None = None, domain: int = exp_mm.DOMAIN) -> dict:
     """Run one paper-reproduction experiment; returns the paths of its tables and plots.
-    `domain`: histogram size of the matrix-mechanism experiment (the paper's 1024)."""
+    `domain`: histogram size of the matrix-mechanism experiment (the paper's 1024).
+    The FriendlyCore experiments (GENERATED) refuse `epsilons` (their budget is rho = 0.5 zCDP, as in the blog
+    post); friendlycore_kmeans runs quick settings (n <= 5e4) when runs <= 2."""
     log = get_run_logger()
     out = Path(output_dir) / "experiments" / f"{name}-{datetime.now(timezone.utc):%Y%m%dT%H%M%SZ}" / "internal"
     defaults = {"kmeans": exp_kmeans.EPSILONS, "mnist_clustering": exp_mnist.EPSILONS}
     eps = tuple(epsilons) if epsilons else defaults.get(name, tuple(round(0.1 * i, 1) for i in range(1, 11)))
-    log.info("experiment %s: %d runs per setting, epsilons %s -> %s", name, runs, eps, out)
-    extra = {"domain": domain} if name == "matrix_mechanism" else {}
+    quick = name == "friendlycore_kmeans" and runs <= 2
+    if name in GENERATED:
+        if epsilons:
+            raise InputError(f"experiment {name} fixes its budget (rho = {exp_fc.RHO} zCDP): it takes no epsilons")
+        log.info("experiment %s: %d runs per setting%s, rho %g (zCDP), generated data -> %s", name, runs,
+                 " (quick settings: runs <= 2)" if quick else "", exp_fc.RHO, out)
+    else:
+        log.info("experiment %s: %d runs per setting, epsilons %s -> %s", name, runs, eps, out)
+    extra = {"domain": domain} if name == "matrix_mechanism" else {"quick": quick} if quick else {}
     tables = FIGURES[name](Path(data_dir), out, runs, seed, eps, **extra)
     return {"experiment": name, "internal_dir": str(out), "tables": tables,
             "plots": sorted(str(p) for p in out.glob("*.png"))}

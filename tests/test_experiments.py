@@ -29,6 +29,27 @@ def test_experiment_flow_writes_table_and_plots(tmp_path, shared_data, name):
     assert Path(out["internal_dir"]).name == "internal"
 
 
+@pytest.mark.usefixtures("prefect_api")
+@pytest.mark.parametrize("name", ["friendlycore_mean", "friendlycore_kmeans"])
+def test_friendlycore_experiments_run_on_generated_data(tmp_path, name):
+    """No reference data needed (the data dir does not exist); one run (quick k-means settings, n <= 5e4); a
+    failed release is +inf and only FriendlyCore's can fail; CoinPress t = 2 given R = 1e4 sqrt(d) is far worse
+    than FriendlyCore, which needs no R (the blog's left averaging panel, not luck: ~500x)."""
+    from flows.experiments import experiment
+
+    out = experiment(name=name, data_dir=str(tmp_path / "absent"), output_dir=str(tmp_path), runs=1)
+    assert len(out["plots"]) == 1 and Path(out["plots"][0]).stat().st_size > 0
+    frame = pd.read_parquet(out["tables"][0])
+    metric = "l2_error" if name == "friendlycore_mean" else "ratio"
+    assert len(frame) and (np.isfinite(frame[metric]) == frame["released"]).all()
+    assert frame.loc[~frame["released"], "method"].isin(["FriendlyCore", "friendly k-means"]).all()
+    if name == "friendlycore_mean":
+        far = frame[frame["R_over_sqrt_d"] == 10_000].set_index("method")["l2_error"]
+        assert far["FriendlyCore"] < far["CoinPress t=2"] / 20
+    else:
+        assert sorted(frame["n"].unique()) == [1_000, 10_000, 50_000]
+
+
 def test_admm_beats_htree_on_sparse_histograms(shared_data):
     h = np.load(shared_data / "histograms" / "NETTRACE.n4096.npy")
     t = exp_histogram.unit_query_table("NETTRACE", h, runs=3, seed=1, epsilons=(0.1, 1.0),

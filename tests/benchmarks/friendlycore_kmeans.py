@@ -16,12 +16,14 @@ Cost = WCSS on the original data / WCSS of scikit-learn k-means++ (best of 10) o
     python tests/benchmarks/friendlycore_kmeans.py --sweep --runs 10 --points-per-cluster 10,40   # small n
 
 Last line: RESULT median_normalized_cost=<c> q10=<c> q90=<c>
+
+The setup (data, parameters, methods) is shared with `dprelease experiment friendlycore_kmeans`
+(tasks/experiments/friendlycore.py), which draws its noise with dpalgos.noise.simulated and plots the sweep.
 """
 
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 import time
 from pathlib import Path
@@ -30,53 +32,36 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from dpalgos import domain, dpkmeans  # noqa: E402
 from dpalgos import friendlycore as fc  # noqa: E402
 from dpalgos.metrics import kmeans_reference, wcss  # noqa: E402
 from dpalgos.noise import Measure, SeededNoise  # noqa: E402
-
-GRID = fc.RadiusGrid(1e-3, 1e5)
-BOUNDS = (np.array([-120.0, -120.0]), np.array([120.0, 120.0]))
-
-
-def mixture(n, k, rng, sep=15.0):
-    while True:
-        C = rng.uniform(-50, 50, (k, 2))
-        if np.min(np.linalg.norm(C[:, None] - C[None], axis=-1) + np.eye(k) * 1e9) >= sep:
-            break
-    return C[rng.integers(0, k, n)] + rng.normal(size=(n, 2))
-
-
-def subsets_for(n, k, per_cluster):
-    return max(2, int(round(n / (k * per_cluster) / 2)) * 2)
+from tasks.experiments import friendlycore as fce  # noqa: E402  (shared with the experiment)
 
 
 def dpkmeans_cost(X, k, eps, T, rng, seed):
     """The project's DP k-means at pure eps, on X mapped to the unit L1 ball; centroids mapped back."""
-    Y, _ = domain.to_unit_l1_ball(X, *BOUNDS)
-    plan = dpkmeans.plan(epsilon=eps, iterations=T, k=k, d=X.shape[1])
-    C0 = dpkmeans.data_independent_centroids(k, X.shape[1], rng)[0]
-    traj = dpkmeans.dp_kmeans(dpkmeans.array_stats(Y), C0, iterations=T, measure=Measure(plan, SeededNoise(seed)))
-    return wcss(X, domain.unscale_from_unit_box(traj.final_centroids, *BOUNDS))
+    traj = fce.dpkmeans_trajectory(X, k, epsilon=eps, iterations=T, init_rng=rng,
+                                   measure=lambda plan: Measure(plan, SeededNoise(seed)))
+    return wcss(X, fce.to_data_space(traj.final_centroids))
 
 
 def run(n, runs, args, ppc, *, with_dpkmeans=True):
-    params = fc.KMeansParams(rho=args.rho, k=args.k, subsets=subsets_for(n, args.k, ppc), grid=GRID)
+    params = fce.kmeans_params(n, rho=args.rho, k=args.k, per_cluster=ppc)
     plan = fc.kmeans_plan(params)
     eps = fc.guarantee(params, args.delta).epsilon
     fc_cost, dp_cost, dp_free, fails, secs = [], [], [], 0, []
     for rep in range(runs):
         rng = np.random.default_rng([args.seed, n, rep])
-        X = mixture(n, args.k, rng)
+        X = fce.mixture(n, args.k, rng)
         ref, _ = kmeans_reference(X, args.k, n_init=10, seed=rep)
         t = time.time()
-        rel = fc.friendly_kmeans(X, params, Measure(plan, SeededNoise(rep)), rng)
+        centres = fce.friendly_kmeans_centres(X, params, Measure(plan, SeededNoise(rep)), rng)
         secs.append(time.time() - t)
-        if rel.centres is None:
+        if centres is None:
             fails += 1
             fc_cost.append(np.inf)
         else:
-            fc_cost.append(wcss(X, rel.centres) / ref)
+            fc_cost.append(wcss(X, centres) / ref)
         if with_dpkmeans:
             init = rng.integers(2 ** 31)
             dp_cost.append(dpkmeans_cost(X, args.k, eps, args.iterations, np.random.default_rng(init),
@@ -85,11 +70,6 @@ def run(n, runs, args, ppc, *, with_dpkmeans=True):
             dp_free.append(dpkmeans_cost(X, args.k, 1e9, args.iterations, np.random.default_rng(init),
                                          10_000 + rep) / ref)
     return params, eps, np.array(fc_cost), np.array(dp_cost), np.array(dp_free), fails, float(np.median(secs))
-
-
-def q(v):
-    """Empirical 0.1 / 0.5 / 0.9 quantiles (inverted CDF: sample values, so a failure (+inf) stays +inf)."""
-    return np.quantile(v, [0.1, 0.5, 0.9], method="inverted_cdf")
 
 
 def main():
@@ -113,14 +93,14 @@ def main():
         for n in (2_000, 5_000, 10_000, 20_000, 50_000, 100_000, 200_000):
             for ppc in (float(v) for v in args.points_per_cluster.split(",")):
                 params, eps, f, d, _, fails, _ = run(n, args.runs, args, ppc)
-                fq, dq = q(f), q(d)
+                fq, dq = fce.quantiles(f), fce.quantiles(d)
                 print(f"{n:>8} {ppc:>6g} {params.subsets:>6} {eps:6.3f} {fq[1]:9.4g} [{fq[0]:.4g}, {fq[2]:.4g}]".ljust(67)
                       + f" {fails:>3}/{args.runs:<4} {dq[1]:9.4g} [{dq[0]:.4g}, {dq[2]:.4g}]", flush=True)
         return
 
     t0 = time.time()
     params, eps, f, d, dfree, fails, secs = run(args.n, args.runs, args, float(args.points_per_cluster))
-    fq, dq, zq = q(f), q(d), q(dfree)
+    fq, dq, zq = fce.quantiles(f), fce.quantiles(d), fce.quantiles(dfree)
     print(f"n={args.n} k={args.k} subsets m={params.subsets} rho={args.rho} (eps={eps:.3f}, delta={args.delta:g} incl. "
           f"delta'={fc.ptr_delta(params):g}) runs={args.runs} ({time.time() - t0:.0f} s; friendly k-means "
           f"{secs:.2f} s per run)")

@@ -15,6 +15,9 @@ random unit vector); the default mu_frac = 0.5 puts the data far from the origin
 Last line of the default run:
     RESULT friendlycore_l2=<median> coinpress_l2=<median> rho=<rho>
 (coinpress_l2 is CoinPress with --coinpress-t steps, default 2; t = 2 and t = 4 are both printed above it).
+
+The setup (data, parameters, methods) is shared with `dprelease experiment friendlycore_mean`
+(tasks/experiments/friendlycore.py), which draws its noise with dpalgos.noise.simulated and plots the sweep.
 """
 
 from __future__ import annotations
@@ -33,43 +36,21 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from dpalgos import coinpress as cp  # noqa: E402
 from dpalgos import friendlycore as fc  # noqa: E402
-from dpalgos.accounting import epsilon_at  # noqa: E402
 from dpalgos.noise import Measure, SeededNoise  # noqa: E402
-from dp_accounting import dp_event as dpe  # noqa: E402
+from tasks.experiments import friendlycore as fce  # noqa: E402  (shared with the experiment)
 
-GRID = fc.RadiusGrid(1e-2, 1e8)
+GRID = fce.MEAN_GRID
 SHARED = Path(__file__).resolve().parents[3] / "shared" / "data" / "coinpress-results"
 
 
 def one_setting(d, n, R, rho, runs, seed, mu_frac, ts=(2, 4)):
     """Per-run L2 errors of FriendlyCore, CoinPress (each t) and the non-private mean, plus FC's 'no core' count."""
-    rng = np.random.default_rng(seed)
-    params = fc.MeanParams(rho=rho, grid=GRID)
-    fplan = fc.mean_plan(params)
-    cplans = {t: cp.coinpress_plan(rho, t) for t in ts}
-    out = {"fc": [], "nonprivate": [], **{f"cp{t}": [] for t in ts}}
-    none = 0
-    for k in range(runs):
-        u = rng.normal(size=d)
-        mu = mu_frac * R * u / np.linalg.norm(u)
-        X = mu + rng.normal(size=(n, d))
-        rel = fc.friendly_mean(X, params, Measure(fplan, SeededNoise(seed * 1000 + k)))
-        if rel.mean is None:
-            none += 1
-            out["fc"].append(np.inf)
-        else:
-            out["fc"].append(float(np.linalg.norm(rel.mean - mu)))
-        for t in ts:
-            est = cp.coinpress_mean(X, R=R, measure=Measure(cplans[t], SeededNoise(seed * 1000 + k + 500_000 * t)))
-            out[f"cp{t}"].append(float(np.linalg.norm(est - mu)))
-        out["nonprivate"].append(float(np.linalg.norm(X.mean(axis=0) - mu)))
-    return {key: np.array(v) for key, v in out.items()}, none
+    return fce.mean_errors(d, n, R, rho=rho, runs=runs, rng=np.random.default_rng(seed),
+                           noise=fce.keyed_noise(seed * 1000), mu_frac=mu_frac, ts=ts)
 
 
 def epsilons(rho, delta):
-    fc_eps = fc.guarantee(fc.MeanParams(rho=rho, grid=GRID), delta).epsilon
-    cp_eps = epsilon_at(dpe.ZCDpEvent(rho), delta).epsilon
-    return fc_eps, cp_eps
+    return fce.mean_epsilons(rho, delta)
 
 
 def default_run(args):
