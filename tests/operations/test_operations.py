@@ -61,8 +61,8 @@ def _deployment_run(env: dict, *params: str, start_at: str | None = None) -> sub
 
 
 def test_prefect_deployment_run_publishes_a_release(prefect_server, tmp_path):
-    """A real server and worker: a deployment run publishes; two backdated runs of one period at once and a
-    later manual rerun of that period are one release, charged once."""
+    """A real server and worker: two backdated deployment runs of one period at once and a later manual rerun
+    of that period publish one release, charged once."""
     env = _env(prefect_server, tmp_path, "example-sensors", (30.0, 1e-6))
     out = tmp_path / "deployed"
     spec = yaml.safe_load((REPO / "deployments/specs/example-kmeans.yaml").read_text())
@@ -75,23 +75,21 @@ def test_prefect_deployment_run_publishes_a_release(prefect_server, tmp_path):
     worker = start(PREFECT + ["worker", "start", "--pool", "local-pool"], env, tmp_path / "worker.log")
     try:
         t0 = time.perf_counter()
-        first = _deployment_run(env, f"spec_file={spec_file}", "release_id=ops-deployed")
-        assert first.wait(300) == 0 and "Completed" in first.stdout.read(), (tmp_path / "worker.log").read_text()[-3000:]
-        seconds = time.perf_counter() - t0
         backlog = [_deployment_run(env, f"spec_file={spec_file}", start_at="2026-11-20 02:00:00") for _ in range(2)]
         outputs = [(p.wait(300), p.stdout.read()) for p in backlog]
+        seconds = time.perf_counter() - t0
         retry = _deployment_run(env, f"spec_file={spec_file}", start_at="2026-11-20 09:30:00")
         outputs.append((retry.wait(300), retry.stdout.read()))
     finally:
         stop(worker)
-    assert all(code == 0 and "Completed" in text for code, text in outputs), outputs
-    manifest = json.loads((out / "ops-deployed" / "release" / "manifest.json").read_text())
+    assert all(code == 0 and "Completed" in text for code, text in outputs), \
+        [text[-1500:] for _, text in outputs] + [(tmp_path / "worker.log").read_text()[-3000:]]
+    run = out / "example-sensors-20261120"
+    manifest = json.loads((run / "release" / "manifest.json").read_text())
     assert manifest["privacy"]["epsilon"] == pytest.approx(1.0) and manifest["dataset_id"] == "example-sensors"
-    assert (out / "ops-deployed" / "internal" / "report.md").exists()
+    assert (run / "internal" / "report.md").exists()
     rows = _ledger(tmp_path).releases("example-sensors")
-    assert [(r["release_id"], r["status"], r["attempts"]) for r in rows] == [
-        ("ops-deployed", "published", 1), ("example-sensors-20261120", "published", 1)]
-    assert (out / "example-sensors-20261120" / "release" / "manifest.json").exists()
+    assert [(r["release_id"], r["status"], r["attempts"]) for r in rows] == [("example-sensors-20261120", "published", 1)]
     print(f"\nprefect deployment run -> Completed in {seconds:.1f}s")
 
 
