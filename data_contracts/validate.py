@@ -14,6 +14,9 @@ from data_contracts.suites import Contract
 
 @dataclass(frozen=True)
 class Failure:
+    """One failed expectation. `detail` (e.g. how many rows break it) is raw-derived: it goes to the internal
+    report only; the text of a failure, which reaches logs and Prefect states, names stage, column, expectation
+    and file. (A count would be a free counting query: a spec chooses the levels or bounds it checks.)"""
     stage: str
     file: str
     column: str | None
@@ -22,7 +25,7 @@ class Failure:
 
     def __str__(self) -> str:
         where = f"column '{self.column}'" if self.column else "table"
-        return f"{where}: {self.expectation} failed ({self.detail}) in {self.file}"
+        return f"{where}: {self.expectation} failed in {self.file} (details in the internal contract report)"
 
 
 class ContractViolation(Exception):

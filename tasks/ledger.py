@@ -61,7 +61,7 @@ CREATE TABLE IF NOT EXISTS spends (
     release_id TEXT PRIMARY KEY, dataset_id TEXT NOT NULL, kind TEXT NOT NULL, fingerprint TEXT NOT NULL,
     event TEXT NOT NULL, epsilon REAL NOT NULL, delta REAL NOT NULL, status TEXT NOT NULL,
     created_at TEXT NOT NULL, updated_at TEXT NOT NULL, attempts INTEGER NOT NULL DEFAULT 1, location TEXT,
-    extra_delta REAL NOT NULL DEFAULT 0);
+    extra_delta REAL NOT NULL DEFAULT 0, owner TEXT);
 CREATE INDEX IF NOT EXISTS spends_by_dataset ON spends (dataset_id);
 """
 #: Relative slack on the budget comparison, for the floating-point sum of equal shares.
@@ -101,6 +101,8 @@ class PrivacyLedger:
                 db.execute("ALTER TABLE spends ADD COLUMN location TEXT")
             if "extra_delta" not in columns:  # ... or before PTR failure probabilities were
                 db.execute("ALTER TABLE spends ADD COLUMN extra_delta REAL NOT NULL DEFAULT 0")
+            if "owner" not in columns:
+                db.execute("ALTER TABLE spends ADD COLUMN owner TEXT")
         except sqlite3.DatabaseError as exc:
             raise ReleaseError(f"privacy ledger {self.path} is unusable: {exc}") from None
         finally:
@@ -145,16 +147,18 @@ class PrivacyLedger:
 
     def charge(self, *, dataset_id: str, release_id: str, kind: str, fingerprint: str, event: dpe.DpEvent,
                release_delta: float | None = None, redraw: bool = False, location: str | None = None,
-               extra_delta: float = 0.0) -> Charge:
+               extra_delta: float = 0.0, owner: str | None = None) -> Charge:
         """Record the spend of `release_id` unless it is recorded already; refuse it if over budget.
 
-        redraw : the measurements are not committed. If an earlier attempt of this release drew noise
-        (status 'drawing'), this attempt is charged again.
+        redraw : the measurements are not committed here. If an earlier attempt drew noise and did not commit
+        (status 'drawing'), this attempt is charged again. If the release was measured or published, its noise
+        was committed once: there is nothing to redraw, the run is refused.
+        location : the run folder whose measurements/ this release id draws into. Once noise was drawn for the
+        id, a run in another folder is refused (it would publish a second, independent release under one charge).
+        owner : the run that may draw (see `begin_draw`): a release that nothing has drawn yet is taken over by
+        the newest run; an older run that then reaches its first draw is refused before drawing.
         extra_delta : the release's failure probability outside its event (`Plan.extra_delta`); the dataset's
         releases compose at the budget's delta minus the sum of theirs.
-        location : the run folder whose measurements/ this release id draws into. A release id is drawn in
-        one place only: once noise was drawn for it, a run in another folder is refused (it would publish a
-        second, independent release under one charge).
 
         The release's own guarantee is stated at `release_delta` (its spec's target) when given, else at the
         budget's delta; the budget check composes everything at the budget's delta. The dataset's lifetime
@@ -168,24 +172,29 @@ class PrivacyLedger:
             prior = db.execute("SELECT * FROM spends WHERE release_id=?", (release_id,)).fetchone()
             own = accounting.release_guarantee(event, release_delta or bud_delta, extra_delta)
             if prior is not None:
-                if (prior["dataset_id"] == dataset_id and prior["fingerprint"] != fingerprint
-                        and prior["status"] == "charged" and redraw):
-                    # Charged, nothing drawn: the rerun fixes a public input (a typo'd path, a parameter). The
-                    # charge is for the release, not the typo: its event is replaced, against the budget.
+                untouched = prior["status"] == "charged" and prior["attempts"] == 1
+                if prior["dataset_id"] == dataset_id and prior["fingerprint"] != fingerprint and untouched and redraw:
+                    # Charged once, never drawn: the rerun corrects a parameter or a public input. The charge is
+                    # for the release, not the typo: its event is replaced, against the budget.
                     return self._recharge_locked(db, prior, dataset_id, fingerprint, event, own, extra_delta,
-                                                 location, bud_eps, bud_delta)
+                                                 location, owner, bud_eps, bud_delta)
                 if prior["dataset_id"] != dataset_id or prior["fingerprint"] != fingerprint:
                     raise ReleaseConflict(
                         f"release id '{release_id}' was already used (dataset '{prior['dataset_id']}', "
                         f"parameters {prior['fingerprint']}) with different data or parameters "
                         f"({dataset_id}, {fingerprint}); choose a new release id")
-                if location and prior["location"] and prior["location"] != location:
-                    if prior["status"] != "charged":
-                        raise ReleaseConflict(
-                            f"release id '{release_id}' was measured in {prior['location']}: it is drawn once, "
-                            f"in one place; resume it there (its output_dir), or choose a new release id")
-                    db.execute("UPDATE spends SET location=? WHERE release_id=?", (location, release_id))
+                if location and prior["location"] and prior["location"] != location and prior["status"] != "charged":
+                    raise ReleaseConflict(
+                        f"release id '{release_id}' was measured in {prior['location']}: it is drawn once, "
+                        f"in one place; resume it there (its output_dir), or choose a new release id")
+                if redraw and prior["status"] in ("measured", "published"):
+                    raise ReleaseConflict(
+                        f"release id '{release_id}' was measured (its noise committed) but its measurements are not "
+                        f"in {location}: it is drawn once; restore its run folder, or choose a new release id")
                 if not (redraw and prior["status"] == "drawing"):
+                    if redraw:  # nothing drawn yet: this run takes the release over (see `begin_draw`)
+                        db.execute("UPDATE spends SET location=?, owner=? WHERE release_id=?",
+                                   (location or prior["location"], owner, release_id))
                     return Charge(release_id, "already charged", own, self._total_locked(db, dataset_id, bud_delta),
                                   bud_eps, bud_delta)
             events, extra = self._events_locked(db, dataset_id)
@@ -201,29 +210,40 @@ class PrivacyLedger:
             now = _now()
             if prior is not None:
                 db.execute("UPDATE spends SET attempts=attempts+1, extra_delta=extra_delta+?, status='charged', "
-                           "updated_at=? WHERE release_id=?", (extra_delta, now, release_id))
+                           "owner=?, updated_at=? WHERE release_id=?", (extra_delta, owner, now, release_id))
                 return Charge(release_id, "charged again: an earlier attempt drew noise and failed before its "
                                           "commit", own, total, bud_eps, bud_delta)
             db.execute("INSERT INTO spends (release_id, dataset_id, kind, fingerprint, event, epsilon, delta, "
-                       "status, created_at, updated_at, attempts, location, extra_delta) "
-                       "VALUES (?, ?, ?, ?, ?, ?, ?, 'charged', ?, ?, 1, ?, ?)",
+                       "status, created_at, updated_at, attempts, location, extra_delta, owner) "
+                       "VALUES (?, ?, ?, ?, ?, ?, ?, 'charged', ?, ?, 1, ?, ?, ?)",
                        (release_id, dataset_id, kind, fingerprint, json.dumps(accounting.event_to_json(event)),
-                        own.epsilon, own.delta, now, now, location, extra_delta))
+                        own.epsilon, own.delta, now, now, location, extra_delta, owner))
             return Charge(release_id, "charged", own, total, bud_eps, bud_delta)
 
-    def _recharge_locked(self, db, prior, dataset_id, fingerprint, event, own, extra_delta, location, bud_eps,
-                         bud_delta) -> Charge:
+    def _recharge_locked(self, db, prior, dataset_id, fingerprint, event, own, extra_delta, location, owner,
+                         bud_eps, bud_delta) -> Charge:
         events, extra = self._events_locked(db, dataset_id, exclude=prior["release_id"])
         total = accounting.epsilon_at(accounting.compose_events(events + [event]), bud_delta, extra + extra_delta)
         if total.epsilon > bud_eps * (1 + _TOLERANCE):
             raise BudgetExceeded(f"release '{prior['release_id']}' with its new parameters would exceed the lifetime "
                                  f"budget of dataset '{dataset_id}'. No noise was drawn.")
-        db.execute("UPDATE spends SET fingerprint=?, event=?, epsilon=?, delta=?, extra_delta=?, location=?, "
+        db.execute("UPDATE spends SET fingerprint=?, event=?, epsilon=?, delta=?, extra_delta=?, location=?, owner=?, "
                    "updated_at=? WHERE release_id=?",
                    (fingerprint, json.dumps(accounting.event_to_json(event)), own.epsilon, own.delta, extra_delta,
-                    location or prior["location"], _now(), prior["release_id"]))
+                    location or prior["location"], owner, _now(), prior["release_id"]))
         return Charge(prior["release_id"], "charged (parameters corrected before any noise was drawn)", own, total,
                       bud_eps, bud_delta)
+
+    def begin_draw(self, release_id: str, owner: str | None) -> None:
+        """The lease to draw: status charged -> drawing, only for the run that holds the release (compare and
+        set). Called before the first noise draw; a run that lost the release to a newer one is refused here,
+        before it draws anything."""
+        with self._transaction(immediate=True) as db:
+            n = db.execute("UPDATE spends SET status='drawing', updated_at=? WHERE release_id=? AND status='charged' "
+                           "AND owner IS ?", (_now(), release_id, owner)).rowcount
+        if n != 1:
+            raise ReleaseConflict(f"release '{release_id}' was taken over by another run before this one drew any "
+                                  f"noise; nothing was drawn here")
 
     def mark(self, release_id: str, status: str) -> None:
         """Advance a release's status: charged -> measured -> published."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 from pathlib import Path
 from typing import Annotated, Literal, Union
@@ -20,6 +21,9 @@ from tasks.errors import ReleaseError
 from tasks.kinds import REGISTRY
 from tasks.ledger import configured_path
 from tasks.params import ID_PATTERN, DaskSpec, DatasetSpec, Strict
+
+#: The operator's setting that allows seeded, non-private test-mode runs on this machine.
+TEST_MODE_ENV = "DPRELEASE_TEST_MODE"
 
 #: The `release:` section: the parameters model of one registered kind, chosen by its `kind` field.
 ReleaseParams = Annotated[Union[tuple(k.Params for k in REGISTRY.values())], Field(discriminator="kind")]
@@ -50,6 +54,11 @@ class ReleaseSpec(Strict):
     def _seed_only_in_test_mode(self):
         if self.seed is not None and self.mode != "test":
             raise ValueError("a seed is accepted only with mode: test (production noise is seeded from the OS)")
+        if self.mode == "test" and os.environ.get(TEST_MODE_ENV) != "allowed":
+            # A seeded run reads the real data without a charge and its noise can be replayed from the seed:
+            # only an operator's machine setting allows it (never a spec or a UI parameter).
+            raise ValueError(f"mode: test is disabled on this machine (an operator enables it for test data with "
+                             f"{TEST_MODE_ENV}=allowed)")
         return self
 
     @model_validator(mode="after")
@@ -68,7 +77,8 @@ class ReleaseSpec(Strict):
 
     def fingerprint(self) -> str:
         """Hash of everything that determines the DP measurements; a resumed release must match it."""
-        basis = {"dataset": self.dataset.id, "bounds": self.dataset.bounds, "categories": self.dataset.categories,
+        basis = {"dataset": self.dataset.id, "path": self.dataset.path, "numeric": self.dataset.numeric,
+                 "bounds": self.dataset.bounds, "categories": self.dataset.categories,
                  "weight": [self.dataset.weight_column, self.dataset.max_weight, self.dataset.weights_count_records],
                  "items": [self.dataset.items_column, self.dataset.item_count, self.dataset.user_column],
                  "release": self.release.model_dump(), "mode": self.mode,

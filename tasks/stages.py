@@ -14,6 +14,7 @@ mechanism run: the ledger charges the release's event again, against the budget,
 from __future__ import annotations
 
 import json
+import secrets
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -82,13 +83,14 @@ def measure(spec: ReleaseSpec, release_id: str, run: RunPaths, prepared: StageOu
     event = plan.event()
     own = accounting.release_guarantee(event, getattr(spec.release, "delta", 0.0), plan.extra_delta)
     ledger, charge = None, None
+    owner = secrets.token_hex(8)  # this attempt: the lease to draw (PrivacyLedger.begin_draw)
     if not spec.test_mode:
         ledger = PrivacyLedger(spec.ledger_path)
         charge = ledger.charge(dataset_id=spec.dataset.id, release_id=release_id, kind=kind.name,
                                fingerprint=spec.fingerprint(), event=event,
                                release_delta=getattr(spec.release, "delta", None),
                                redraw=not run.measurements.exists(), location=str(run.root.resolve()),
-                               extra_delta=plan.extra_delta)
+                               extra_delta=plan.extra_delta, owner=owner)
         own = charge.release
         log.info("privacy ledger: release %s costs epsilon=%.4g, delta=%.3g (%s); dataset '%s' total epsilon=%.4g "
                  "of %.4g", release_id, own.epsilon, own.delta, charge.state, spec.dataset.id,
@@ -103,16 +105,16 @@ def measure(spec: ReleaseSpec, release_id: str, run: RunPaths, prepared: StageOu
                                   f"parameters ({stored} != {spec.fingerprint()})")
         log.info("reusing the measurements committed at %s (no new noise drawn)", run.measurements)
     else:
-        _draw_and_commit(spec, release_id, run, prepared, plan, ledger, log)
+        _draw_and_commit(spec, release_id, run, prepared, plan, ledger, owner, log)
     if ledger is not None and ledger.status(release_id) in ("charged", "drawing"):
         ledger.mark(release_id, "measured")
     return Measured(str(run.measurements), reused, own, charge.total if charge else None,
                     (charge.budget_epsilon, charge.budget_delta) if charge else None)
 
 
-def _draw_and_commit(spec, release_id, run, prepared, plan, ledger, log) -> None:
+def _draw_and_commit(spec, release_id, run, prepared, plan, ledger, owner, log) -> None:
     noise, public_rng = randomness(spec)
-    measure_ = Measure(plan, noise, on_first_draw=lambda: ledger and ledger.mark(release_id, "drawing"))
+    measure_ = Measure(plan, noise, on_first_draw=lambda: ledger and ledger.begin_draw(release_id, owner))
     draw = kind_of(spec).draw(spec, prepared, measure_, public_rng, log)
     meta = {"release_id": release_id, "dataset_id": spec.dataset.id, "kind": spec.release.kind,
             "fingerprint": spec.fingerprint(), "event": accounting.event_to_json(plan.event()),

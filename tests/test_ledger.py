@@ -161,3 +161,51 @@ def test_a_charged_release_whose_public_input_is_corrected_before_any_draw_is_re
     with pytest.raises(ReleaseConflict, match="already used"):
         ledger.charge(dataset_id="d", release_id="r", kind="kmeans", fingerprint="again", redraw=True,
                       event=dpkmeans.plan(epsilon=0.5, iterations=5).event())
+
+
+def _ch(ledger, release_id="r", eps=0.5, fingerprint="f", location="/runs/a", owner="A", redraw=True):
+    return ledger.charge(dataset_id="d", release_id=release_id, kind="kmeans", fingerprint=fingerprint,
+                         event=dpkmeans.plan(epsilon=eps, iterations=5).event(), redraw=redraw, location=location,
+                         owner=owner)
+
+
+def test_a_measured_release_is_never_drawn_again_when_its_folder_is_gone(tmp_path):
+    ledger = PrivacyLedger(tmp_path / "l.sqlite")
+    ledger.set_budget("d", 10.0, 1e-6)
+    _ch(ledger)
+    ledger.begin_draw("r", "A")
+    ledger.mark("r", "measured")
+    with pytest.raises(ReleaseConflict, match="measured .its noise committed. but its measurements are not"):
+        _ch(ledger)  # same folder, measurements deleted (git clean, a lost disk)
+    ledger.mark("r", "published")
+    with pytest.raises(ReleaseConflict):
+        _ch(ledger, location="/runs/b")
+    assert [(r["status"], r["attempts"]) for r in ledger.releases("d")] == [("published", 1)]
+
+
+def test_correcting_parameters_after_a_charged_retry_keeps_every_charge(tmp_path):
+    ledger = PrivacyLedger(tmp_path / "l.sqlite")
+    ledger.set_budget("d", 10.0, 1e-6)
+    _ch(ledger, eps=1.0)
+    ledger.begin_draw("r", "A")            # attempt 1 drew, then crashed
+    _ch(ledger, eps=1.0, owner="B")        # the retry is charged again ...
+    with pytest.raises(ReleaseConflict, match="already used"):
+        _ch(ledger, eps=0.01, fingerprint="g", owner="C")  # ... and cannot be swapped for a cheaper event
+    assert [(r["epsilon"], r["attempts"]) for r in ledger.releases("d")] == [(pytest.approx(1.0), 2)]
+    assert ledger.spent("d").epsilon > 1.5  # two eps = 1 runs composed (at the budget's delta)
+
+
+def test_only_one_run_of_a_release_id_draws(tmp_path):
+    """Run A is charged and still computing; run B takes the id over (same or another folder): A is refused at
+    its first draw, before drawing anything; B draws. With other parameters B's event replaces A's."""
+    ledger = PrivacyLedger(tmp_path / "l.sqlite")
+    ledger.set_budget("d", 10.0, 1e-6)
+    _ch(ledger, eps=1.0, owner="A", location="/runs/x")
+    _ch(ledger, eps=0.01, fingerprint="g", owner="B", location="/runs/y")
+    with pytest.raises(ReleaseConflict, match="taken over by another run"):
+        ledger.begin_draw("r", "A")
+    ledger.begin_draw("r", "B")
+    with pytest.raises(ReleaseConflict):   # A retries in its own folder: the id is B's, drawn in /runs/y
+        _ch(ledger, eps=0.01, fingerprint="g", owner="A2", location="/runs/x")
+    assert [(r["status"], r["attempts"], r["location"]) for r in ledger.releases("d")] == [
+        ("drawing", 1, "/runs/y")]

@@ -80,3 +80,11 @@ def test_shipped_specs_are_valid():
     assert specs
     for f in specs:
         load_spec(f)
+
+
+def test_test_mode_needs_the_operator_setting(tmp_path, monkeypatch):
+    """A seeded run reads the real data unmetered: a spec or a UI parameter cannot ask for it on a machine
+    whose operator has not allowed it."""
+    monkeypatch.delenv("DPRELEASE_TEST_MODE")
+    with pytest.raises(SpecError, match="mode: test is disabled on this machine"):
+        parse_spec(_spec(tmp_path, mode="test", seed=3))
