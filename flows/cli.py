@@ -38,10 +38,14 @@ def cmd_run(args) -> int:
         _example_ledger(spec)
     else:
         spec = load_spec(args.spec, **overrides)
+    problems = missing_inputs(spec)
+    if problems:  # fails fast, before Prefect starts: one line per problem
+        print("\n".join(f"error: {p}" for p in problems), file=sys.stderr)
+        return 2
     if not spec.test_mode:
         from tasks.ledger import require_budget
 
-        require_budget(spec.dataset.id)  # fails fast, before Prefect starts
+        require_budget(spec.dataset.id)
     if spec.release_id is None:
         spec = spec.model_copy(update={"release_id": _new_release_id(spec.dataset.id)})
     print(f"release id: {spec.release_id}  (to resume after a failure: --release-id {spec.release_id})",
@@ -196,15 +200,33 @@ def cmd_kinds(args) -> int:
     return 0
 
 
+def missing_inputs(spec) -> list[str]:
+    """The spec's input files that do not exist (the data, a public sample, public marginals), one line each."""
+    from tasks.example_data import is_builtin
+
+    paths = [("dataset.path", spec.dataset.path)] if not is_builtin(spec.dataset.path) else []
+    paths += [(f"release.{k}", getattr(spec.release, k)) for k in ("public_sample", "public_marginals")
+              if getattr(spec.release, k, None)]
+    return [f"{field}: {path} does not exist" for field, path in paths if not Path(path).exists()]
+
+
 def cmd_spec_check(args) -> int:
     spec = load_spec(args.spec)
+    problems = missing_inputs(spec)
+    for problem in problems:
+        print(f"error: {args.spec}: {problem}", file=sys.stderr)
+    if problems:
+        return 2
     print(f"{args.spec}: valid {spec.release.kind} release of dataset '{spec.dataset.id}' "
-          f"(columns {spec.dataset.columns}, epsilon={spec.release.epsilon:g})")
+          f"(columns {spec.dataset.columns}, epsilon={spec.release.epsilon:g}); its input files exist")
     return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from importlib.metadata import version
+
     parser = argparse.ArgumentParser(prog="dprelease", description=__doc__.split("\n")[0])
+    parser.add_argument("--version", action="version", version=f"dprelease {version('dprelease')}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     run = sub.add_parser("run", help="run a release flow (Prefect, local dask cluster by default)",
@@ -282,7 +304,8 @@ def build_parser() -> argparse.ArgumentParser:
     spec = sub.add_parser("spec", help="work with release spec files")
     ssub = spec.add_subparsers(dest="spec_command", required=True)
     check = ssub.add_parser("check", help="validate a spec file without running anything",
-                            description="Validate a release spec: schema, bounds, budget, seed mode.")
+                            description="Validate a release spec: schema, bounds, seed mode, and that its input "
+                                        "files (data, public sample, public marginals) exist. Exit 2 otherwise.")
     check.add_argument("spec", help="release spec file (YAML or JSON)")
     check.set_defaults(func=cmd_spec_check)
     return parser

@@ -37,6 +37,22 @@ def _versions() -> dict:
     return out
 
 
+def _provenance() -> dict:
+    """Which run made this release: the Prefect flow run and deployment, and the code's git revision."""
+    import subprocess
+
+    from prefect.runtime import deployment, flow_run
+
+    try:
+        revision = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=10,
+                                  cwd=Path(__file__).resolve().parent).stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        revision = None
+    return {"flow_run_id": str(flow_run.get_id()) if flow_run.get_id() else None,
+            "deployment_id": str(deployment.get_id()) if deployment.get_id() else None,
+            "code_revision": revision}
+
+
 @task(name="publish", cache_policy=NO_CACHE)
 def publish_release(spec: ReleaseSpec, release_id: str, run: RunPaths, staging: Path, measured: Measured) -> dict:
     """Manifest: the privacy guarantee and its accounting, the mechanisms (the plan recorded with the
@@ -79,6 +95,7 @@ def publish_release(spec: ReleaseSpec, release_id: str, run: RunPaths, staging: 
                        "weights_count_records": spec.dataset.weights_count_records},
         "files": files,
         "software": _versions(),
+        "provenance": _provenance(),
     }
     publish(run, staging, manifest)
     if ledger is not None and ledger.status(release_id) != "published":

@@ -90,3 +90,20 @@ def test_a_dataset_without_a_registered_budget_is_refused_before_anything_runs(t
     (tmp_path / "l.yaml").write_text(yaml.safe_dump({**d, "ledger": {"lifetime_epsilon": 1e6}}))
     own = dprelease("run", str(tmp_path / "l.yaml"), cwd=tmp_path)
     assert own.returncode == 2 and "operator configuration, not spec fields" in own.stderr
+
+
+def test_missing_inputs_fail_fast_one_line_each(tmp_path):
+    """Missing files are found before Prefect starts: one `error:` line per problem, exit 2, in seconds."""
+    import time
+
+    d = spec_dict(tmp_path, tmp_path / "absent.csv")
+    (tmp_path / "s.yaml").write_text(yaml.safe_dump(d))
+    for command in (("spec", "check"), ("run",)):
+        t0 = time.perf_counter()
+        out = dprelease(*command, str(tmp_path / "s.yaml"), cwd=tmp_path)
+        lines = [line for line in out.stderr.splitlines() if line.strip()]
+        assert out.returncode == 2 and lines == [line for line in lines if line.startswith("error:")], out.stderr
+        assert any("dataset.path" in line and "does not exist" in line for line in lines)
+        assert "Traceback" not in out.stderr and time.perf_counter() - t0 < 15
+    assert not (tmp_path / "runs").exists()
+    assert dprelease("--version").stdout.startswith("dprelease ")

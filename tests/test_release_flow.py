@@ -66,6 +66,8 @@ def test_release_end_to_end(tmp_path, csv_data):
     assert manifest["randomness"]["mode"] == "production" and "OpenDP" in manifest["randomness"]["noise"]
     assert {m["scale"] for m in manifest["privacy"]["mechanisms"]} == {10.0}
     assert [m["distribution"] for m in manifest["privacy"]["mechanisms"]] == ["discrete_laplace", "opendp_laplace"]
+    assert manifest["provenance"]["flow_run_id"] and manifest["provenance"]["deployment_id"] is None
+    assert {"scikit-learn", "numba", "pyarrow", "opendp"} <= set(manifest["software"])
     for name, info in manifest["files"].items():
         assert _sha(release / name) == info["sha256"]
 
