@@ -140,6 +140,11 @@ class Measure:
         self._count(mechanism)
         return self.source.step_generator()
 
+    def secret_generator(self) -> np.random.Generator:
+        """Randomness of a mechanism that is not noise but must stay secret (Poisson batches, subset coins): the
+        source's, never the public generator's and never published."""
+        return self.source.step_generator()
+
     def _count(self, mechanism: Mechanism) -> None:
         if not self.drawn and self._on_first_draw is not None:
             self._on_first_draw()

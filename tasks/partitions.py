@@ -155,6 +155,11 @@ class Partitioned:
         parts = self._client.gather(futures)
         return sp.vstack(parts).tocsr() if sp.issparse(parts[0]) else np.concatenate(parts, axis=0)
 
+    def collect(self):
+        """Every partition, concatenated on the driver (for methods that need all points together)."""
+        parts = self._client.gather(self._parts)
+        return sp.vstack(parts).tocsr() if sp.issparse(parts[0]) else np.concatenate(parts, axis=0)
+
     def close(self) -> None:
         self._client.cancel(self._parts)
 

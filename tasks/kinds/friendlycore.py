@@ -102,7 +102,7 @@ def _points(spec, prepared) -> np.ndarray:
     """All points on the driver (FriendlyCore needs them together)."""
     data = Partitioned.points(current_client(), parquet_files(prepared.path), spec.dataset.columns)
     try:
-        return data.sample(prepared.rows, prepared.rows, seed=0)
+        return data.collect()
     finally:
         data.close()
 
@@ -184,7 +184,7 @@ class FriendlyKMeansKind(_FriendlyKind):
     def draw(self, spec, prepared, measure, public_rng, log):
         X = _points(spec, prepared)
         # The subset coins are the mechanism's own randomness: secret (the noise source's), never public.
-        res = fc.friendly_kmeans(X, _math_params(spec.release), measure, measure.source.step_generator())
+        res = fc.friendly_kmeans(X, _math_params(spec.release), measure, measure.secret_generator())
         info = {"released": res.released, "radius": res.radius, "noisy_core_weight": res.noisy_weight,
                 "weight_lower_bound": res.weight_lower_bound, "radius_probes": [list(p) for p in res.probes]}
         return Draw(write=lambda folder: _write(folder, spec.dataset.columns, res.centres, spec.release.k, info),

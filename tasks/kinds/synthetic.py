@@ -173,7 +173,7 @@ class SyntheticKind(ReleaseKind):
             every = max(1, p.steps // 10)
             # Who is sampled must stay secret (amplification by sampling): the batches' seeds come from the
             # noise source's secret generator, never from the public one.
-            batches = BatchStream(data, measure.source.step_generator(), rff, clip, res.centres, p.q, p.steps, p.k)
+            batches = BatchStream(data, measure.secret_generator(), rff, clip, res.centres, p.q, p.steps, p.k)
             clips = dpgm.train(models, batches, sizes, cfg, measure,
                                progress=lambda s, t: s % every == 0 and log.info("DP-SGD step %d/%d", s, t))
         finally:
