@@ -1,12 +1,13 @@
 """DP k-means (DP-KMEANS, Algorithm 1 of Lee & Kifer, "Postprocessing for Iterative Differentially Private
 Algorithms"; originally Blum et al. 2005 / McSherry 2009).
 
-Data live in the unit L1 ball (see `dpalgos.domain`). Each of T iterations assigns the points to their
-nearest current centroid, releases
+Data live in a bounded domain (the paper's unit L1 ball, the box [-1, 1]^d or the unit L2 ball, see
+`dpalgos.domain`). Each of T iterations assigns the points to their nearest current centroid, releases
 
-    n~_j = |B_j| + Lap(2T/eps)          and          s~_j = sum_{x in B_j} x + Lap(2T/eps)^d,
+    n~_j = |B_j| + Lap(2T/eps)          and          s~_j = sum_{x in B_j} x + Lap(2T Delta_S/eps)^d,
 
-and moves the centroids to c_j = s~_j / n~_j. The whole noisy trajectory theta~_1..theta~_T is returned,
+Delta_S the largest L1 norm of a point of the domain (1, d, sqrt(d)), and moves the centroids to
+c_j = s~_j / n~_j projected onto the domain. The whole noisy trajectory theta~_1..theta~_T is returned,
 because the postprocessing of Lee & Kifer (§3.2-3.3) uses every iteration, not only the last.
 
 The algorithm never touches the data directly: it takes a sufficient-statistics callable
@@ -21,7 +22,7 @@ from typing import Callable
 
 import numpy as np
 
-from dpalgos.domain import project_l1_ball
+from dpalgos import domain as domains
 from dpalgos.noise import Measure
 from dpalgos.plan import Mechanism, Plan
 
@@ -41,13 +42,22 @@ class Trajectory:
     noisy_sums        : (T, K, d) s~^(t).
     centroids         : (T, K, d) c^(t), derived from the noisy statistics by `update_centroids`;
                         iteration t assigns points with centroids[t-2] (initial_centroids for t = 1).
-    noise_scale       : the Laplace scale b = 2T/eps of every count and every sum coordinate (the plan's).
+    noise_scale       : the Laplace scale b_N = 2T/eps of every count (the plan's).
+    domain            : the domain of the points (and of the centroids).
+    sum_noise_scale   : the Laplace scale b_S = 2T Delta_S/eps of every sum coordinate (the plan's);
+                        None: b_N (the L1 ball, Delta_S = 1).
     """
     initial_centroids: np.ndarray
     noisy_counts: np.ndarray
     noisy_sums: np.ndarray
     centroids: np.ndarray
     noise_scale: float
+    domain: str = "l1_ball"
+    sum_noise_scale: float | None = None
+
+    @property
+    def sum_scale(self) -> float:
+        return self.noise_scale if self.sum_noise_scale is None else self.sum_noise_scale
 
     @property
     def iterations(self) -> int:
@@ -97,52 +107,69 @@ def array_stats(X: np.ndarray) -> Stats:
     return lambda centroids: cluster_stats(X, centroids)
 
 
-def update_centroids(noisy_sums: np.ndarray, noisy_counts: np.ndarray, previous: np.ndarray) -> np.ndarray:
+def update_centroids(noisy_sums: np.ndarray, noisy_counts: np.ndarray, previous: np.ndarray,
+                     domain: str = "l1_ball") -> np.ndarray:
     """c_j = s~_j / n~_j, with the rule for small noisy counts.
 
     A noisy count below MIN_NOISY_COUNT (in particular n~_j <= 0) carries no usable estimate of the
     cluster's size, and dividing by it would throw the centroid arbitrarily far: such a cluster keeps its
-    previous centroid. Every other centroid is projected onto the unit L1 ball, where the true mean of
-    points of the ball must lie (the ball is convex). The rule reads only noisy values and public
-    constants, so it is postprocessing and costs no privacy.
+    previous centroid. Every other centroid is projected onto the domain, where the true mean of its
+    points must lie (every domain is convex). The rule reads only noisy values and public constants, so it
+    is postprocessing and costs no privacy.
     """
     counts = np.asarray(noisy_counts, dtype=np.float64)
     ok = counts >= MIN_NOISY_COUNT
     out = np.array(previous, dtype=np.float64, copy=True)
     if np.any(ok):
-        out[ok] = project_l1_ball(noisy_sums[ok] / counts[ok, None])
+        out[ok] = domains.project(noisy_sums[ok] / counts[ok, None], domain)
     return out
 
 
-def plan(*, epsilon: float, iterations: int, k: int | None = None, d: int | None = None) -> Plan:
+def plan(*, epsilon: float, iterations: int, k: int | None = None, d: int | None = None,
+         domain: str = "l1_ball") -> Plan:
     """The mechanisms of `dp_kmeans`: the budget eps is split evenly over the T iterations and, within one,
-    between counts and sums: eps/(2T) each, so both get Laplace noise of scale 2T/eps (sensitivity 1)."""
+    between counts and sums: eps/(2T) each, so counts get Laplace noise of scale 2T/eps (sensitivity 1) and
+    sums 2T Delta_S/eps, Delta_S = `domain.sum_sensitivity` (the L1 ball's 1 needs no d)."""
     if not np.isfinite(epsilon) or epsilon <= 0:
         raise ValueError(f"epsilon must be positive and finite, got {epsilon}")
     if iterations < 1:
         raise ValueError(f"iterations must be >= 1, got {iterations}")
+    if domain != "l1_ball" and d is None:
+        raise ValueError(f"the {domain} domain's sum sensitivity needs the dimension d")
     multiplier = 2.0 * iterations / epsilon
     return Plan((
         Mechanism("counts", "per-cluster point counts n_j at each iteration", "laplace", 1.0,
                   "adding or removing one point changes exactly one cluster's count by 1 (the centroids it is "
                   "assigned with are public or noisy values fixed before the pass): L1 sensitivity 1",
                   multiplier, integer=True, repetitions=iterations, values=k),
-        Mechanism("sums", "per-cluster coordinate sums s_j (K x d values) at each iteration", "laplace", 1.0,
-                  "adding or removing a point x changes one cluster's sum by x, and ||x||_1 <= 1 in the unit L1 "
-                  "ball: L1 sensitivity 1 for the K*d vector", multiplier, repetitions=iterations,
-                  values=None if k is None or d is None else k * d)))
+        Mechanism("sums", "per-cluster coordinate sums s_j (K x d values) at each iteration", "laplace",
+                  domains.sum_sensitivity(domain, d or 1), _SUM_ARGUMENTS[domains.check_domain(domain)],
+                  multiplier, repetitions=iterations, values=None if k is None or d is None else k * d)))
+
+
+_SUM_ARGUMENTS = {
+    "l1_ball": "adding or removing a point x changes one cluster's sum by x, and ||x||_1 <= 1 in the unit L1 ball: "
+               "L1 sensitivity 1 for the K*d vector",
+    "box": "adding or removing a point x changes one cluster's sum by x; every coordinate is clipped to [-1, 1], so "
+           "||x||_1 <= d, with equality at a vertex of the box: L1 sensitivity d for the K*d vector",
+    "l2_ball": "adding or removing a point x changes one cluster's sum by x; rows are projected onto the unit L2 ball, "
+               "so ||x||_1 <= sqrt(d) ||x||_2 <= sqrt(d) (Cauchy-Schwarz, equality at (+-1, ..., +-1)/sqrt(d)): "
+               "L1 sensitivity sqrt(d) for the K*d vector"}
 
 
 def dp_kmeans(stats: Stats, initial_centroids: np.ndarray, *, iterations: int, measure: Measure,
-              on_iteration: Callable[[int, np.ndarray], None] | None = None) -> Trajectory:
+              domain: str = "l1_ball", on_iteration: Callable[[int, np.ndarray], None] | None = None) -> Trajectory:
     """Run Algorithm 1 for `iterations` (T) steps; the noise of `measure` follows `plan`.
 
-    stats : sufficient-statistics callable on data inside the unit L1 ball.
+    stats : sufficient-statistics callable on data inside `domain`.
     initial_centroids : (K, d), chosen without looking at the data (`data_independent_centroids`).
+    domain : the data's domain; the plan's sum sensitivity must be its own.
     on_iteration : called as on_iteration(t, centroids) after each iteration (progress reporting).
     """
     C = np.array(initial_centroids, dtype=np.float64)
     K, d = C.shape
+    if measure.plan["sums"].sensitivity != domains.sum_sensitivity(domain, d):
+        raise ValueError(f"the plan's sum sensitivity {measure.plan['sums'].sensitivity} is not the {domain}'s")
     counts_t = np.empty((iterations, K))
     sums_t = np.empty((iterations, K, d))
     cents_t = np.empty((iterations, K, d))
@@ -150,53 +177,49 @@ def dp_kmeans(stats: Stats, initial_centroids: np.ndarray, *, iterations: int, m
         sums, counts = stats(C)
         counts_t[t] = measure("counts", counts)
         sums_t[t] = measure("sums", sums)
-        C = update_centroids(sums_t[t], counts_t[t], C)
+        C = update_centroids(sums_t[t], counts_t[t], C, domain)
         cents_t[t] = C
         if on_iteration is not None:
             on_iteration(t + 1, C)
     return Trajectory(initial_centroids=np.array(initial_centroids, dtype=np.float64),
                       noisy_counts=counts_t, noisy_sums=sums_t, centroids=cents_t,
-                      noise_scale=measure.plan["counts"].scale)
-
-
-def _uniform_l1_ball(n: int, d: int, rng: np.random.Generator) -> np.ndarray:
-    # The first d coordinates of a uniform point of the (d+1)-simplex, with random signs, are uniform
-    # in the d-dimensional L1 ball.
-    e = rng.exponential(size=(n, d + 1))
-    return (e[:, :d] / e.sum(axis=1, keepdims=True)) * rng.choice([-1.0, 1.0], size=(n, d))
+                      noise_scale=measure.plan["counts"].scale, domain=domain,
+                      sum_noise_scale=measure.plan["sums"].scale)
 
 
 def data_independent_centroids(k: int, d: int, rng: np.random.Generator, *,
-                               min_distance: float | None = None,
-                               attempts: int = 20) -> tuple[np.ndarray, float]:
-    """K initial centroids in the unit L1 ball, chosen without looking at the data.
+                               min_distance: float | None = None, attempts: int = 20,
+                               domain: str = "l1_ball") -> tuple[np.ndarray, float]:
+    """K initial centroids in the domain, chosen without looking at the data.
 
     Sphere packing as in Su et al. ("Differentially Private k-Means Clustering", 2015): centroids at
     Euclidean distance >= a from the domain's boundary and >= 2a from each other. With `min_distance`
-    given, 2a = min_distance (a public constant); otherwise a starts at half the ball's inradius, 1/(2 sqrt(d)), and
+    given, 2a = min_distance (a public constant); otherwise a starts at half the domain's inradius and
     shrinks by 10% until K centroids fit. Returns (centroids (K, d), the pairwise minimum 2a used).
     """
     if k < 1 or d < 1:
         raise ValueError(f"need k >= 1 and d >= 1, got k={k}, d={d}")
-    a = (min_distance / 2.0) if min_distance is not None else 0.5 / np.sqrt(d)
+    r = domains.inradius(domain, d)
+    a = (min_distance / 2.0) if min_distance is not None else 0.5 * r
     while a > 1e-9:
-        # Euclidean distance from c to the boundary of the L1 ball is (1 - ||c||_1) / sqrt(d).
-        shrink = 1.0 - a * np.sqrt(d)
+        # Every domain is star-shaped about 0 with its inradius at 0: shrinking it by 1 - a / r keeps a
+        # distance >= a from the boundary.
+        shrink = 1.0 - a / r
         if shrink > 0:
-            found = _pack(k, d, a, shrink, rng, attempts)
+            found = _pack(k, d, a, shrink, rng, attempts, domain)
             if found is not None:
                 return found, 2.0 * a
         if min_distance is not None:
             raise ValueError(f"cannot place {k} centroids at pairwise distance >= {min_distance} "
-                             f"inside the {d}-dimensional unit L1 ball")
+                             f"inside the {d}-dimensional {domain}")
         a *= 0.9
     raise ValueError(f"cannot place {k} distinct initial centroids in dimension {d}")
 
 
-def _pack(k, d, a, shrink, rng, attempts):
+def _pack(k, d, a, shrink, rng, attempts, domain):
     # Random greedy packing: take a random candidate, drop every candidate closer than 2a to it, repeat.
     for _ in range(attempts):
-        cands = shrink * _uniform_l1_ball(200 * k, d, rng)
+        cands = shrink * domains.uniform(200 * k, d, domain, rng)
         chosen = []
         while cands.shape[0] and len(chosen) < k:
             chosen.append(cands[0])
