@@ -23,6 +23,7 @@ from typing import Callable
 import numpy as np
 
 from dpalgos import domain as domains
+from dpalgos import lloyd
 from dpalgos.noise import Measure
 from dpalgos.plan import Mechanism, Plan
 
@@ -30,7 +31,6 @@ Stats = Callable[[np.ndarray], tuple[np.ndarray, np.ndarray]]
 
 #: A cluster whose noisy count is below this keeps its previous centroid (see `update_centroids`).
 MIN_NOISY_COUNT = 1.0
-CHUNK_ROWS = 1 << 17
 
 
 @dataclass(frozen=True)
@@ -73,37 +73,23 @@ class Trajectory:
 
 
 def assign(X: np.ndarray, centroids: np.ndarray) -> np.ndarray:
-    """Index of the nearest centroid (squared Euclidean) of every row of X (n, d) -> int64 (n,)."""
-    X = np.asarray(X, dtype=np.float64)
-    C = np.asarray(centroids, dtype=np.float64)
-    c2 = np.einsum("kd,kd->k", C, C)
-    labels = np.empty(X.shape[0], dtype=np.int64)
-    for start in range(0, X.shape[0], CHUNK_ROWS):
-        block = X[start:start + CHUNK_ROWS]
-        # ||x - c||^2 = ||x||^2 - 2 x.c + ||c||^2; ||x||^2 does not change the argmin.
-        labels[start:start + CHUNK_ROWS] = np.argmin(c2 - 2.0 * block @ C.T, axis=1)
-    return labels
+    """Index of the nearest centroid (squared Euclidean, ties to the lowest index) of every row of X (n, d)
+    -> int64 (n,)."""
+    return lloyd.labels(X, centroids)
 
 
 def cluster_stats(X: np.ndarray, centroids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Exact (non-private) sufficient statistics of one Lloyd step on X (n, d).
+    """Exact (non-private) sufficient statistics of one Lloyd step on X (n, d), in one fused pass.
 
     Returns sums (K, d) float64 and counts (K,) float64 of the points nearest to each centroid.
     Additive over disjoint parts of the data, so per-partition results can simply be summed.
     """
-    X = np.asarray(X, dtype=np.float64)
-    K, d = np.shape(centroids)
-    labels = assign(X, centroids)
-    counts = np.bincount(labels, minlength=K).astype(np.float64)
-    sums = np.empty((K, d), dtype=np.float64)
-    for j in range(d):
-        sums[:, j] = np.bincount(labels, weights=X[:, j], minlength=K)
-    return sums, counts
+    return lloyd.stats(X, centroids)
 
 
 def array_stats(X: np.ndarray) -> Stats:
     """The sufficient-statistics callable of an in-memory dataset X (n, d)."""
-    X = np.asarray(X, dtype=np.float64)
+    X = np.ascontiguousarray(X, dtype=np.float64)
     return lambda centroids: cluster_stats(X, centroids)
 
 

@@ -4,21 +4,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from dpalgos.dpkmeans import CHUNK_ROWS
+from dpalgos import lloyd
 
 
 def wcss(X: np.ndarray, centroids: np.ndarray) -> float:
     """Within-cluster sum of squares: sum over rows of X (n, d) of the squared Euclidean distance to the
-    nearest of `centroids` (K, d). Additive over disjoint parts of X."""
-    X = np.asarray(X, dtype=np.float64)
-    C = np.asarray(centroids, dtype=np.float64)
-    c2 = np.einsum("kd,kd->k", C, C)
-    total = 0.0
-    for start in range(0, X.shape[0], CHUNK_ROWS):
-        block = X[start:start + CHUNK_ROWS]
-        d2 = np.einsum("nd,nd->n", block, block) + np.min(c2 - 2.0 * block @ C.T, axis=1)
-        total += float(np.maximum(d2, 0.0).sum())
-    return total
+    nearest of `centroids` (K, d), in one fused pass. Additive over disjoint parts of X."""
+    return lloyd.wcss(np.asarray(X, dtype=np.float64), centroids)
 
 
 def kmeans_reference(X: np.ndarray, k: int, *, n_init: int = 10, seed: int | None = None) -> tuple[float, np.ndarray]:

@@ -1,0 +1,146 @@
+"""Fused Lloyd passes: nearest-centre assignment and what a pass needs of it, in one sweep over the points.
+
+Every per-iteration pass over points (DP Lloyd's counts and sums, kernel k-means' clipped feature sums, the
+evaluation's WCSS) is one loop here: a point is read once, its K scores are formed, and it is added to its
+cluster's statistics at once, so no (n, K) score matrix, label vector or clipped copy is ever built.
+
+Scores are those of the numpy path, c_j.c_j - 2 x.c_j (||x||^2 does not change the argmin), with the dot
+products accumulated in float64 in coordinate order and ties going to the lowest index as np.argmin does.
+Any deterministic rule of the point and the (public or already noisy) centres keeps the sensitivity arguments
+of the plans, which only need each point to land in exactly one cluster; matching numpy's rule keeps
+releases identical to the numpy implementation up to the rounding of the dot products.
+
+The kernels are serial and release the GIL: dask (threads or processes) supplies the parallelism, one
+partition per task, and `tasks.threads` keeps library thread pools from multiplying it.
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+
+
+#: Points scored together: at most BLOCK, and few enough that a block's transposed copy (d x rows float64)
+#: stays within BLOCK_BYTES, the L1 data cache of current x86 and ARM cores.
+BLOCK, BLOCK_BYTES = 256, 32 << 10
+
+
+@numba.njit(cache=True, nogil=True)
+def _load(X, start, m, XT):
+    for t in range(X.shape[1]):
+        for i in range(m):
+            XT[t, i] = X[start + i, t]
+
+
+@numba.njit(cache=True, nogil=True)
+def _clip(XT, m, bound, norms):
+    # As `kernel_kmeans.clip_rows`: each row scaled to norm at most bound * (1 - 1e-6), in float64 here, so
+    # that no rounding takes a clipped row above the bound the sums' sensitivity is stated with.
+    norms[:m] = 0.0
+    for t in range(XT.shape[0]):
+        for i in range(m):
+            norms[i] += XT[t, i] * XT[t, i]
+    for i in range(m):
+        norms[i] = max(1.0, np.sqrt(norms[i]) / (bound * (1.0 - 1e-6)))
+    for t in range(XT.shape[0]):
+        for i in range(m):
+            XT[t, i] /= norms[i]
+
+
+@numba.njit(cache=True, nogil=True)
+def _score(XT, m, C, c2, dots, best, arg):
+    # Centre by centre over the block: every inner loop runs over points, independent lanes that vectorise
+    # without reassociating a sum (each dot product keeps its coordinate order) and without branches.
+    for j in range(C.shape[0]):
+        dots[:m] = 0.0
+        for t in range(C.shape[1]):
+            c = C[j, t]
+            for i in range(m):
+                dots[i] += XT[t, i] * c
+        for i in range(m):
+            s = c2[j] - 2.0 * dots[i]
+            better = j == 0 or s < best[i]
+            best[i] = s if better else best[i]
+            arg[i] = j if better else arg[i]
+
+
+@numba.njit(cache=True, nogil=True)
+def _sweep(X, C, c2, bound, sums, counts, labels, want_wcss):
+    """One pass: per block, load (and clip if bound > 0), score, then add each point to what is asked
+    (sums/counts if sums.size, labels if labels.size, the WCSS returned if want_wcss)."""
+    d = X.shape[1]
+    rows = max(8, min(BLOCK, BLOCK_BYTES // (8 * d)))
+    XT, dots = np.empty((d, rows)), np.empty(rows)
+    best, arg = np.empty(rows), np.empty(rows, dtype=np.int64)
+    total = 0.0
+    for start in range(0, X.shape[0], rows):
+        m = min(rows, X.shape[0] - start)
+        _load(X, start, m, XT)
+        if bound > 0.0:
+            _clip(XT, m, bound, dots)
+        _score(XT, m, C, c2, dots, best, arg)
+        if labels.size:
+            labels[start:start + m] = arg[:m]
+        if sums.size:
+            for i in range(m):
+                j = arg[i]
+                counts[j] += 1.0
+                for t in range(d):
+                    sums[j, t] += XT[t, i]
+        if want_wcss:
+            for i in range(m):
+                xx = 0.0
+                for t in range(d):
+                    xx += XT[t, i] * XT[t, i]
+                total += max(xx + best[i], 0.0)
+    return total
+
+
+def _points(X) -> np.ndarray:
+    X = np.asarray(X)
+    return np.ascontiguousarray(X if X.dtype in (np.float32, np.float64) else X.astype(np.float64))
+
+
+def _run(X, centroids, bound=0.0, *, stats=False, labels=False, wcss=False):
+    X = np.asarray(X)
+    X = np.ascontiguousarray(X if X.dtype in (np.float32, np.float64) else X.astype(np.float64))
+    C = np.ascontiguousarray(centroids, dtype=np.float64)
+    if C.ndim != 2 or C.shape[0] < 1 or C.shape[1] != X.shape[1]:
+        raise ValueError(f"need centres of shape (K >= 1, {X.shape[1]}), got {C.shape}")
+    K, d = C.shape
+    sums, counts = (np.zeros((K, d)), np.zeros(K)) if stats else (np.zeros((0, 0)), np.zeros(0))
+    out = np.empty(X.shape[0] if labels else 0, dtype=np.int64)
+    total = _sweep(X, C, np.einsum("kd,kd->k", C, C), float(bound), sums, counts, out, wcss)
+    return sums, counts, out, float(total)
+
+
+def labels(X, centroids) -> np.ndarray:
+    """Index (int64) of the nearest centroid of every row of X (n, d)."""
+    return _run(X, centroids, labels=True)[2]
+
+
+def stats(X, centroids) -> tuple[np.ndarray, np.ndarray]:
+    """Sums (K, d) and counts (K,), float64, of the rows of X (n, d) grouped by nearest centroid."""
+    return _run(X, centroids, stats=True)[:2]
+
+
+def wcss(X, centroids) -> float:
+    """Sum over the rows of X of the squared distance to the nearest centroid, ||x||^2 + min_j score_j
+    (floored at 0 per row against cancellation)."""
+    return _run(X, centroids, wcss=True)[3]
+
+
+def clipped_stats(Z, centroids, bound: float) -> tuple[np.ndarray, np.ndarray]:
+    """`stats` of the rows of Z, each first scaled to L2 norm at most `bound` > 0 (kernel k-means' features)."""
+    return _run(Z, centroids, _positive(bound), stats=True)[:2]
+
+
+def clipped_labels(Z, centroids, bound: float) -> np.ndarray:
+    """`labels` of the rows of Z, each first scaled to L2 norm at most `bound` > 0."""
+    return _run(Z, centroids, _positive(bound), labels=True)[2]
+
+
+def _positive(bound: float) -> float:
+    if not (np.isfinite(bound) and bound > 0):
+        raise ValueError(f"the clipping bound must be positive and finite, got {bound}")
+    return float(bound)

@@ -1,0 +1,116 @@
+"""DP k-means at scale: one DP Lloyd iteration over points held by a real dask LocalCluster (processes on
+loopback, 2 workers x 1 thread, library threads limited by `tasks.threads`), against a plain numpy pass over the same partitions and the memory-bandwidth
+limit measured in the same run. Last line:
+    RESULT dp_iteration_s=<t> numpy_pass_s=<t> bandwidth_limit_s=<t>
+
+dp_iteration_s    : `dpkmeans.dp_kmeans` for one iteration: `Partitioned.reduce(dpkmeans.cluster_stats)` plus
+                    the exact (OpenDP) noise of the counts and sums and the centroid update on the driver.
+numpy_pass_s      : `Partitioned.reduce` of X.sum() per partition (a streaming numpy pass, same dask path).
+bandwidth_limit_s : bytes of the points / the streaming bandwidth of np.add.reduce over a 256 MB array on
+                    every worker at once (the floor for any pass that reads every point once).
+Each figure is the minimum over --repeats runs (the machine is shared; the median is printed too).
+
+    python tests/benchmarks/dpkm_scale.py --n 10000000 --d 2
+    python tests/benchmarks/dpkm_scale.py --n 10000000 --d 10 --k 15
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+import tasks  # noqa: F401  (quiet dask logs before distributed is imported)
+from dpalgos import domain, dpkmeans
+from dpalgos.noise import ExactNoise, Measure
+from tasks.partitions import Partitioned, write_points
+from tasks.threads import limit_threads
+
+BANDWIDTH_BYTES = 256 << 20
+
+
+def write_partition(path: str, rows: int, d: int, k: int, seed: int) -> str:
+    """`rows` points around k public blob centres in the unit L1 ball, written as one Parquet partition."""
+    centres = 0.5 * domain.project_l1_ball(np.random.default_rng(0).normal(size=(k, d)))
+    rng = np.random.default_rng(seed)
+    X = centres[rng.integers(0, k, rows)] + rng.normal(0.0, 0.05, size=(rows, d))
+    write_points(path, domain.project_l1_ball(X), [f"x{j}" for j in range(d)])
+    return path
+
+
+def streaming_seconds_per_byte() -> float:
+    """Seconds per byte of np.add.reduce over an array far larger than the caches (best of 5)."""
+    A = np.ones(BANDWIDTH_BYTES // 8)
+    best = np.inf
+    for _ in range(5):
+        t0 = time.perf_counter()
+        np.add.reduce(A)
+        best = min(best, time.perf_counter() - t0)
+    return best / A.nbytes
+
+
+def plain_sum(X: np.ndarray, repeat: int) -> float:
+    return float(X.sum())
+
+
+def timed(fn, repeats: int) -> tuple[float, float]:
+    """fn(r) for r = 1..repeats: every call gets its own argument, because dask gives a task with the key of
+    one still in memory (same function, same arguments) that result instead of running it."""
+    times = []
+    for r in range(1, repeats + 1):
+        t0 = time.perf_counter()
+        fn(r)
+        times.append(time.perf_counter() - t0)
+    return min(times), float(np.median(times))
+
+
+def build(client, folder: Path, n: int, d: int, k: int, rows: int) -> Partitioned:
+    sizes = [min(rows, n - s) for s in range(0, n, rows)]
+    paths = [str(folder / f"part-{i:05d}.parquet") for i in range(len(sizes))]
+    client.gather(client.map(write_partition, paths, sizes, [d] * len(sizes), [k] * len(sizes),
+                             range(1, len(sizes) + 1)))
+    points = Partitioned.points(client, [Path(p) for p in paths], [f"x{j}" for j in range(d)])
+    client.gather(points._parts)
+    return points
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--n", type=int, default=10_000_000)
+    ap.add_argument("--d", type=int, default=2)
+    ap.add_argument("--k", type=int, default=15)
+    ap.add_argument("--partition-rows", type=int, default=1_000_000)
+    ap.add_argument("--repeats", type=int, default=5)
+    args = ap.parse_args()
+    from distributed import Client, LocalCluster
+
+    plan = dpkmeans.plan(epsilon=1.0, iterations=1, k=args.k, d=args.d)
+    C0, _ = dpkmeans.data_independent_centroids(args.k, args.d, np.random.default_rng(1))
+    with tempfile.TemporaryDirectory(prefix="dpkm-scale-") as tmp, \
+            LocalCluster(n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1",
+                         dashboard_address="127.0.0.1:0", memory_limit=0) as cluster, Client(cluster) as client:
+        limit_threads(client)
+        t0 = time.perf_counter()
+        points = build(client, Path(tmp), args.n, args.d, args.k, args.partition_rows)
+        print(f"built {points.n_partitions} partitions of <= {args.partition_rows} rows ({args.n} x {args.d}) "
+              f"in {time.perf_counter() - t0:.1f}s", flush=True)
+        stats = lambda C: points.reduce(dpkmeans.cluster_stats, C)
+        stats(C0)  # compilation / cache load on the workers, not timed
+        dp = timed(lambda r: dpkmeans.dp_kmeans(stats, C0 * (1.0 - 1e-9 * r), iterations=1,
+                                                measure=Measure(plan, ExactNoise())), args.repeats)
+        plain = timed(lambda r: points.reduce(plain_sum, r), args.repeats)
+        per_byte = client.run(streaming_seconds_per_byte)
+        bandwidth = sum(1.0 / s for s in per_byte.values())  # bytes/s of all workers streaming at once
+        limit = args.n * args.d * 8 / bandwidth
+        print(f"streaming bandwidth {bandwidth / 1e9:.2f} GB/s over {len(per_byte)} workers; "
+              f"medians: dp_iteration_s={dp[1]:.4f} numpy_pass_s={plain[1]:.4f}")
+        print(f"dp / numpy = {dp[0] / plain[0]:.2f} (goal <= 0.5); dp / bandwidth limit = {dp[0] / limit:.1f} "
+              f"(goal <= 20)")
+        print(f"RESULT dp_iteration_s={dp[0]:.4f} numpy_pass_s={plain[0]:.4f} bandwidth_limit_s={limit:.4f}")
+
+
+if __name__ == "__main__":
+    main()
