@@ -52,16 +52,24 @@ def _score(XT, m, C, c2, dots, best, arg):
     # Centre by centre over the block: every inner loop runs over points, independent lanes that vectorise
     # without reassociating a sum (each dot product keeps its coordinate order) and without branches.
     for j in range(C.shape[0]):
-        dots[:m] = 0.0
-        for t in range(C.shape[1]):
+        c = C[j, 0]
+        for i in range(m):
+            dots[i] = XT[0, i] * c
+        for t in range(1, C.shape[1]):
             c = C[j, t]
             for i in range(m):
                 dots[i] += XT[t, i] * c
+        cj = c2[j]
+        if j == 0:
+            for i in range(m):
+                best[i] = cj - 2.0 * dots[i]
+                arg[i] = 0
+            continue
         for i in range(m):
-            s = c2[j] - 2.0 * dots[i]
-            better = j == 0 or s < best[i]
-            best[i] = s if better else best[i]
-            arg[i] = j if better else arg[i]
+            s = cj - 2.0 * dots[i]
+            lower = s < best[i]
+            arg[i] = j if lower else arg[i]
+            best[i] = s if lower else best[i]
 
 
 @numba.njit(cache=True, nogil=True)
