@@ -15,6 +15,7 @@ import numba
 import numpy as np
 import scipy.sparse as sp
 
+from dpalgos import admm
 from dpalgos.plan import Mechanism, Plan
 
 
@@ -80,17 +81,24 @@ class Tree:
         vals = np.concatenate([np.ones(internal), -np.ones(internal * k)])
         return sp.csr_matrix((vals, (rows, cols)), shape=(internal, self.size))
 
-    def htree(self, noisy: np.ndarray) -> np.ndarray:
+    def htree(self, noisy: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
         """Hay et al.'s constrained inference: the least-squares consistent tree closest to `noisy`.
 
         This is the Euclidean projection onto {x : every parent equals the sum of its children}, computed
         in O(n): bottom-up z[v] = (k^i - k^(i-1))/(k^i - 1) h[v] + (k^(i-1) - 1)/(k^i - 1) sum_children z
         (i the height of v, leaves i = 1), then top-down x[v] = z[v] + (x[parent] - sum_siblings z)/k.
+        `out` (n,) receives the result (it may be `noisy` itself); nothing else is allocated.
         """
         noisy = np.ascontiguousarray(noisy, dtype=np.float64)
         if noisy.shape != (self.size,):
             raise ValueError(f"expected a tree vector of {self.size} nodes, got shape {noisy.shape}")
-        return _htree(noisy, self.offsets, self.branching)
+        out = np.empty_like(noisy) if out is None else out
+        _htree(noisy, out, self.offsets, self.branching)
+        return out
+
+    def projection(self) -> "TreeProjection":
+        """`htree` as the projection of `admm.solve_projection`, with its workspace and the fused ADMM pass."""
+        return TreeProjection(self)
 
     def range_answer(self, x: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
         """Sum over leaves [lo, hi) answered from the tree `x` with the fewest nodes (greedy canonical
@@ -127,33 +135,100 @@ def tree_plan(tree: Tree, *, epsilon: float, unit_weight: int = 1) -> Plan:
         values=tree.size),))
 
 
+#: Parents per run of the fused pass: their children's projections (a few kB) stay in L1 cache.
+CHUNK_NODES = 512
+
+
+class TreeProjection:
+    """The projection onto consistent trees for `admm.solve_projection`: calling it is `Tree.htree`;
+    `admm_pass` is one whole ADMM iteration in two passes over the tree (Htree's bottom-up pass, then its
+    top-down pass with the ADMM update of each node as soon as its projection is known), in a workspace of
+    the internal nodes allocated once."""
+
+    def __init__(self, tree: Tree):
+        self.tree = tree
+        self._work = np.empty(int(tree.offsets[-2]))
+        self._chunk = np.empty(CHUNK_NODES * tree.branching)
+
+    def __call__(self, v: np.ndarray) -> np.ndarray:
+        return self.tree.htree(v)
+
+    def admm_pass(self, v, x, xt, nonneg, code, alpha, rho, relaxation, sq) -> None:
+        if v.shape != (self.tree.size,):
+            raise ValueError(f"expected a tree vector of {self.tree.size} nodes, got shape {v.shape}")
+        _admm_pass(v, x, xt, self._work, self._chunk, self.tree.offsets, self.tree.branching, nonneg, code, alpha, rho,
+                   relaxation, sq)
+
+
 @numba.njit(cache=True)
-def _htree(noisy, offsets, k):
-    levels = offsets.size - 1
-    depth = levels - 1
-    z = np.empty_like(noisy)
-    z[offsets[depth]:] = noisy[offsets[depth]:]
+def _bottom_up(h, z, offsets, k):
+    """Htree's bottom-up pass: z[v] for every internal node v (z of a leaf is h of the leaf)."""
+    depth = offsets.size - 2
     for l in range(depth - 1, -1, -1):
-        i = depth - l + 1
-        ki = float(k) ** i
-        ki1 = float(k) ** (i - 1)
-        a = (ki - ki1) / (ki - 1.0)
-        c = (ki1 - 1.0) / (ki - 1.0)
-        start, child_start = offsets[l], offsets[l + 1]
-        for j in range(offsets[l + 1] - start):
+        ki = float(k) ** (depth - l + 1)
+        a = (ki - ki / k) / (ki - 1.0)
+        c = (ki / k - 1.0) / (ki - 1.0)
+        start, child = offsets[l], offsets[l + 1]
+        below = z if l + 1 < depth else h
+        for j in range(child - start):
             s = 0.0
             for u in range(k):
-                s += z[child_start + k * j + u]
-            z[start + j] = a * noisy[start + j] + c * s
-    out = np.empty_like(noisy)
-    out[0] = z[0]
-    for l in range(1, levels):
+                s += below[child + k * j + u]
+            z[start + j] = a * h[start + j] + c * s
+
+
+@numba.njit(cache=True)
+def _htree(h, out, offsets, k):
+    """Both passes of Htree; the internal nodes of `out` hold the bottom-up z until the top-down pass
+    replaces them (a node's z is read only by its own correction and its parent's sibling sum)."""
+    depth = offsets.size - 2
+    if depth == 0:
+        out[0] = h[0]
+        return
+    _bottom_up(h, out, offsets, k)
+    for l in range(1, depth + 1):
         pstart, start = offsets[l - 1], offsets[l]
+        below = out if l < depth else h
         for j in range(start - pstart):
             s = 0.0
             for u in range(k):
-                s += z[start + k * j + u]
+                s += below[start + k * j + u]
             corr = (out[pstart + j] - s) / k
             for u in range(k):
-                out[start + k * j + u] = z[start + k * j + u] + corr
-    return out
+                out[start + k * j + u] = below[start + k * j + u] + corr
+
+
+@numba.njit(cache=True)
+def _admm_pass(v, x, xt, z, chunk, offsets, k, nonneg, code, alpha, rho, relaxation, sq):
+    """One iteration of `admm.solve_projection` on a tree: Htree's bottom-up pass on v into z (internal
+    nodes), then its top-down pass level by level, each run of nodes updated by ADMM as soon as its
+    projection is known (the update reads and writes only the node's own v and x; the children's projection
+    needs only the node's, kept in z). Leaf projections live only in `chunk`, a buffer small enough to stay
+    in cache. sq gets ||x - Pi(v)||^2 and ||x' - x||^2."""
+    depth = offsets.size - 2
+    if depth == 0:
+        sq[0], sq[1] = admm.update_all(v, x, xt, v.copy(), nonneg, code, alpha, rho, relaxation)
+        return
+    _bottom_up(v, z, offsets, k)
+    s_con, s_dx = admm.update_all(v[:1], x[:1], xt[:1], z[:1], nonneg, code, alpha, rho, relaxation)
+    run = chunk.size // k
+    for l in range(1, depth + 1):
+        pstart, start = offsets[l - 1], offsets[l]
+        below = z if l < depth else v
+        for j0 in range(0, start - pstart, run):
+            j1 = min(j0 + run, start - pstart)
+            lo, hi = start + k * j0, start + k * j1
+            dest = z[lo:hi] if l < depth else chunk[:hi - lo]
+            for j in range(j0, j1):
+                first = start + k * j
+                s = 0.0
+                for i in range(first, first + k):
+                    s += below[i]
+                corr = (z[pstart + j] - s) / k
+                for i in range(first, first + k):
+                    dest[i - lo] = below[i] + corr
+            c, d = admm.update_all(v[lo:hi], x[lo:hi], xt[lo:hi], dest, nonneg, code, alpha, rho, relaxation)
+            s_con += c
+            s_dx += d
+    sq[0] = s_con
+    sq[1] = s_dx

@@ -46,14 +46,15 @@ def test_algorithm1_matches_the_lp_optimum(seed):
     assert res.x.min() >= 0.0
 
 
-@pytest.mark.parametrize("branching, leaves", [(2, 64), (3, 81), (4, 64)])
-def test_algorithm3_on_a_tree_matches_the_lp_optimum(branching, leaves):
+@pytest.mark.parametrize("branching, leaves, fused, relaxation", [(2, 64, True, 1.6), (3, 81, False, 1.6),
+                                                                (4, 64, True, 1.0)])
+def test_algorithm3_on_a_tree_matches_the_lp_optimum(branching, leaves, fused, relaxation):
     rng = np.random.default_rng(branching)
     t = Tree(leaves, branching)
     true = np.where(rng.random(leaves) < 0.3, rng.poisson(8, leaves), 0)
     xt = simulated(tree_plan(t, epsilon=1.0), rng)("tree", t.aggregate(true))
-    res = admm.solve_projection(xt, t.htree, penalty="l1", scale=t.levels, x0=t.htree(xt), abs_tol=1e-8,
-                                max_iter=100_000)
+    res = admm.solve_projection(xt, t.projection() if fused else t.htree, penalty="l1", scale=t.levels,
+                                x0=t.htree(xt), abs_tol=1e-8, max_iter=100_000, relaxation=relaxation)
     opt = lp_consistent_l1(xt, t.consistency_matrix(), np.zeros(t.consistency_matrix().shape[0]))
     assert res.l1_objective == pytest.approx(opt, rel=1e-4)
     assert np.abs(t.consistency_matrix() @ res.x).max() <= 1e-4
@@ -86,12 +87,52 @@ def test_the_elastic_net_tends_to_the_l1_solution_as_alpha_goes_to_1():
     assert gaps[-1] <= 1e-3 * opt and gaps[-1] < gaps[0]
 
 
+@pytest.mark.parametrize("penalty", ["l1", "elastic", "l2"])
+@pytest.mark.parametrize("branching, leaves", [(2, 1), (2, 32), (3, 27), (16, 256)])
+def test_the_fused_tree_pass_takes_the_same_steps_as_the_plain_projection(penalty, branching, leaves):
+    rng = np.random.default_rng(leaves)
+    t = Tree(leaves, branching)
+    xt = simulated(tree_plan(t, epsilon=0.5), rng)("tree", t.aggregate(rng.poisson(2, leaves)))
+    kw = dict(penalty=penalty, scale=2 * t.levels, abs_tol=1e-6, max_iter=500)
+    fused, plain = admm.solve_projection(xt, t.projection(), **kw), admm.solve_projection(xt, t.htree, **kw)
+    assert fused.iterations == plain.iterations
+    assert np.allclose(fused.x, plain.x, rtol=1e-9, atol=1e-9)
+
+
+def test_htree_writes_into_its_output_and_may_work_in_place():
+    rng = np.random.default_rng(1)
+    t = Tree(81, 3)
+    noisy = rng.normal(5.0, 3.0, t.size)
+    expected = t.htree(noisy)
+    assert np.abs(t.consistency_matrix() @ expected).max() < 1e-9
+    out = np.full(t.size, np.nan)
+    assert t.htree(noisy, out) is out and np.allclose(out, expected)
+    copy = noisy.copy()
+    t.htree(copy, copy)
+    assert np.allclose(copy, expected)
+
+
+def test_the_fused_tree_pass_allocates_nothing():
+    """Minor page faults over passes on a 2^22-node tree: an allocating pass faults its fresh 33 MB vectors in
+    again (the allocating Htree plus the update: about 500 faults per pass here, with huge pages)."""
+    resource = pytest.importorskip("resource")
+    t = Tree(2 ** 21, 2)
+    rng = np.random.default_rng(0)
+    xt, v, x, sq = rng.normal(size=t.size), rng.normal(size=t.size), np.zeros(t.size), np.zeros(2)
+    project = t.projection()
+    project.admm_pass(v, x, xt, True, 0, 0.9, 2.0, 1.6, sq)
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    for _ in range(3):
+        project.admm_pass(v, x, xt, True, 0, 0.9, 2.0, 1.6, sq)
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before < 50
+
+
 def test_l2_variant_is_the_nonnegative_least_squares_projection():
     rng = np.random.default_rng(3)
     t = Tree(16, 2)
     xt = simulated(tree_plan(t, epsilon=1.0), rng)("tree", t.aggregate(rng.poisson(500, 16)))
     assert t.htree(xt).min() > 0  # large counts: the non-negativity constraint does not bind
-    res = admm.solve_projection(xt, t.htree, penalty="l2", abs_tol=1e-10, max_iter=100_000)
+    res = admm.solve_projection(xt, t.projection(), penalty="l2", abs_tol=1e-10, max_iter=100_000)
     # ... so the L2 solution is exactly Hay et al.'s least squares.
     assert np.allclose(res.x, t.htree(xt), atol=1e-5)
 

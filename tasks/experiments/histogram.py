@@ -52,7 +52,7 @@ def release(method: str, h: np.ndarray, *, epsilon: float, rng: np.random.Genera
     if method == "lm_h":
         return lambda lo, hi: np.maximum(tree.range_answer(noisy, lo, hi), 0.0)
     if method == "admm_l1":
-        res = admm.solve_projection(noisy, tree.htree, scale=tree.levels / epsilon, x0=tree.htree(noisy))
+        res = admm.solve_projection(noisy, tree.projection(), scale=tree.levels / epsilon, x0=tree.htree(noisy))
         return _prefix(np.maximum(tree.leaves_of(res.x), 0.0))
     raise ValueError(f"unknown method {method!r}")
 

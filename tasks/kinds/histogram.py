@@ -67,7 +67,7 @@ def consistent_leaves(tree: Tree, noisy: np.ndarray, method: str, *, noise_scale
         return np.maximum(tree.leaves_of(noisy), 0.0), {"method": "none (LM(H) leaves, negatives set to 0)"}
     if method == "htree":
         return np.maximum(tree.leaves_of(tree.htree(noisy)), 0.0), {"method": "htree (least squares, Hay et al.)"}
-    res = admm.solve_projection(noisy, tree.htree, penalty=penalty, alpha=alpha, rho=rho, scale=noise_scale,
+    res = admm.solve_projection(noisy, tree.projection(), penalty=penalty, alpha=alpha, rho=rho, scale=noise_scale,
                                 x0=tree.htree(noisy))
     return np.maximum(tree.leaves_of(res.x), 0.0), {
         "method": "admm (Lee, Wang & Kifer Algorithm 3, Htree projection)", "penalty": penalty, "alpha": alpha,
