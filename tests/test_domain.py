@@ -25,13 +25,13 @@ def test_points_outside_land_on_the_sphere():
 def test_projection_is_the_euclidean_optimum(d):
     # p is the projection of y onto the convex set C iff (y - p).(z - p) <= 0 for every z in C; the L1
     # ball is the convex hull of +-e_i, so checking the 2d vertices proves optimality exactly.
+    # Over the vertices +-e_i, max (v - p).(y - p) = max_i |y - p|_i - p.(y - p): all rows at once.
     rng = np.random.default_rng(d)
     Y = rng.normal(0, 2, size=(200, d))
     P = domain.project_l1_ball(Y)
-    vertices = np.vstack([np.eye(d), -np.eye(d)])
-    for y, p in zip(Y, P):
-        assert np.max((vertices - p) @ (y - p)) <= 1e-10
-        assert np.abs(p).sum() <= 1 + 1e-12
+    R = Y - P
+    assert np.all(np.abs(R).max(axis=1) - np.einsum("nd,nd->n", P, R) <= 1e-10)
+    assert np.all(np.abs(P).sum(axis=1) <= 1 + 1e-12)
 
 
 def test_projection_of_a_single_point_and_of_ties():
@@ -60,3 +60,57 @@ def test_to_unit_l1_ball_output_is_in_the_domain():
     P, clipped = domain.to_unit_l1_ball(X, [0, 0, 0], [100, 100, 100])
     assert np.all(np.abs(P).sum(axis=1) <= 1 + 1e-12)
     assert clipped.sum() > 0
+
+
+@pytest.mark.parametrize("name", domain.DOMAINS)
+def test_projection_onto_each_domain_is_the_identity_inside_and_lands_inside(name):
+    rng = np.random.default_rng(4)
+    inside = domain.uniform(500, 5, name, rng)
+    assert np.all(domain.gauge(inside, name) <= 1 + 1e-12)
+    assert np.array_equal(domain.project(inside, name), inside)
+    P = domain.project(rng.normal(0, 3, size=(500, 5)), name)
+    assert np.all(domain.gauge(P, name) <= 1 + 1e-12)
+
+
+def test_box_clips_and_l2_ball_shrinks_radially():
+    assert np.allclose(domain.project([[2.0, -0.5, -3.0]], "box"), [[1.0, -0.5, -1.0]])
+    assert np.allclose(domain.project([[3.0, 4.0]], "l2_ball"), [[0.6, 0.8]])
+
+
+@pytest.mark.parametrize("name", domain.DOMAINS)
+@pytest.mark.parametrize("d", [1, 2, 6, 50])
+def test_sum_sensitivity_is_the_largest_l1_norm_of_the_domain(name, d):
+    """The claim of the plan: no point of the domain has a larger L1 norm, and one reaches it."""
+    rng = np.random.default_rng(d)
+    bound = domain.sum_sensitivity(name, d)
+    points = domain.project(rng.normal(0, 5, size=(2000, d)), name)
+    assert np.abs(points).sum(axis=1).max() <= bound * (1 + 1e-12)
+    extreme = domain.project(np.full((1, d), 10.0), name)  # the projection of a far corner of the box
+    assert np.abs(extreme).sum() == pytest.approx(bound)
+
+
+def test_default_domain_depends_on_the_dimension_only():
+    assert [domain.default_domain(d) for d in (1, 2, 3, 6, 784)] == ["l1_ball", "l1_ball", "box", "box", "box"]
+    with pytest.raises(ValueError):
+        domain.check_domain("sphere")
+
+
+@pytest.mark.parametrize("name", domain.DOMAINS)
+def test_boundary_distance_and_inradius(name):
+    d = 4
+    assert domain.boundary_distance(np.zeros((1, d)), name)[0] == pytest.approx(domain.inradius(name, d))
+    # a ball of that radius around a point of the domain stays inside it
+    rng = np.random.default_rng(5)
+    x = 0.5 * domain.uniform(200, d, name, rng)
+    u = rng.normal(size=(200, d))
+    u /= np.linalg.norm(u, axis=1, keepdims=True)
+    edge = x + 0.999 * domain.boundary_distance(x, name)[:, None] * u
+    assert np.all(domain.gauge(edge, name) <= 1 + 1e-12)
+
+
+def test_normalise_scales_then_projects():
+    X = np.array([[0.0, 0.0, 0.0], [100.0, 100.0, 50.0]])
+    box, clipped = domain.normalise(X, [0, 0, 0], [100, 100, 100], "box")
+    assert np.allclose(box, [[-1, -1, -1], [1, 1, 0]]) and clipped.tolist() == [0, 0, 0]
+    l1, _ = domain.normalise(X, [0, 0, 0], [100, 100, 100], "l1_ball")
+    assert np.allclose(l1, domain.to_unit_l1_ball(X, [0, 0, 0], [100, 100, 100])[0])
