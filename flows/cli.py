@@ -1,7 +1,10 @@
 """`dprelease`: run releases, inspect and set privacy budgets, check specs.
 
-Exit codes: 0 success; 1 the release failed (bad input, broken contract, over budget...); 2 bad usage or
-an invalid spec. Prefect and dask are imported only by the commands that need them.
+Exit codes: 0 success; 1 the release failed (bad input, broken contract, over budget...); 2 bad usage, an
+invalid spec or a missing input, found before anything runs. A failure prints one `error:` line; the full
+log, tracebacks included, is in <output_dir>/.logs/<release id>.log (`--debug` prints tracebacks too).
+Prefect, dask and the release kinds are imported only by the commands that need them, after the checks
+that need none of them: a spec naming a missing file fails in well under two seconds.
 """
 
 from __future__ import annotations
@@ -13,20 +16,35 @@ import sys
 from datetime import datetime, timezone
 from pathlib import Path
 
-import tasks  # noqa: F401  (sets the Prefect/dask environment defaults before they are imported)
-from tasks.errors import ReleaseError
-from tasks.spec import SpecError, load_spec
+from flows.preflight import spec_problems
+from flows.settings import apply_defaults
+from tasks.errors import ReleaseError, SpecError
 
 DEFAULT_OUTPUT = "dprelease-runs"
-#: The built-in example's own budget, registered in its own ledger (never the operator's).
-EXAMPLE_BUDGET = (10.0, 1e-6)
+#: The built-in example's own budget, registered in its own ledger (never the operator's); the same figure
+#: as deployments/specs/example-kmeans.yaml suggests for the operator's ledger.
+EXAMPLE_BUDGET = (30.0, 1e-6)
+
+
+class UsageError(ReleaseError):
+    """A problem found before anything ran (exit 2)."""
 
 
 def _new_release_id(dataset_id: str) -> str:
     return f"{dataset_id}-{datetime.now(timezone.utc):%Y%m%dT%H%M%SZ}-{secrets.token_hex(2)}"
 
 
-def cmd_run(args) -> int:
+def _fail_early(problems: list[str], where: str = "") -> None:
+    if problems:
+        raise UsageError("\n".join(f"{where}{p}" for p in problems))
+
+
+def load_run_spec(args):
+    """The spec of `dprelease run`, checked before Prefect starts: the file, its inputs, the schema, the budget."""
+    if not args.example:
+        _fail_early(spec_problems(args.spec))
+    from tasks.spec import load_spec  # after the checks that need none of its imports
+
     overrides = {"release_id": args.release_id, "output_dir": args.output_dir}
     if args.no_evaluate:
         overrides["evaluate"] = False
@@ -35,46 +53,78 @@ def cmd_run(args) -> int:
 
         spec = example_spec(**{"output_dir": args.output_dir or DEFAULT_OUTPUT,
                                **{k: v for k, v in overrides.items() if k != "output_dir"}})
-        _example_ledger(spec)
+        _example_ledger(spec, quiet=args.json)
     else:
         spec = load_spec(args.spec, **overrides)
-    problems = missing_inputs(spec)
-    if problems:  # fails fast, before Prefect starts: one line per problem
-        print("\n".join(f"error: {p}" for p in problems), file=sys.stderr)
-        return 2
+    _fail_early(missing_inputs(spec))
     if not spec.test_mode:
+        from tasks.errors import NoBudget
         from tasks.ledger import require_budget
 
-        require_budget(spec.dataset.id)
+        try:
+            require_budget(spec.dataset.id)
+        except NoBudget as exc:
+            raise UsageError(str(exc)) from None
+    _fail_early(_unwritable(spec.output_dir))
     if spec.release_id is None:
         spec = spec.model_copy(update={"release_id": _new_release_id(spec.dataset.id)})
-    print(f"release id: {spec.release_id}  (to resume after a failure: --release-id {spec.release_id})",
-          flush=True)
-    from data_contracts import ContractViolation
+    return spec
+
+
+def _unwritable(output_dir: str) -> list[str]:
+    import os
+
+    target = Path(output_dir)
+    while not target.exists():
+        target = target.parent
+    return [] if os.access(target, os.W_OK | os.X_OK) else [f"output_dir: {target} is not writable"]
+
+
+def cmd_run(args) -> int:
+    spec = load_run_spec(args)
+    if not args.json:
+        print(f"release id: {spec.release_id}  (to resume after a failure: --release-id {spec.release_id})",
+              flush=True)
+    from flows.logs import run_logging
     from flows.release import release
 
-    try:
-        summary = release(spec=spec)
-    except (ReleaseError, ContractViolation) as exc:
-        print(f"\nerror: {exc}", file=sys.stderr)
-        return 1
-    print(format_summary(summary))
+    with run_logging(Path(spec.output_dir) / ".logs" / f"{spec.release_id}.log", debug=args.debug) as log_file:
+        try:
+            summary = release(spec=spec)
+        except Exception as exc:  # every failure, expected or not: one line here, the traceback in the log
+            message = str(exc) if _is_ours(exc) else f"{type(exc).__name__} (internal error; see the log)"
+            if args.json:
+                print(json.dumps({"status": "failed", "release_id": spec.release_id, "error": message,
+                                  "log": str(log_file)}))
+            print(f"error: {message} (log: {log_file})", file=sys.stderr)
+            return 1
+    summary["log"] = str(log_file)
+    print(json.dumps(summary, indent=2) if args.json else format_summary(summary))
     return 0
 
 
-def _example_ledger(spec) -> None:
-    """The example draws on its own ledger, beside its outputs, with a small budget it registers itself."""
+def _is_ours(exc: BaseException) -> bool:
+    """Errors whose text the pipeline wrote (and vetted for raw values); anything else prints its type only."""
+    from data_contracts import ContractViolation
+
+    return isinstance(exc, (ReleaseError, ContractViolation, TimeoutError))
+
+
+def _example_ledger(spec, quiet: bool = False) -> None:
+    """The example draws on its own ledger, beside its outputs, with a budget it registers itself."""
     import os
 
     from tasks.ledger import LEDGER_ENV, PrivacyLedger
 
     path = (Path(spec.output_dir) / "example-privacy-ledger.sqlite").resolve()
+    path.parent.mkdir(parents=True, exist_ok=True)
     os.environ[LEDGER_ENV] = str(path)
     ledger = PrivacyLedger(path)
     if ledger.budget(spec.dataset.id) is None:
         ledger.set_budget(spec.dataset.id, *EXAMPLE_BUDGET)
-    print(f"the example uses its own ledger {path}, where it registered dataset '{spec.dataset.id}' with a "
-          f"lifetime budget epsilon={EXAMPLE_BUDGET[0]:g}, delta={EXAMPLE_BUDGET[1]:g}", flush=True)
+    if not quiet:
+        print(f"the example uses its own ledger {path}, where it registered dataset '{spec.dataset.id}' with a "
+              f"lifetime budget epsilon={EXAMPLE_BUDGET[0]:g}, delta={EXAMPLE_BUDGET[1]:g}", flush=True)
 
 
 def format_summary(s: dict) -> str:
@@ -201,25 +251,49 @@ def cmd_kinds(args) -> int:
 
 
 def missing_inputs(spec) -> list[str]:
-    """The spec's input files that do not exist (the data, a public sample, public marginals), one line each."""
-    from tasks.example_data import is_builtin
+    """The parsed spec's input files that are missing or unreadable, one line each (the example's too)."""
+    from flows.preflight import input_problems
 
-    paths = [("dataset.path", spec.dataset.path)] if not is_builtin(spec.dataset.path) else []
-    paths += [(f"release.{k}", getattr(spec.release, k)) for k in ("public_sample", "public_marginals")
-              if getattr(spec.release, k, None)]
-    return [f"{field}: {path} does not exist" for field, path in paths if not Path(path).exists()]
+    return input_problems(spec.model_dump())
 
 
 def cmd_spec_check(args) -> int:
+    _fail_early(spec_problems(args.spec), f"{args.spec}: ")
+    from tasks.spec import load_spec  # after the checks that need none of its imports
+
     spec = load_spec(args.spec)
-    problems = missing_inputs(spec)
-    for problem in problems:
-        print(f"error: {args.spec}: {problem}", file=sys.stderr)
-    if problems:
-        return 2
+    _fail_early(missing_inputs(spec), f"{args.spec}: ")
+    if args.json:
+        print(json.dumps({"spec": args.spec, "valid": True, "kind": spec.release.kind, "dataset_id": spec.dataset.id,
+                          "columns": spec.dataset.columns, "epsilon": spec.release.epsilon,
+                          "fingerprint": spec.fingerprint()}))
+        return 0
     print(f"{args.spec}: valid {spec.release.kind} release of dataset '{spec.dataset.id}' "
           f"(columns {spec.dataset.columns}, epsilon={spec.release.epsilon:g}); its input files exist")
     return 0
+
+
+def positive_int(text: str) -> int:
+    value = int(text)
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
+    return value
+
+
+def positive_finite(text: str) -> float:
+    import math
+
+    value = float(text)
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text}")
+    return value
+
+
+def probability(text: str) -> float:
+    value = float(text)
+    if not 0 <= value < 1:
+        raise argparse.ArgumentTypeError(f"must be in [0, 1), got {text}")
+    return value
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -241,6 +315,9 @@ def build_parser() -> argparse.ArgumentParser:
                                           "measurements: rerunning its id spends no budget again)")
     run.add_argument("--output-dir", help=f"override the spec's output_dir (default {DEFAULT_OUTPUT})")
     run.add_argument("--no-evaluate", action="store_true", help="skip the internal utility evaluation")
+    run.add_argument("--json", action="store_true", help="print the run's summary (or its failure) as JSON")
+    run.add_argument("--debug", action="store_true", help="print tracebacks on the terminal too (they are "
+                                                          "always in the run's log file)")
     run.set_defaults(func=cmd_run)
 
     exp = sub.add_parser("experiment", help="reproduce a paper figure on the reference datasets",
@@ -269,10 +346,10 @@ def build_parser() -> argparse.ArgumentParser:
                                      "~11.4 per subscriber; TRANSIT: 342 stations, ~5.3 per passenger) as "
                                      "partitioned Parquet with a list<int32> column. Deterministic given --seed.")
     gen.add_argument("model", choices=["cdr", "transit"])
-    gen.add_argument("--users", type=int, required=True, help="number of records (4400000 for the paper's CDR)")
+    gen.add_argument("--users", type=positive_int, required=True, help="number of records (4400000 for the paper's CDR)")
     gen.add_argument("--out", required=True, help="output folder (must not exist or be empty)")
     gen.add_argument("--seed", type=int, default=0)
-    gen.add_argument("--workers", type=int, default=2, help="dask worker processes")
+    gen.add_argument("--workers", type=positive_int, default=2, help="dask worker processes")
     gen.set_defaults(func=cmd_generate)
 
     budget = sub.add_parser("budget", help="inspect or set a dataset's privacy budget",
@@ -291,8 +368,10 @@ def build_parser() -> argparse.ArgumentParser:
                                        "way a dataset gets a budget. A release of a dataset without one is "
                                        "refused before anything runs.")
     setb.add_argument("dataset", help="dataset id")
-    setb.add_argument("--epsilon", type=float, required=True, help="lifetime epsilon (> 0)")
-    setb.add_argument("--delta", type=float, default=0.0, help="lifetime delta (default 0)")
+    setb.add_argument("--epsilon", type=positive_finite, required=True, help="lifetime epsilon (finite, > 0)")
+    setb.add_argument("--delta", type=probability, default=0.0,
+                      help="lifetime delta in [0, 1) (default 0: enough for pure-DP kinds; kinds with a delta, "
+                           "e.g. synthetic or mean, need one)")
     setb.add_argument("--ledger", default=None, help="ledger file (default: $DPRELEASE_LEDGER, config.toml, or "
                                                      "~/.local/state/dprelease/privacy-ledger.sqlite)")
     setb.set_defaults(func=cmd_budget_set)
@@ -307,16 +386,18 @@ def build_parser() -> argparse.ArgumentParser:
                             description="Validate a release spec: schema, bounds, seed mode, and that its input "
                                         "files (data, public sample, public marginals) exist. Exit 2 otherwise.")
     check.add_argument("spec", help="release spec file (YAML or JSON)")
+    check.add_argument("--json", action="store_true", help="machine-readable output")
     check.set_defaults(func=cmd_spec_check)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    apply_defaults()  # before any command imports Prefect, dask or great-expectations
     try:
         return args.func(args)
-    except SpecError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+    except (SpecError, UsageError) as exc:
+        print("\n".join(f"error: {line}" for line in str(exc).splitlines()), file=sys.stderr)
         return 2
     except (ReleaseError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)

@@ -4,6 +4,7 @@ with a data contract between every two stages (DESIGN.md, "The data path of one 
 from __future__ import annotations
 
 import json
+import os
 import time
 from contextlib import contextmanager
 from datetime import datetime, timezone
@@ -11,23 +12,32 @@ from pathlib import Path
 from typing import Literal
 
 from prefect import flow, get_run_logger
+from prefect.client.orchestration import get_client
 from prefect.runtime import flow_run
 
-from data_contracts import suites
+from data_contracts import ContractViolation, suites
+from tasks.artifacts import StageProgress, emit_failed, emit_if_budget_low, emit_published, publish_artifacts
 from tasks.contracts import check_contract
 from tasks.errors import ReleaseConflict, ReleaseError
-from tasks.ingest import ingest
+from tasks.ingest import StageOutput, ingest
 from tasks.kinds import kind_of
-from tasks.ledger import require_budget
+from tasks.ledger import PrivacyLedger, require_budget
 from tasks.manifest import publish_release
 from tasks.partitions import dask_client
 from tasks.report import write_report
+from tasks.resume import forget, reusable, stage_key, stamp
 from tasks.run import RunPaths, discard_failed, open_run, read_meta
-from tasks.spec import ReleaseSpec, load_spec
+from tasks.spec import ReleaseSpec, load_spec, parse_spec
 from tasks.stages import evaluate, measure, postprocess, prepare
 
 
 Period = Literal["daily", "weekly", "monthly"]
+
+#: A hung stage (a lost dask worker, a stuck file system) must not hang the nightly schedule: the flow run
+#: fails after this long (the operator's DPRELEASE_FLOW_TIMEOUT_SECONDS, default 6 hours) and the next run of
+#: the same release id resumes it. The flow is not retried by Prefect: Prefect cannot tell a refused input or
+#: budget (which would fail again) from a transient error, so retries are on the tasks that are safe to retry.
+FLOW_TIMEOUT_SECONDS = float(os.environ.get("DPRELEASE_FLOW_TIMEOUT_SECONDS", 6 * 3600))
 
 
 def period_key(start: datetime, period: Period) -> str:
@@ -52,101 +62,170 @@ def default_release_id(spec: ReleaseSpec, period: Period | None) -> str:
     return f"{spec.dataset.id}-{start.astimezone(timezone.utc):%Y%m%dT%H%M%S}-{str(flow_run.get_id() or 'local')[:8]}"
 
 
+def resolve(spec: ReleaseSpec | dict | None, spec_file: str | None, release_id: str | None,
+            period: Period | None) -> tuple[ReleaseSpec, str]:
+    """The flow's parameters -> (spec, release id). The run name and the flow body both call it."""
+    if (spec is None) == (spec_file is None):
+        raise ReleaseError("give exactly one of `spec` and `spec_file`")
+    if spec is None:
+        spec = load_spec(spec_file)
+    elif isinstance(spec, dict):
+        spec = parse_spec(spec)
+    if release_id is not None:
+        spec = spec.model_copy(update={"release_id": release_id})
+    return spec, spec.release_id or default_release_id(spec, period)
+
+
 def _run_name() -> str:
+    """The flow run is named after its release id (the UI's run list reads as the release history)."""
     params = flow_run.get_parameters()
-    spec = params.get("spec")
-    if spec is not None:
-        return f"{spec.dataset.id}-{spec.release.kind}" if isinstance(spec, ReleaseSpec) else "release"
-    return f"release-{str(params.get('spec_file', '')).rsplit('/', 1)[-1].removesuffix('.yaml')}"
+    try:
+        return resolve(params.get("spec"), params.get("spec_file"), params.get("release_id"), params.get("period"))[1]
+    except Exception:  # the body raises the same error, with its message; the name must not fail the run
+        return "release-invalid-spec"
+
+
+def _tag_run(spec: ReleaseSpec) -> None:
+    """Tags `dataset:<id>` and `kind:<kind>` on the flow run, for filters and automations."""
+    run_id = flow_run.get_id()
+    if run_id is None:
+        return
+    tags = sorted(set(flow_run.get_tags()) | {f"dataset:{spec.dataset.id}", f"kind:{spec.release.kind}"})
+    with get_client(sync_client=True) as client:
+        client.update_flow_run(run_id, tags=tags)
 
 
 class _Timer:
-    """Stage timings; logs a marker when each stage starts (operators, and the fault tests, follow them)."""
+    """Stage timings; logs a marker when each stage starts (operators, and the fault tests, follow them) and
+    moves the run's progress artifact when it ends."""
 
-    def __init__(self, log):
+    def __init__(self, log, progress: StageProgress):
         self.log = log
+        self.progress = progress
         self.seconds: dict[str, float] = {}
 
     @contextmanager
     def stage(self, name: str):
         self.log.info("stage '%s' started", name)
         start = time.perf_counter()
-        try:
-            yield
-        finally:
-            self.seconds[name] = round(time.perf_counter() - start, 3)
+        yield
+        self.seconds[name] = round(time.perf_counter() - start, 3)
+        self.progress.done(name)
 
 
-@flow(name="release", flow_run_name=_run_name)
+@flow(name="release", flow_run_name=_run_name, timeout_seconds=FLOW_TIMEOUT_SECONDS)
 def release(spec: ReleaseSpec | None = None, spec_file: str | None = None, release_id: str | None = None,
             period: Period | None = None) -> dict:
-    """Make one DP release; returns a summary (paths, privacy spend, evaluation).
+    """Make one DP release; returns a summary (paths, privacy spend; nothing raw-derived).
 
     Give the spec itself (`spec`) or the path of a spec file (`spec_file`, what deployments pass); `release_id`
     overrides the spec's; `period` (deployments: daily / weekly / monthly, matching the schedule) makes the
     default release id the dataset and the period of the scheduled start. Rerunning a release id resumes it:
-    stored measurements are reused and the ledger is not charged again; a published release is left as it is.
-    Where outputs go is the spec's `output_dir`, not a flow parameter; the ledger is the machine's.
+    validated ingest and prepare outputs and stored measurements are reused, the ledger is not charged again;
+    a published release is left as it is (a missing evaluation and report are made). Where outputs go is the
+    spec's `output_dir`, not a flow parameter; the ledger is the machine's.
     """
     log = get_run_logger()
-    if (spec is None) == (spec_file is None):
-        raise ReleaseError("give exactly one of `spec` and `spec_file`")
-    if spec is None:
-        spec = load_spec(spec_file)
-    if release_id is not None:
-        spec = spec.model_copy(update={"release_id": release_id})
-    release_id = spec.release_id or default_release_id(spec, period)
+    spec, release_id = resolve(spec, spec_file, release_id, period)
+    _tag_run(spec)
+    try:
+        return _release(spec, release_id, log)
+    except BaseException as exc:
+        emit_failed(release_id, spec.dataset.id, spec.release.kind,
+                    str(exc) if isinstance(exc, (ReleaseError, ContractViolation)) else type(exc).__name__)
+        raise
+
+
+def _release(spec: ReleaseSpec, release_id: str, log) -> dict:
     if not spec.test_mode:
         require_budget(spec.dataset.id)  # before anything runs or is written
     created = not (Path(spec.output_dir) / release_id).exists()
     run = open_run(spec.output_dir, release_id, test=spec.test_mode)
-    if run.published():
-        if read_meta(run.measurements)["fingerprint"] != spec.fingerprint():
-            raise ReleaseConflict(f"release id '{release_id}' is published at {run.release} with other data or "
-                                  f"parameters; choose a new release id")
+    run.clear_stale_staging()
+    published = run.published()
+    if published and read_meta(run.measurements)["fingerprint"] != spec.fingerprint():
+        raise ReleaseConflict(f"release id '{release_id}' is published at {run.release} with other data or "
+                              f"parameters; choose a new release id")
+    if published and (run.internal / "report.md").exists():
         log.info("release %s is already published at %s; nothing to do", release_id, run.release)
         return _summary(spec, release_id, run, json.loads(run.manifest.read_text()), {}, "already published")
     log.info("release %s (%s on dataset '%s') -> %s", release_id, spec.release.kind, spec.dataset.id, run.root)
-    timer = _Timer(log)
+    timer = _Timer(log, StageProgress(_stage_names(spec, published)))
     try:
         with dask_client(spec.dask) as client:
-            log.info("dask scheduler: %s", client.scheduler.address)
-            manifest, evaluation = _stages(spec, release_id, run, timer)
+            log.info("dask scheduler %s, dashboard %s", client.scheduler.address, client.dashboard_link)
+            manifest, evaluation = _stages(spec, release_id, run, timer, published)
     except BaseException:
         log.error("release %s failed: %s", release_id, discard_failed(run, created))
         raise
     (run.internal / "timings.json").write_text(json.dumps(timer.seconds, indent=2))
-    summary = _summary(spec, release_id, run, manifest, timer.seconds, "published")
+    summary = _summary(spec, release_id, run, manifest, timer.seconds, "already published" if published else
+                       "published")
     (run.internal / "summary.json").write_text(json.dumps(summary, indent=2))
     summary["report"] = str(write_report(spec, release_id, run, manifest, evaluation, timer.seconds))
+    _announce(spec, summary, manifest, run, evaluation, published)
     return summary
 
 
-def _stages(spec: ReleaseSpec, release_id: str, run: RunPaths, timer: _Timer):
+def _announce(spec, summary, manifest, run, evaluation, published: bool) -> None:
+    """Artifacts for the UI, and the events automations react to."""
+    rows = [] if spec.test_mode else PrivacyLedger(spec.ledger_path).releases(spec.dataset.id)
+    publish_artifacts(summary, manifest, run.internal / "contracts", rows,
+                      evaluation["headline"] if evaluation else None)
+    if not published:
+        emit_published(summary)
+    emit_if_budget_low(summary)
+
+
+def _stage_names(spec: ReleaseSpec, published: bool) -> list[str]:
+    prepared = kind_of(spec).prepared_stage
+    names = ["ingest"] + ([prepared] if prepared else [])
+    names += [] if published else ["dp measurement", "postprocess", "publish"]
+    return names + (["evaluate"] if spec.evaluate else [])
+
+
+def _validated(stage: str, key: str, run: RunPaths, make, contract) -> StageOutput:
+    """A stage's output: reused if this run folder holds one made under the same key (tasks/resume.py), else
+    made and validated against its contract, then stamped."""
+    output = reusable(run.internal, stage, key)
+    if output is not None:
+        get_run_logger().info("stage '%s': reusing the validated output of an earlier attempt", stage)
+        return output
+    forget(run.internal, stage)
+    output = make()
+    check_contract(stage, output.path, contract, run.internal / "contracts")
+    stamp(run.internal, stage, key, output)
+    return output
+
+
+def _stages(spec: ReleaseSpec, release_id: str, run: RunPaths, timer: _Timer, published: bool):
     kind = kind_of(spec)
     ds = spec.dataset
     contracts_dir = run.internal / "contracts"
     with timer.stage("ingest"):
-        ingested = ingest(ds, run.internal / "ingested")
+        ingest_key = stage_key("ingested", spec)
         contract = (suites.ingested_sets(ds.items_column, ds.item_count) if ds.items_column else
                     suites.ingested(list(ds.bounds or {}) + list(ds.numeric or []), ds.categories, ds.weight_column))
-        check_contract("ingested", ingested.path, contract, contracts_dir)
-    prepared = ingested
+        prepared = _validated("ingested", ingest_key, run, lambda: ingest(ds, run.internal / "ingested"), contract)
     if kind.prepared_stage is not None:
+        ingested = prepared
         with timer.stage(kind.prepared_stage):
-            prepared = prepare(spec, ingested, run)
-            check_contract(kind.prepared_stage, prepared.path, kind.prepared_contract(spec), contracts_dir)
-    with timer.stage("dp measurement"):
-        measured = measure(spec, release_id, run, prepared)
-        name, contract = kind.measurements_contract(spec)
-        check_contract("measurements", f"{measured.path}/{name}", contract, contracts_dir)
-    with timer.stage("postprocess"):
-        staging = run.new_staging()
-        postprocess(spec, measured, staging, run)
-        name, contract = kind.release_contract(spec)
-        check_contract("release", staging / name, contract, contracts_dir)
-    with timer.stage("publish"):
-        manifest = publish_release(spec, release_id, run, staging, measured)
+            prepared = _validated(kind.prepared_stage, stage_key(kind.prepared_stage, spec, ingest_key), run,
+                                  lambda: prepare(spec, ingested, run), kind.prepared_contract(spec))
+    if published:
+        manifest = json.loads(run.manifest.read_text())
+    else:
+        with timer.stage("dp measurement"):
+            measured = measure(spec, release_id, run, prepared)
+            name, contract = kind.measurements_contract(spec)
+            check_contract("measurements", f"{measured.path}/{name}", contract, contracts_dir)
+        with timer.stage("postprocess"):
+            staging = run.new_staging()
+            postprocess(spec, measured, staging, run)
+            name, contract = kind.release_contract(spec)
+            check_contract("release", staging / name, contract, contracts_dir)
+        with timer.stage("publish"):
+            manifest = publish_release(spec, release_id, run, staging, measured)
     evaluation = None
     if spec.evaluate:
         with timer.stage("evaluate"):

@@ -20,12 +20,13 @@ def check_contract(stage: str, path: str | Path, contract: Contract, report_dir:
     """
     log = get_run_logger()
     report_dir.mkdir(parents=True, exist_ok=True)
+    n = len(contract.rows) + len(contract.table)
     try:
         report = validate_parquet(path, contract)
     except ContractViolation as exc:
-        (report_dir / f"{stage}.json").write_text(json.dumps(failure_report(exc), indent=2, default=str))
+        (report_dir / f"{stage}.json").write_text(json.dumps({**failure_report(exc), "expectations": n}, indent=2,
+                                                             default=str))
         raise
-    (report_dir / f"{stage}.json").write_text(json.dumps(report, indent=2, default=str))
-    n = len(contract.rows) + len(contract.table)
+    (report_dir / f"{stage}.json").write_text(json.dumps({**report, "expectations": n}, indent=2, default=str))
     log.info("contract '%s': %d expectations passed", stage, n)
     return {"stage": stage, "expectations": n, "rows": report["rows"], "files": report["files"], "success": True}

@@ -5,6 +5,10 @@ class ReleaseError(Exception):
     """Base class: the CLI prints these without a traceback and exits non-zero."""
 
 
+class SpecError(ReleaseError, ValueError):
+    """A release spec that cannot be used; the message lists every problem."""
+
+
 class InputError(ReleaseError):
     """The sensitive input cannot be used as the spec describes it (missing, corrupt, wrong schema...)."""
 

@@ -60,7 +60,25 @@ class RunPaths:
         return self.manifest.exists()
 
     def new_staging(self) -> Path:
-        return Path(tempfile.mkdtemp(prefix=".staging-", dir=self.root))
+        """A staging folder named after this process, so a later run can tell a dead run's leftovers."""
+        return Path(tempfile.mkdtemp(prefix=f".staging-{os.getpid()}-", dir=self.root))
+
+    def clear_stale_staging(self) -> None:
+        """Remove staging folders of runs that are no longer alive (a run killed while postprocessing)."""
+        for staging in self.root.glob(".staging-*"):
+            pid = staging.name.split("-")[1]
+            if not (pid.isdigit() and _alive(int(pid))):
+                shutil.rmtree(staging, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def open_run(output_dir: str | Path, release_id: str, test: bool = False) -> RunPaths:

@@ -17,7 +17,7 @@ from typing import Annotated, Literal, Union
 import yaml
 from pydantic import Field, ValidationError, model_validator
 
-from tasks.errors import ReleaseError
+from tasks.errors import SpecError
 from tasks.kinds import REGISTRY
 from tasks.ledger import configured_path
 from tasks.params import ID_PATTERN, DaskSpec, DatasetSpec, Strict
@@ -84,10 +84,6 @@ class ReleaseSpec(Strict):
                  "release": self.release.model_dump(), "mode": self.mode,
                  "seed": self.seed}
         return hashlib.sha256(json.dumps(basis, sort_keys=True).encode()).hexdigest()[:16]
-
-
-class SpecError(ReleaseError, ValueError):
-    """A release spec that cannot be used; the message lists every problem."""
 
 
 def load_spec(path: str | Path, **overrides) -> ReleaseSpec:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import secrets
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,10 +25,11 @@ from prefect.cache_policies import NO_CACHE
 
 from dpalgos import accounting
 from dpalgos.noise import ExactNoise, Measure, SeededNoise
-from tasks.errors import ReleaseConflict, ReleaseError
+from tasks.errors import ReleaseConflict
 from tasks.ingest import StageOutput
 from tasks.kinds import kind_of
 from tasks.ledger import PrivacyLedger
+from tasks.retry import SAFE
 from tasks.run import META, RunPaths, commit_once, read_meta
 from tasks.spec import ReleaseSpec
 
@@ -52,24 +54,13 @@ def randomness(spec: ReleaseSpec):
     return ExactNoise(), np.random.default_rng()
 
 
-@task(name="prepare", cache_policy=NO_CACHE)
+@task(name="prepare", cache_policy=NO_CACHE, **SAFE)
 def prepare(spec: ReleaseSpec, ingested: StageOutput, run: RunPaths) -> StageOutput:
     """The kind's per-record transformation (normalise, bin, encode cells), partition by partition."""
     return kind_of(spec).prepare(spec, ingested, run, get_run_logger())
 
 
-def _transient(task, task_run, state) -> bool:
-    """Retry only failures that may pass (I/O, a busy ledger): a refused input or budget would fail again."""
-    try:
-        state.result()
-    except ReleaseError:
-        return False
-    except Exception:
-        return True
-    return False
-
-
-@task(name="dp-measure", retries=2, retry_delay_seconds=1, retry_condition_fn=_transient, cache_policy=NO_CACHE)
+@task(name="dp-measure", cache_policy=NO_CACHE, **SAFE)
 def measure(spec: ReleaseSpec, release_id: str, run: RunPaths, prepared: StageOutput) -> Measured:
     """Charge the ledger with the kind's plan, then draw its DP measurements and commit them ONCE.
 
@@ -131,9 +122,12 @@ def _draw_and_commit(spec, release_id, run, prepared, plan, ledger, owner, log) 
     log.info("committed the noisy measurements to %s", run.measurements)
 
 
-@task(name="postprocess", cache_policy=NO_CACHE)
+@task(name="postprocess", cache_policy=NO_CACHE, **SAFE)
 def postprocess(spec: ReleaseSpec, measured: Measured, staging: Path, run: RunPaths) -> list[str]:
-    """Release products from the measurements only; a copy of the measurements goes with them."""
+    """Release products from the measurements only; a copy of the measurements goes with them. A retry starts
+    from an empty staging folder."""
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir()
     files = kind_of(spec).postprocess(spec, Path(measured.path), staging, run.internal, get_run_logger())
     (staging / "measurements").mkdir()
     for f in sorted(Path(measured.path).iterdir()):
@@ -141,7 +135,7 @@ def postprocess(spec: ReleaseSpec, measured: Measured, staging: Path, run: RunPa
     return files
 
 
-@task(name="evaluate", cache_policy=NO_CACHE)
+@task(name="evaluate", cache_policy=NO_CACHE, **SAFE)
 def evaluate(spec: ReleaseSpec, run: RunPaths, prepared: StageOutput) -> dict:
     """Internal utility report (raw-derived) into internal/evaluation/."""
     log = get_run_logger()

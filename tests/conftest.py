@@ -10,7 +10,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-import tasks  # noqa: F401  (environment defaults before prefect is imported)
+from flows.settings import apply_defaults
+
+apply_defaults()  # the CLI's process settings, before prefect is imported
 
 SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 

@@ -29,7 +29,7 @@ def test_every_subcommand_has_help(words):
 
 
 def test_invalid_spec_exits_2_with_the_field_named(tmp_path):
-    d = spec_dict(tmp_path, tmp_path / "x.csv", epsilon=-1)
+    d = spec_dict(tmp_path, write_csv(tmp_path / "x.csv", blobs(10)), epsilon=-1)
     (tmp_path / "s.yaml").write_text(yaml.safe_dump(d))
     out = dprelease("run", str(tmp_path / "s.yaml"))
     assert out.returncode == 2 and "release.epsilon" in out.stderr
@@ -43,13 +43,18 @@ def test_run_then_budget_show(tmp_path, operator_ledger):
     ok = dprelease("budget", "set", "blobs", "--epsilon", "1.5", "--delta", "1e-6")
     assert ok.returncode == 0 and str(operator_ledger) in ok.stdout
     (tmp_path / "s.yaml").write_text(yaml.safe_dump(d))
-    ok = dprelease("run", str(tmp_path / "s.yaml"), "--release-id", "cli-1", cwd=tmp_path)
+    ok = dprelease("run", str(tmp_path / "s.yaml"), "--release-id", "cli-1", "--json", cwd=tmp_path)
     assert ok.returncode == 0, ok.stderr[-3000:]
-    assert "Release cli-1 (kmeans on dataset 'blobs'): published" in ok.stdout
+    summary = json.loads(ok.stdout)
+    assert summary["status"] == "published" and summary["release_id"] == "cli-1"
     assert (tmp_path / "runs" / "cli-1" / "release" / "manifest.json").exists()
+    assert "Traceback" not in (tmp_path / "runs" / ".logs" / "cli-1.log").read_text()
 
     refused = dprelease("run", str(tmp_path / "s.yaml"), "--release-id", "cli-2", cwd=tmp_path)
-    assert refused.returncode == 1 and "would exceed the lifetime budget" in refused.stderr
+    errors = [line for line in refused.stderr.splitlines() if line.startswith("error:")]
+    assert refused.returncode == 1 and len(errors) == 1 and "would exceed the lifetime budget" in errors[0]
+    assert "Traceback" not in refused.stderr + refused.stdout  # tracebacks go to the run's log file only
+    assert "Traceback" in (tmp_path / "runs" / ".logs" / "cli-2.log").read_text()
     assert not (tmp_path / "runs" / "cli-2").exists()
 
     ledger = str(operator_ledger)
@@ -77,15 +82,12 @@ def test_readme_kinds_table_is_the_registry():
 def test_a_dataset_without_a_registered_budget_is_refused_before_anything_runs(tmp_path):
     """Budgets are operator decisions: a spec cannot bring its own, and a dataset without one is refused in
     a second or two, before Prefect starts, with nothing written."""
-    import time
-
     d = {k: v for k, v in spec_dict(tmp_path, write_csv(tmp_path / "b.csv", blobs(50))).items()}
     d["dataset"]["id"] = "unregistered"
     (tmp_path / "s.yaml").write_text(yaml.safe_dump(d))
-    t0 = time.perf_counter()
     refused = dprelease("run", str(tmp_path / "s.yaml"), cwd=tmp_path)
-    assert refused.returncode == 1 and "has no lifetime budget" in refused.stderr
-    assert "budget set unregistered" in refused.stderr and time.perf_counter() - t0 < 15
+    assert refused.returncode == 2 and "has no lifetime budget" in refused.stderr
+    assert "budget set unregistered" in refused.stderr
     assert not (tmp_path / "runs").exists()
     (tmp_path / "l.yaml").write_text(yaml.safe_dump({**d, "ledger": {"lifetime_epsilon": 1e6}}))
     own = dprelease("run", str(tmp_path / "l.yaml"), cwd=tmp_path)
@@ -94,16 +96,28 @@ def test_a_dataset_without_a_registered_budget_is_refused_before_anything_runs(t
 
 def test_missing_inputs_fail_fast_one_line_each(tmp_path):
     """Missing files are found before Prefect starts: one `error:` line per problem, exit 2, in seconds."""
-    import time
-
     d = spec_dict(tmp_path, tmp_path / "absent.csv")
     (tmp_path / "s.yaml").write_text(yaml.safe_dump(d))
     for command in (("spec", "check"), ("run",)):
-        t0 = time.perf_counter()
         out = dprelease(*command, str(tmp_path / "s.yaml"), cwd=tmp_path)
         lines = [line for line in out.stderr.splitlines() if line.strip()]
         assert out.returncode == 2 and lines == [line for line in lines if line.startswith("error:")], out.stderr
         assert any("dataset.path" in line and "does not exist" in line for line in lines)
-        assert "Traceback" not in out.stderr and time.perf_counter() - t0 < 15
+        assert "Traceback" not in out.stderr and "prefect" not in out.stderr.lower()  # before Prefect started
     assert not (tmp_path / "runs").exists()
     assert dprelease("--version").stdout.startswith("dprelease ")
+
+
+@pytest.mark.parametrize("args", [("budget", "set", "d", "--epsilon", "inf"), ("budget", "set", "d", "--epsilon", "0"),
+                                  ("budget", "set", "d", "--epsilon", "1", "--delta", "1"),
+                                  ("generate", "cdr", "--users", "-5", "--out", "x")], ids=" ".join)
+def test_out_of_range_arguments_are_refused_with_exit_2(args, tmp_path):
+    out = dprelease(*args, cwd=tmp_path)
+    assert out.returncode == 2 and "Traceback" not in out.stderr and not (tmp_path / "x").exists()
+
+
+def test_spec_check_json(tmp_path):
+    d = spec_dict(tmp_path, write_csv(tmp_path / "b.csv", blobs(10)))
+    (tmp_path / "s.yaml").write_text(yaml.safe_dump(d))
+    out = json.loads(dprelease("spec", "check", str(tmp_path / "s.yaml"), "--json").stdout)
+    assert out["valid"] and out["kind"] == "kmeans" and out["dataset_id"] == "blobs"
