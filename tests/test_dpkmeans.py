@@ -72,18 +72,20 @@ def test_stats_have_sensitivity_one_on_the_unit_l1_ball():
 
 def _audit(scale_factor: float, draws: int = 30_000) -> float:
     """Largest observed |log p(o|D)/p(o|D')| over well-populated bins of the affected cluster's
-    (noisy count, noisy first sum coordinate), one DP k-means iteration (T=1, eps=1), minus sampling error."""
+    (noisy count, noisy first sum coordinate), one DP k-means iteration (T=1, eps=1), minus sampling error.
+    The `draws` repetitions run as one DP k-means call on `draws` copies of the two centroids (each copy's
+    statistics are the data's with its own noise draw), so that the audit costs one call, not 30,000."""
     D = np.array([[0.5, 0.0], [0.6, 0.1], [-0.5, 0.2], [-0.4, -0.3]])
     Dp = np.vstack([D, [1.0, 0.0]])  # neighbour: one more point, L1 norm 1, in cluster 0
     C0 = np.array([[0.5, 0.0], [-0.5, 0.0]])
     out = []
     for data in (D, Dp):
         rng = np.random.default_rng(len(data))
-        st = dpkmeans.array_stats(data)
+        sums, counts = dpkmeans.cluster_stats(data, C0)
+        copies = lambda C: (np.tile(sums, (draws, 1)), np.tile(counts, draws))
         eps = 1.0 / scale_factor  # scale_factor > 1 would be too little noise for the claimed eps=1
-        samples = np.array([(lambda tr: (tr.noisy_counts[0, 0], tr.noisy_sums[0, 0, 0]))(
-            _run(st, C0, eps, 1, rng)) for _ in range(draws)])
-        out.append(samples)
+        tr = _run(copies, np.tile(C0, (draws, 1)), eps, 1, rng)
+        out.append(np.column_stack([tr.noisy_counts[0, 0::2], tr.noisy_sums[0, 0::2, 0]]))
     edges = [np.arange(-8, 12, 2.0), np.arange(-8, 12, 2.0)]
     h0 = np.histogram2d(*out[0].T, bins=edges)[0]
     h1 = np.histogram2d(*out[1].T, bins=edges)[0]
@@ -134,3 +136,92 @@ def test_bad_parameters_are_refused():
                    {"epsilon": 1.0, "iterations": 0}, {"epsilon": float("inf"), "iterations": 5}):
         with pytest.raises(ValueError):
             dpkmeans.plan(**kwargs)
+
+
+@pytest.mark.parametrize("name, sensitivity", [("box", 6.0), ("l2_ball", np.sqrt(6.0)), ("l1_ball", 1.0)])
+def test_plan_sum_sensitivity_follows_the_domain(name, sensitivity):
+    p = dpkmeans.plan(epsilon=0.5, iterations=4, k=3, d=6, domain=name)
+    assert p["sums"].sensitivity == pytest.approx(sensitivity)
+    assert p["sums"].scale == pytest.approx(2 * 4 / 0.5 * sensitivity) and p["counts"].scale == 2 * 4 / 0.5
+    assert accounting.release_guarantee(p.event(), 1e-6).epsilon == pytest.approx(0.5, rel=1e-12)
+    assert {"box": "d", "l2_ball": "sqrt(d)", "l1_ball": "L1 ball"}[name] in p["sums"].argument
+
+
+def test_plan_needs_the_dimension_for_box_and_l2_and_dp_kmeans_checks_the_domain():
+    with pytest.raises(ValueError):
+        dpkmeans.plan(epsilon=1.0, iterations=2, domain="box")
+    rng = np.random.default_rng(0)
+    C0 = dpkmeans.data_independent_centroids(2, 3, rng)[0]
+    stats = dpkmeans.array_stats(rng.uniform(-0.3, 0.3, (50, 3)))
+    with pytest.raises(ValueError):  # an L1-ball plan (sensitivity 1) on box data would understate the noise
+        dpkmeans.dp_kmeans(stats, C0, iterations=2, measure=simulated(dpkmeans.plan(epsilon=1.0, iterations=2), rng),
+                           domain="box")
+
+
+def test_update_projects_onto_the_domain():
+    prev = np.zeros((2, 2))
+    sums, counts = np.array([[30.0, -5.0], [3.0, 4.0]]), np.array([10.0, 1.0])
+    assert np.allclose(dpkmeans.update_centroids(sums, counts, prev, "box"), [[1.0, -0.5], [1.0, 1.0]])
+    assert np.allclose(dpkmeans.update_centroids(sums, counts, prev, "l2_ball")[1], [0.6, 0.8])
+
+
+@pytest.mark.parametrize("name", ["box", "l2_ball"])
+def test_initial_centroids_are_packed_inside_every_domain(name):
+    C, min_dist = dpkmeans.data_independent_centroids(8, 5, np.random.default_rng(1), domain=name)
+    assert np.all(domain.boundary_distance(C, name) >= min_dist / 2 - 1e-12)
+    gaps = np.linalg.norm(C[:, None] - C[None], axis=-1)[np.triu_indices(8, 1)]
+    assert gaps.min() >= min_dist > 0
+
+
+def _replayed_worst(name: str):
+    """The conformance suite's sensitivity check (tests/conformance.py) on DP k-means itself: D, then D plus a
+    far corner of the box projected onto the domain, replaying D's noisy outputs."""
+    from tests import conformance as conf
+
+    rng = np.random.default_rng(2)
+    X = domain.project(rng.uniform(-0.6, 0.6, (300, 3)), name)
+    plan = dpkmeans.plan(epsilon=1.0, iterations=3, k=3, d=3, domain=name)
+    C0 = dpkmeans.data_independent_centroids(3, 3, np.random.default_rng(3), domain=name)[0]
+    base = conf.Recording()
+    run = lambda data, source: dpkmeans.dp_kmeans(dpkmeans.array_stats(data), C0, iterations=3,
+                                                  measure=Measure(plan, source), domain=name)
+    run(X, base)
+    worst = conf.Worst()
+    for corner in ([5.0, 5.0, 5.0], [-5.0, 5.0, -5.0]):
+        neighbour = conf.Recording(replay=base.calls)
+        run(np.vstack([X, domain.project(np.array([corner]), name)]), neighbour)
+        conf.worst_changes(plan, base.calls, neighbour.calls, worst)
+    return conf.sensitivity_violations(worst), worst
+
+
+@pytest.mark.parametrize("name", ["box", "l2_ball"])
+def test_box_and_l2_sensitivities_hold_under_replay(name):
+    violations, worst = _replayed_worst(name)
+    assert violations == []
+    # the corner moves the sums by the full claimed sensitivity: the claim is tight, not loose
+    assert worst.change["sums"] == pytest.approx(worst.allowed["sums"])
+
+
+def test_an_understated_box_sensitivity_is_caught_by_replay():
+    """Claiming the L1 ball's sensitivity 1 for box data (a third of the true 3) fails the replay check."""
+    from tests import conformance as conf
+
+    rng = np.random.default_rng(2)
+    X = rng.uniform(-0.6, 0.6, (300, 3))
+    true_plan = dpkmeans.plan(epsilon=1.0, iterations=3, k=3, d=3, domain="box")
+    understated = true_plan.scaled("sums", 1.0 / 3.0)
+    C0 = dpkmeans.data_independent_centroids(3, 3, np.random.default_rng(3), domain="box")[0]
+    base = conf.Recording()
+    calls = []
+    for data, replay in ((X, None), (np.vstack([X, [[1.0, 1.0, 1.0]]]), True)):
+        source = conf.Recording(replay=base.calls) if replay else base
+        stats = dpkmeans.array_stats(data)
+        C = C0
+        measure = Measure(understated, source)
+        for _ in range(3):  # dp_kmeans refuses a plan that is not its domain's; the same loop by hand
+            sums, counts = stats(C)
+            noisy_counts, noisy_sums = measure("counts", counts), measure("sums", sums)
+            C = dpkmeans.update_centroids(noisy_sums, noisy_counts, C, "box")
+        calls.append(source.calls)
+    worst = conf.worst_changes(understated, calls[0], calls[1], conf.Worst())
+    assert any(v.startswith("sums:") for v in conf.sensitivity_violations(worst))
