@@ -16,6 +16,7 @@ privacy, the signal-to-noise of a model update is the same as Algorithm 1's unde
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Callable, Iterator, Literal
 
@@ -171,39 +172,51 @@ def make_model(config: SGDConfig, m: int, rng: np.random.Generator, marginals: n
     return model
 
 
+#: Draws the N(0, 1) gradient noise of a step while the main thread computes the step's gradients.
+_NOISE_THREAD = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dpsgd-noise")
+
+
 def train(models: list, batches: Callable[[int], list], expected_sizes: np.ndarray, config: SGDConfig,
           measure: Measure, progress: Callable[[int, int], None] | None = None) -> list[float]:
     """DP-SGD on every cluster model at every step, the noise of the plan entry "sgd".
 
     batches(step) -> one batch (CSR, possibly empty) per cluster: a Poisson sample of rate q of its records.
     expected_sizes : PUBLIC (noisy) cluster sizes; a batch's gradient is divided by q * size.
-    Every step's noise, and the VAEs' latent draws, come from that step's secret generator.
+    Every step's noise, and the VAEs' latent draws, come from that step's secret generator: two independent
+    streams spawned from it, one for the gradient noise of all models at once (drawn on another thread), one
+    for DPNorm's noise and the latents.
     Returns the mean clipping bound C_s per step (a diagnostic of public values).
     """
     # The step's two Gaussian draws each have multiplier sqrt 2 x the entry's (see `plan`).
     sigma = measure.plan["sgd"].noise_multiplier * np.sqrt(2.0)
+    bounds = np.cumsum([0] + [model.params.size for model in models])
+    z, sums = np.empty(bounds[-1]), [np.empty(model.params.size) for model in models]
+    expected = [max(config.q * size, 1.0) for size in expected_sizes]
     clips = []
     for step in range(config.steps):
-        rng = measure.step_generator("sgd")
-        step_clips = []
-        for model, batch, size in zip(models, batches(step), expected_sizes):
-            _, layers = model.loss_and_gradients(batch, rng) if batch.shape[0] else (None, _empty_layers(model))
-            res = dpsgd.dp_gradient(layers, sigma_grad=sigma, sigma_norm=sigma, c_max=config.c_max,
-                                    bins=config.bins, expected_batch=max(config.q * size, 1.0), rng=rng)
-            if isinstance(model, RBM):
-                model.update(res.grads, rng)
-            else:
-                model.update(res.grads)
-            step_clips.append(res.clip)
+        rng, noise_rng = measure.step_generator("sgd").spawn(2)
+        noise = _NOISE_THREAD.submit(noise_rng.standard_normal, out=z)
+        step_clips = [_clipped_sum(model, batch, config, sigma, rng, out)
+                      for model, batch, out in zip(models, batches(step), sums)]
+        noise.result()
+        for c, model in enumerate(models):
+            model.noisy_update(sums[c], z[bounds[c]:bounds[c + 1]], sigma * step_clips[c], expected[c], rng)
         clips.append(float(np.mean(step_clips)))
         if progress is not None:
             progress(step + 1, config.steps)
     return clips
 
 
+def _clipped_sum(model, batch, config: SGDConfig, sigma: float, rng: np.random.Generator, out: np.ndarray) -> float:
+    """The model's clipped gradient sum on its batch, into `out`; returns the step's DPNorm bound C_s."""
+    layers = model.gradients(batch, rng) if batch.shape[0] else _empty_layers(model)
+    _, clip = dpsgd.clip_and_sum(layers, sigma_norm=sigma, c_max=config.c_max, bins=config.bins, rng=rng, out=out)
+    return clip
+
+
 def _empty_layers(model) -> list[dpsgd.LayerGrad]:
     """Zero-example layers with the model's shapes (an empty Poisson batch still gets its noise)."""
-    _, layers = model.loss_and_gradients(sp.csr_matrix((1, model.m), dtype=np.float64), np.random.default_rng(0))
+    layers = model.gradients(sp.csr_matrix((1, model.m), dtype=np.float64), np.random.default_rng(0))
     return [dpsgd.LayerGrad(None if l.a is None else l.a[:0], l.delta[:0], l.bias) for l in layers]
 
 

@@ -1,7 +1,8 @@
 """The generative models of DPGM (Acs et al. §3.1-3.2, §6.1), in numpy, trained by `dpalgos.dpsgd`.
 
-Both take binary records over m items (scipy CSR or dense (B, m)) and return, for a batch, the factored
-per-example gradients (`LayerGrad`s) in the order of `params`.
+Both take binary records over m items (scipy CSR or dense (B, m)), keep their parameters in one flat vector
+`params` (the layers are views of it), return for a batch the factored per-example gradients (`LayerGrad`s)
+in that order (`gradients`; the loss only on request, `loss`), and apply a DP gradient (`noisy_update`).
 
 * `VAE`: encoder x -> ReLU hidden layers -> (mu, log sigma^2) of a 2-D Gaussian latent; decoder z -> ReLU hidden
   layers -> Bernoulli logits over the m items. Per-example loss: binary cross-entropy + KL(q(z|x) || N(0, I)).
@@ -15,8 +16,9 @@ from __future__ import annotations
 
 import numpy as np
 import scipy.sparse as sp
+from scipy.special import expit
 
-from dpalgos.dpsgd import Adam, LayerGrad
+from dpalgos.dpsgd import Adam, LayerGrad, noisy_gradient
 
 
 def _sigmoid(x: np.ndarray) -> np.ndarray:
@@ -34,71 +36,108 @@ def _bernoulli_rows(P: np.ndarray, rng: np.random.Generator) -> sp.csr_matrix:
     return sp.csr_matrix((np.ones(cols.size, dtype=np.float32), cols, indptr), shape=P.shape)
 
 
+class _Pass:
+    """The forward pass of a VAE batch: what the loss and the backward pass need."""
+
+    def __init__(self, **values):
+        self.__dict__.update(values)
+
+
+def _flat_views(shapes: list[tuple[int, ...]]) -> tuple[np.ndarray, list[np.ndarray]]:
+    """One zeroed flat vector and a view of it per shape, in order (the layout of `dpsgd.clipped_sum`)."""
+    flat = np.zeros(sum(int(np.prod(s)) for s in shapes))
+    views, at = [], 0
+    for s in shapes:
+        n = int(np.prod(s))
+        views.append(flat[at:at + n].reshape(s))
+        at += n
+    return flat, views
+
+
+def _subtract_records(P: np.ndarray, X) -> np.ndarray:
+    """P - x in place (x binary records, sparse or dense), without a dense copy of sparse records."""
+    if not sp.issparse(X):
+        P -= np.asarray(X, dtype=P.dtype)
+        return P
+    X = X.tocsr()
+    P[np.repeat(np.arange(X.shape[0]), np.diff(X.indptr)), X.indices] -= X.data
+    return P
+
+
 class VAE:
     def __init__(self, m: int, rng: np.random.Generator, hidden: tuple[int, ...] = (200,), latent: int = 2,
                  lr: float = 1e-3):
         self.m, self.hidden, self.latent = m, tuple(hidden), latent
         dims_enc = [m, *hidden]
         dims_dec = [latent, *hidden[::-1], m]
-        init = lambda i, o: (rng.normal(0, np.sqrt(2.0 / i), (i, o)), np.zeros(o))
-        self.enc = [init(i, o) for i, o in zip(dims_enc[:-1], dims_enc[1:])]
-        self.mu = init(hidden[-1], latent)
-        self.logvar = init(hidden[-1], latent)
-        self.dec = [init(i, o) for i, o in zip(dims_dec[:-1], dims_dec[1:])]
-        self.params = [p for layer in self._layers() for p in layer]
+        dims = [*zip(dims_enc[:-1], dims_enc[1:]), (hidden[-1], latent), (hidden[-1], latent),
+                *zip(dims_dec[:-1], dims_dec[1:])]
+        self.params, views = _flat_views([s for i, o in dims for s in ((i, o), (o,))])
+        pairs = list(zip(views[::2], views[1::2]))
+        for (W, _), (i, o) in zip(pairs, dims):
+            W[...] = rng.normal(0, np.sqrt(2.0 / i), (i, o))
+        n_enc = len(hidden)
+        self.enc, self.mu, self.logvar, self.dec = pairs[:n_enc], pairs[n_enc], pairs[n_enc + 1], pairs[n_enc + 2:]
         self.optimizer = Adam(self.params, lr=lr)
 
     def _layers(self):
         return [*self.enc, self.mu, self.logvar, *self.dec]
 
-    def loss_and_gradients(self, X, rng: np.random.Generator) -> tuple[np.ndarray, list[LayerGrad]]:
-        """Per-example loss (B,) and factored per-example gradients of a batch X (B, m)."""
+    def _forward(self, X, rng: np.random.Generator) -> _Pass:
         ins, pres = [], []
         a = X
         for W, b in self.enc:
             ins.append(a)
-            pre = np.asarray(a @ W) + b
-            pres.append(pre)
-            a = np.maximum(pre, 0.0)
+            pres.append(np.asarray(a @ W) + b)
+            a = np.maximum(pres[-1], 0.0)
         h_enc = a
         mu = h_enc @ self.mu[0] + self.mu[1]
         logvar = np.clip(h_enc @ self.logvar[0] + self.logvar[1], -20, 20)
         eps = rng.standard_normal(mu.shape)
         std = np.exp(0.5 * logvar)
-        z = mu + std * eps
         dec_ins, dec_pres = [], []
-        a = z
+        a = mu + std * eps
         for i, (W, b) in enumerate(self.dec):
             dec_ins.append(a)
-            pre = a @ W + b
+            pre = a @ W
+            pre += b
             dec_pres.append(pre)
             a = np.maximum(pre, 0.0) if i < len(self.dec) - 1 else pre
-        logits = a
+        return _Pass(ins=ins, pres=pres, h_enc=h_enc, mu=mu, logvar=logvar, eps=eps, std=std, dec_ins=dec_ins,
+                     dec_pres=dec_pres, logits=a)
+
+    def loss(self, X, rng: np.random.Generator) -> np.ndarray:
+        """Per-example loss (B,): binary cross-entropy + KL(q(z|x) || N(0, I)). Training never needs it."""
+        f = self._forward(X, rng)
         x = _dense(X)
-        loss = (np.logaddexp(0.0, logits) - x * logits).sum(axis=1) \
-            + 0.5 * (np.exp(logvar) + mu * mu - 1.0 - logvar).sum(axis=1)
-        # Backward: per-example errors of every layer's pre-activation.
+        return (np.logaddexp(0.0, f.logits) - x * f.logits).sum(axis=1) \
+            + 0.5 * (np.exp(f.logvar) + f.mu * f.mu - 1.0 - f.logvar).sum(axis=1)
+
+    def gradients(self, X, rng: np.random.Generator) -> list[LayerGrad]:
+        """Factored per-example gradients of the loss on a batch X (B, m), in the order of `params`; the same
+        latent draws as `loss` with the same generator."""
+        f = self._forward(X, rng)
+        delta = _subtract_records(expit(f.logits, out=f.logits), X)   # d BCE / d logits, in place
         dec_grads = []
-        delta = _sigmoid(logits) - x
         for i in range(len(self.dec) - 1, -1, -1):
-            dec_grads.append(LayerGrad(dec_ins[i], delta))
+            dec_grads.append(LayerGrad(f.dec_ins[i], delta))
             back = delta @ self.dec[i][0].T
-            delta = back * (dec_pres[i - 1] > 0) if i > 0 else back
-        dz = delta
-        dmu = dz + mu
-        dlogvar = dz * eps * 0.5 * std + 0.5 * (np.exp(logvar) - 1.0)
-        head = [LayerGrad(h_enc, dmu), LayerGrad(h_enc, dlogvar)]
-        delta = (dmu @ self.mu[0].T + dlogvar @ self.logvar[0].T) * (pres[-1] > 0)
+            delta = back * (f.dec_pres[i - 1] > 0) if i > 0 else back
+        dmu = delta + f.mu
+        dlogvar = delta * f.eps * 0.5 * f.std + 0.5 * (np.exp(f.logvar) - 1.0)
+        head = [LayerGrad(f.h_enc, dmu), LayerGrad(f.h_enc, dlogvar)]
+        delta = (dmu @ self.mu[0].T + dlogvar @ self.logvar[0].T) * (f.pres[-1] > 0)
         enc_grads = []
         for i in range(len(self.enc) - 1, -1, -1):
-            enc_grads.append(LayerGrad(ins[i], delta))
+            enc_grads.append(LayerGrad(f.ins[i], delta))
             if i > 0:
-                delta = (delta @ self.enc[i][0].T) * (pres[i - 1] > 0)
-        return loss, [*enc_grads[::-1], *head, *dec_grads[::-1]]
+                delta = (delta @ self.enc[i][0].T) * (f.pres[i - 1] > 0)
+        return [*enc_grads[::-1], *head, *dec_grads[::-1]]
 
-    def update(self, grads: list[tuple[np.ndarray, np.ndarray]]) -> None:
-        """One Adam step with per-layer (weight, bias) gradients of the mean loss."""
-        self.optimizer.step([g for pair in grads for g in pair])
+    def noisy_update(self, grad_sum: np.ndarray, z: np.ndarray, noise_scale: float, expected_batch: float,
+                     rng: np.random.Generator) -> None:
+        """One Adam step on the DP gradient `dpsgd.noisy_gradient(grad_sum, z, noise_scale, expected_batch)`."""
+        self.optimizer.noisy_step(grad_sum, z, noise_scale, expected_batch)
 
     def start_at(self, p: np.ndarray, rng: np.random.Generator) -> None:
         """Output logits logit(p) whatever the latent: last decoder layer scaled to 1% of its initial size."""
@@ -145,10 +184,8 @@ class VAE:
 class RBM:
     def __init__(self, m: int, rng: np.random.Generator, hidden: int = 200, lr: float = 0.01, particles: int = 100):
         self.m, self.h, self.lr = m, hidden, lr
-        self.W = rng.normal(0.0, 0.01, (m, hidden))
-        self.b = np.zeros(m)
-        self.c = np.zeros(hidden)
-        self.params = [self.W, self.c, self.b]
+        self.params, (self.W, self.c, self.b) = _flat_views([(m, hidden), (hidden,), (m,)])
+        self.W[...] = rng.normal(0.0, 0.01, (m, hidden))
         self.fantasy = (rng.random((particles, m)) < 0.5).astype(np.float64)
 
     def start_at(self, p: np.ndarray, rng: np.random.Generator) -> None:
@@ -157,25 +194,30 @@ class RBM:
         self.b[:] = np.log(p) - np.log1p(-p)
         self.fantasy = (rng.random(self.fantasy.shape) < p).astype(np.float64)
 
-    def loss_and_gradients(self, X, rng: np.random.Generator) -> tuple[np.ndarray, list[LayerGrad]]:
-        """Free energy (B,) and the per-example positive phase: d/dW = outer(x_i, p(h|x_i)), d/dc = p(h|x_i),
-        d/db = x_i (the ascent direction of the log-likelihood, before the negative phase)."""
+    def loss(self, X, rng: np.random.Generator) -> np.ndarray:
+        """Free energy (B,) of the records."""
         pre = np.asarray(X @ self.W) + self.c
-        P = _sigmoid(pre)
-        x = _dense(X)
-        free_energy = -(x @ self.b) - np.logaddexp(0.0, pre).sum(axis=1)
-        return free_energy, [LayerGrad(X, P, bias=True), LayerGrad(None, x)]
+        return -(_dense(X) @ self.b) - np.logaddexp(0.0, pre).sum(axis=1)
+
+    def gradients(self, X, rng: np.random.Generator) -> list[LayerGrad]:
+        """The per-example positive phase: d/dW = outer(x_i, p(h|x_i)), d/dc = p(h|x_i), d/db = x_i (the
+        ascent direction of the log-likelihood, before the negative phase)."""
+        P = _sigmoid(np.asarray(X @ self.W) + self.c)
+        return [LayerGrad(X, P, bias=True), LayerGrad(None, _dense(X))]
 
     def _gibbs(self, V: np.ndarray, rng: np.random.Generator) -> np.ndarray:
         H = (rng.random((V.shape[0], self.h)) < _sigmoid(V @ self.W + self.c)).astype(np.float64)
         return (rng.random(V.shape) < _sigmoid(H @ self.W.T + self.b)).astype(np.float64)
 
-    def update(self, grads: list[tuple[np.ndarray, np.ndarray]], rng: np.random.Generator) -> None:
+    def noisy_update(self, grad_sum: np.ndarray, z: np.ndarray, noise_scale: float, expected_batch: float,
+                     rng: np.random.Generator) -> None:
         """Gradient ascent: (noisy positive phase) - (negative phase of one Gibbs step of the fantasy particles)."""
+        pos_w, pos_c, pos_b = np.split(noisy_gradient(grad_sum, z, noise_scale, expected_batch),
+                                       [self.W.size, self.W.size + self.h])
+        pos_w = pos_w.reshape(self.W.shape)
         self.fantasy = self._gibbs(self.fantasy, rng)
         ph = _sigmoid(self.fantasy @ self.W + self.c)
         n = self.fantasy.shape[0]
-        (pos_w, pos_c), (_, pos_b) = grads
         self.W += self.lr * (pos_w - self.fantasy.T @ ph / n)
         self.c += self.lr * (pos_c - ph.mean(axis=0))
         self.b += self.lr * (pos_b - self.fantasy.mean(axis=0))

@@ -24,49 +24,66 @@ def _models():
 @pytest.mark.parametrize("model", _models(), ids=["vae", "vae-2-hidden", "rbm"])
 def test_factored_norms_and_clipped_sum_equal_the_per_example_loop(model):
     X = _records()
-    _, layers = model.loss_and_gradients(X, np.random.default_rng(2))
+    layers = model.gradients(X, np.random.default_rng(2))
     G = dpsgd.per_example_gradients(layers)                     # the naive (B, P) matrix
+    assert G.shape[1] == model.params.size
     norms = dpsgd.per_example_norms(layers)
     np.testing.assert_allclose(norms, np.linalg.norm(G, axis=1), rtol=1e-10)
     f = np.minimum(1.0, np.median(norms) / norms)
-    flat = np.concatenate([x.ravel() for pair in dpsgd.clipped_sums(layers, f) for x in pair if x is not None])
-    np.testing.assert_allclose(flat, (f[:, None] * G).sum(axis=0), rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(dpsgd.clipped_sum(layers, f), (f[:, None] * G).sum(axis=0), rtol=1e-9, atol=1e-12)
     assert np.all(np.linalg.norm(f[:, None] * G, axis=1) <= np.median(norms) * (1 + 1e-12))
 
 
 def test_vae_per_example_gradients_match_finite_differences():
     vae = VAE(12, np.random.default_rng(3), hidden=(7, 5))
     x = _records(1, 12, 0.4, 4)
-    loss = lambda: vae.loss_and_gradients(x, np.random.default_rng(5))[0][0]  # same latent noise every call
-    _, layers = vae.loss_and_gradients(x, np.random.default_rng(5))
-    grad = dpsgd.per_example_gradients(layers)[0]
-    params = [p for layer in vae._layers() for p in layer]
-    flat_index, checked = 0, 0
-    for p in params:
-        for idx in list(np.ndindex(p.shape))[:6]:
-            old = p[idx]
-            p[idx] = old + 1e-6
+    loss = lambda: vae.loss(x, np.random.default_rng(5))[0]  # same latent noise every call
+    grad = dpsgd.per_example_gradients(vae.gradients(x, np.random.default_rng(5)))[0]
+    starts = np.cumsum([0] + [a.size for layer in vae._layers() for a in layer])[:-1]
+    checked = 0
+    for start in starts:
+        for i in range(start, start + 6):
+            old = vae.params[i]
+            vae.params[i] = old + 1e-6
             up = loss()
-            p[idx] = old - 1e-6
+            vae.params[i] = old - 1e-6
             down = loss()
-            p[idx] = old
-            assert grad[flat_index + np.ravel_multi_index(idx, p.shape)] == pytest.approx((up - down) / 2e-6,
-                                                                                          rel=1e-4, abs=1e-6)
+            vae.params[i] = old
+            assert grad[i] == pytest.approx((up - down) / 2e-6, rel=1e-4, abs=1e-6)
             checked += 1
-        flat_index += p.size
-    assert flat_index == grad.size and checked > 40
+    assert grad.size == vae.params.size and checked > 40
 
 
-def test_noise_of_a_dp_sgd_step_has_std_sigma_times_the_clipping_bound():
-    # Zero gradients: the released update is pure noise N(0, (sigma C_s)^2) / expected_batch per coordinate.
-    layers = [dpsgd.LayerGrad(np.ones((30, 400)), np.zeros((30, 300)))]
-    sigma, batch = 1.7, 50.0
-    res = dpsgd.dp_gradient(layers, sigma_grad=sigma, sigma_norm=1.0, c_max=10.0, bins=100,
-                            expected_batch=batch, rng=np.random.default_rng(6))
-    w, b = res.grads[0]
-    assert 0 < res.clip <= 10.0 and np.isclose(res.clip * 10, round(res.clip * 10))  # a bin's upper edge
-    assert np.std(w * batch) / (sigma * res.clip) == pytest.approx(1.0, abs=0.01)
-    assert b.shape == (300,) and abs(np.mean(w)) < 0.01 * np.std(w)
+def _adam_reference(p, grads, lr, b1=0.9, b2=0.999, eps=1e-8):
+    m, v = np.zeros_like(p), np.zeros_like(p)
+    for t, g in enumerate(grads, start=1):
+        m, v = b1 * m + (1 - b1) * g, b2 * v + (1 - b2) * g * g
+        p = p - lr * (m / (1 - b1 ** t)) / (np.sqrt(v / (1 - b2 ** t)) + eps)
+    return p
+
+
+def test_a_training_step_adds_noise_sigma_times_the_bound_from_the_step_generator_and_fuses_adam_exactly():
+    rng = np.random.default_rng(20)
+    X = _records(60, 25, 0.2, 21)
+    cfg = dpgm.SGDConfig(hidden=(16,), steps=3, q=0.5, lr=0.01)
+    plan = dpgm.plan(dpgm.NoisePlan(1.0, 1.0, 0.8), kmeans_iterations=1, q=cfg.q, steps=cfg.steps, max_items=5)
+    model = dpgm.make_model(cfg, 25, rng, np.full(25, 0.2))
+    replica = dpgm.make_model(cfg, 25, np.random.default_rng(20), np.full(25, 0.2))
+    measure = Measure(plan, SeededNoise(22))
+    dpgm.train([model], lambda s: [X[10 * s:10 * s + 30]], np.array([60.0]), cfg, measure)
+    assert measure.calls["sgd"] == cfg.steps
+    # Replay: the same step generators, the exact clipped sums, the noise N(0, (sigma C_s)^2) per coordinate,
+    # and textbook Adam on the released gradients.
+    source, sigma, start = SeededNoise(22), plan["sgd"].noise_multiplier * np.sqrt(2.0), replica.params.copy()
+    grads = []
+    for s in range(cfg.steps):
+        g_rng, n_rng = source.step_generator().spawn(2)
+        z = n_rng.standard_normal(start.size)
+        replica.params[:] = _adam_reference(start, grads, cfg.lr)
+        total, clip = dpsgd.clip_and_sum(replica.gradients(X[10 * s:10 * s + 30], g_rng), sigma_norm=sigma,
+                                         c_max=cfg.c_max, bins=cfg.bins, rng=g_rng)
+        grads.append(dpsgd.noisy_gradient(total, z, sigma * clip, cfg.q * 60.0))
+    np.testing.assert_allclose(model.params, _adam_reference(start, grads, cfg.lr), rtol=1e-9, atol=1e-12)
 
 
 def test_dpnorm_picks_the_mode_of_the_gradient_norms_when_the_noise_is_small():
@@ -147,10 +164,10 @@ def test_training_improves_the_fit_and_synthesis_is_reproducible_from_the_stored
     cfg = dpgm.SGDConfig(model="vae", hidden=(32,), steps=150, q=0.1, lr=0.02)
     plan = dpgm.plan(dpgm.NoisePlan(1.0, 1.0, 0.5), kmeans_iterations=1, q=cfg.q, steps=cfg.steps, max_items=5)
     models = [dpgm.make_model(cfg, 20, rng, np.full(20, 0.26)) for _ in clusters]
-    before = [m.loss_and_gradients(X, rng)[0].mean() for m, X in zip(models, clusters)]
+    before = [m.loss(X, rng).mean() for m, X in zip(models, clusters)]
     dpgm.train(models, lambda s: [X[rng.random(X.shape[0]) < cfg.q] for X in clusters], np.array([3000., 3000.]),
                cfg, Measure(plan, SeededNoise(13)))
-    after = [m.loss_and_gradients(X, rng)[0].mean() for m, X in zip(models, clusters)]
+    after = [m.loss(X, rng).mean() for m, X in zip(models, clusters)]
     assert all(a < 0.85 * b for a, b in zip(after, before))
     stored = [dpgm.load_model("vae", dpgm.model_arrays(m), (32,)) for m in models]
     S1 = dpgm.synthesize(stored, np.array([1.0, 3.0]), 4000, np.random.default_rng(12))
