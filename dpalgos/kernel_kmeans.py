@@ -185,6 +185,24 @@ def lemma1_log_moment(lam: float, sigma: float) -> float:
     return (lam * lam + lam) / (4.0 * sigma * sigma)
 
 
+#: A clustering into k >= 2 clusters is degenerate when one cluster holds more than this share of the records
+#: (the other k - 1 clusters hold less than a tenth between them: nothing is separated) or when fewer than 2
+#: clusters are non-empty. Its feature-WCSS ratio would look reassuring (noise-free Lloyd iterations started
+#: from centres that captured nearly everything collapse the same way, ratio ~ 1), so it is a failure instead.
+DEGENERATE_SHARE = 0.9
+
+
+def degeneracy(sizes) -> dict:
+    """The degenerate-clustering check on cluster sizes (k,): the largest cluster's share of the records,
+    the number of non-empty clusters, and `degenerate` (never for k = 1: one cluster is what was asked)."""
+    sizes = np.asarray(sizes, dtype=np.float64)
+    total = float(sizes.sum())
+    share = float(sizes.max() / total) if total > 0 else 1.0
+    nonempty = int(np.count_nonzero(sizes > 0))
+    return {"largest_cluster_share": share, "nonempty_clusters": nonempty,
+            "degenerate": bool(sizes.size >= 2 and (nonempty < 2 or share > DEGENERATE_SHARE))}
+
+
 def clustering_accuracy(labels: np.ndarray, truth: np.ndarray) -> float:
     """Unsupervised clustering accuracy: the best one-to-one matching of clusters to classes (Hungarian
     algorithm), as a fraction of records correctly labelled."""

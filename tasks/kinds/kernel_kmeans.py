@@ -24,6 +24,7 @@ from pydantic import Field, model_validator
 from data_contracts import suites
 from data_contracts.validate import parquet_files
 from dpalgos import kernel_kmeans as kk
+from dpalgos import lloyd
 from tasks.errors import InputError
 from tasks.kinds.base import Draw, ReleaseKind
 from tasks.params import ReleaseBase
@@ -206,9 +207,10 @@ class KernelKMeansKind(ReleaseKind):
         return CENTRES, suites.feature_centres(spec.release.k, spec.release.features)
 
     def evaluate(self, spec, run, prepared, log):
-        """Internal: every record's final cluster (internal/assignments/), exact vs noisy cluster sizes, and the
-        feature-space WCSS of the released centres against noise-free Lloyd iterations started from them (on a
-        sample of at most REFERENCE_ROWS records)."""
+        """Internal: every record's final cluster (internal/assignments/), exact vs noisy cluster sizes, the
+        degenerate-clustering check and, for a clustering that is not degenerate, the feature-space WCSS of the
+        released centres against noise-free Lloyd iterations started from them (on a sample of at most
+        REFERENCE_ROWS records). Nothing of it is logged: all of it is raw-derived."""
         ds = spec.dataset
         folder = run.release / "measurements"
         meta = read_meta(folder)
@@ -222,28 +224,51 @@ class KernelKMeansKind(ReleaseKind):
             sample = data.sample(REFERENCE_ROWS, prepared.rows, seed=0)
         finally:
             data.close()
-        out = run.internal / "assignments"
-        out.mkdir(parents=True, exist_ok=True)
-        start = 0
-        for f, lab in zip(files, labels):
-            pq.write_table(pa.table({"record": np.arange(start, start + lab.size, dtype=np.int64), "cluster": lab}),
-                           out / f.name)
-            start += lab.size
+        write_assignments(run.internal / "assignments", files, labels)
         exact = np.bincount(np.concatenate(labels), minlength=meta["k"])
-        Z = kk.clip_rows(rff.transform(sample), meta["clip"])
-        # Reference: noise-free Lloyd iterations started from the released centres, on the sample.
-        ref = centres.copy()
-        for _ in range(meta["iterations"]):
-            s, n = kk.grouped_stats(Z, ref)
-            ok = n > 0
-            ref[ok] = s[ok] / n[ok, None]
-        wcss = lambda C: float(((Z - C[kk.nearest(Z, C)]) ** 2).sum())
-        ratio = wcss(centres) / wcss(ref)
-        size_err = float(np.abs(centres_tab["noisy_size"].to_numpy() - exact).mean())
-        return {"records": int(prepared.rows), "cluster_sizes": exact.tolist(),
-                "noisy_size_mean_abs_error": size_err, "feature_wcss_ratio_to_noise_free_lloyd": ratio,
-                "headline": f"{meta['k']} clusters, sizes {sorted(exact.tolist(), reverse=True)[:5]}..., feature "
-                            f"WCSS / noise-free Lloyd = {ratio:.3f}"}
+        return clustering_evaluation(exact, centres_tab["noisy_size"].to_numpy(),
+                                     kk.clip_rows(rff.transform(sample), meta["clip"]), centres, meta["iterations"])
+
+
+def write_assignments(folder: Path, files, labels) -> None:
+    """One Parquet file (record, cluster) per partition, records numbered across partitions."""
+    folder.mkdir(parents=True, exist_ok=True)
+    start = 0
+    for f, lab in zip(files, labels):
+        pq.write_table(pa.table({"record": np.arange(start, start + lab.size, dtype=np.int64), "cluster": lab}),
+                       folder / f.name)
+        start += lab.size
+
+
+def feature_wcss_ratio(Z: np.ndarray, centres: np.ndarray, iterations: int) -> float:
+    """Feature WCSS of `centres` on the clipped features Z over that of noise-free Lloyd iterations started
+    from them."""
+    ref = np.array(centres, dtype=np.float64)
+    for _ in range(iterations):
+        s, n = kk.grouped_stats(Z, ref)
+        ok = n > 0
+        ref[ok] = s[ok] / n[ok, None]
+    return lloyd.wcss(Z, centres) / lloyd.wcss(Z, ref)
+
+
+def clustering_evaluation(exact: np.ndarray, noisy_sizes: np.ndarray, Z: np.ndarray, centres: np.ndarray,
+                          iterations: int) -> dict:
+    """The evaluation report from the exact cluster sizes of all records and the clipped features Z of a
+    sample. A degenerate clustering (`kk.degeneracy`) is reported as a failure, without a WCSS ratio."""
+    check = kk.degeneracy(exact)
+    out = {"records": int(exact.sum()), "cluster_sizes": exact.tolist(),
+           "noisy_size_mean_abs_error": float(np.abs(np.asarray(noisy_sizes) - exact).mean()), **check}
+    sizes = f"sizes {sorted(exact.tolist(), reverse=True)[:5]}..."
+    if check["degenerate"]:
+        out["feature_wcss_ratio_to_noise_free_lloyd"] = None
+        out["headline"] = (f"FAILED: degenerate clustering, the largest of {exact.size} clusters holds "
+                           f"{check['largest_cluster_share']:.1%} of the records ({check['nonempty_clusters']} "
+                           f"non-empty; failure above {kk.DEGENERATE_SHARE:.0%}), {sizes}; no WCSS ratio")
+        return out
+    ratio = feature_wcss_ratio(Z, centres, iterations)
+    out["feature_wcss_ratio_to_noise_free_lloyd"] = ratio
+    out["headline"] = f"{exact.size} clusters, {sizes}, feature WCSS / noise-free Lloyd = {ratio:.3f}"
+    return out
 
 
 KIND = KernelKMeansKind()
