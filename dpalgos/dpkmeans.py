@@ -4,10 +4,11 @@ Algorithms"; originally Blum et al. 2005 / McSherry 2009).
 Data live in a bounded domain (the paper's unit L1 ball, the box [-1, 1]^d or the unit L2 ball, see
 `dpalgos.domain`). Each of T iterations assigns the points to their nearest current centroid, releases
 
-    n~_j = |B_j| + Lap(2T/eps)          and          s~_j = sum_{x in B_j} x + Lap(2T Delta_S/eps)^d,
+    n~_j = |B_j| + Lap(T/((1 - f) eps))          and          s~_j = sum_{x in B_j} x + Lap(T Delta_S/(f eps))^d,
 
-Delta_S the largest L1 norm of a point of the domain (1, d, sqrt(d)), and moves the centroids to
-c_j = s~_j / n~_j projected onto the domain. The whole noisy trajectory theta~_1..theta~_T is returned,
+Delta_S the largest L1 norm of a point of the domain (1, d, sqrt(d)) and f the sums' share of the budget
+(`sum_share`: the paper's 1/2 on the L1 ball), and moves the centroids to c_j = s~_j / n~_j projected onto
+the domain. The whole noisy trajectory theta~_1..theta~_T is returned,
 because the postprocessing of Lee & Kifer (§3.2-3.3) uses every iteration, not only the last.
 
 The algorithm never touches the data directly: it takes a sufficient-statistics callable
@@ -114,23 +115,37 @@ def update_centroids(noisy_sums: np.ndarray, noisy_counts: np.ndarray, previous:
 def plan(*, epsilon: float, iterations: int, k: int | None = None, d: int | None = None,
          domain: str = "l1_ball") -> Plan:
     """The mechanisms of `dp_kmeans`: the budget eps is split evenly over the T iterations and, within one,
-    between counts and sums: eps/(2T) each, so counts get Laplace noise of scale 2T/eps (sensitivity 1) and
-    sums 2T Delta_S/eps, Delta_S = `domain.sum_sensitivity` (the L1 ball's 1 needs no d)."""
+    (1 - f) eps/T to the counts and f eps/T to the sums, f = `sum_share` (1/2 on the L1 ball): counts get
+    Laplace noise of scale T/((1 - f) eps) (sensitivity 1), sums T Delta_S/(f eps), Delta_S =
+    `domain.sum_sensitivity` (the L1 ball's 1 needs no d)."""
     if not np.isfinite(epsilon) or epsilon <= 0:
         raise ValueError(f"epsilon must be positive and finite, got {epsilon}")
     if iterations < 1:
         raise ValueError(f"iterations must be >= 1, got {iterations}")
     if domain != "l1_ball" and d is None:
         raise ValueError(f"the {domain} domain's sum sensitivity needs the dimension d")
-    multiplier = 2.0 * iterations / epsilon
+    share = sum_share(domain, d or 1)
+    multiplier = iterations / epsilon
     return Plan((
         Mechanism("counts", "per-cluster point counts n_j at each iteration", "laplace", 1.0,
                   "adding or removing one point changes exactly one cluster's count by 1 (the centroids it is "
                   "assigned with are public or noisy values fixed before the pass): L1 sensitivity 1",
-                  multiplier, integer=True, repetitions=iterations, values=k),
+                  multiplier / (1.0 - share), integer=True, repetitions=iterations, values=k),
         Mechanism("sums", "per-cluster coordinate sums s_j (K x d values) at each iteration", "laplace",
                   domains.sum_sensitivity(domain, d or 1), _SUM_ARGUMENTS[domains.check_domain(domain)],
-                  multiplier, repetitions=iterations, values=None if k is None or d is None else k * d)))
+                  multiplier / share, repetitions=iterations, values=None if k is None or d is None else k * d)))
+
+
+def sum_share(domain: str, d: int) -> float:
+    """The sums' share f of each iteration's budget (the counts get 1 - f). As Su et al. (2016), minimise the
+    centroid error of c = s~/n~: its variance is about (2/n^2) (d b_S^2 + R^2 b_N^2), R the centroid's norm,
+    and with b_S proportional to Delta_S/f, b_N to 1/(1 - f), the optimum is (1 - f)/f = (R^2/(d Delta_S^2))^(1/3).
+    R^2 is the mean squared norm of a uniform point of the domain, a public constant (d/3 in the box, d/(d + 2)
+    in the L2 ball). The L1 ball keeps the paper's even split (Lee & Kifer's setting, reproduced as such)."""
+    if domains.check_domain(domain) == "l1_ball":
+        return 0.5
+    r2 = d / 3.0 if domain == "box" else d / (d + 2.0)
+    return 1.0 / (1.0 + (r2 / (d * domains.sum_sensitivity(domain, d) ** 2)) ** (1.0 / 3.0))
 
 
 _SUM_ARGUMENTS = {

@@ -141,8 +141,10 @@ def test_bad_parameters_are_refused():
 @pytest.mark.parametrize("name, sensitivity", [("box", 6.0), ("l2_ball", np.sqrt(6.0)), ("l1_ball", 1.0)])
 def test_plan_sum_sensitivity_follows_the_domain(name, sensitivity):
     p = dpkmeans.plan(epsilon=0.5, iterations=4, k=3, d=6, domain=name)
+    f = dpkmeans.sum_share(name, 6)
     assert p["sums"].sensitivity == pytest.approx(sensitivity)
-    assert p["sums"].scale == pytest.approx(2 * 4 / 0.5 * sensitivity) and p["counts"].scale == 2 * 4 / 0.5
+    assert p["sums"].scale == pytest.approx(4 / (f * 0.5) * sensitivity)
+    assert p["counts"].scale == pytest.approx(4 / ((1 - f) * 0.5))
     assert accounting.release_guarantee(p.event(), 1e-6).epsilon == pytest.approx(0.5, rel=1e-12)
     assert {"box": "d", "l2_ball": "sqrt(d)", "l1_ball": "L1 ball"}[name] in p["sums"].argument
 
@@ -225,3 +227,13 @@ def test_an_understated_box_sensitivity_is_caught_by_replay():
         calls.append(source.calls)
     worst = conf.worst_changes(understated, calls[0], calls[1], conf.Worst())
     assert any(v.startswith("sums:") for v in conf.sensitivity_violations(worst))
+
+
+def test_sum_share_is_even_on_the_l1_ball_and_minimises_the_centroid_error_elsewhere():
+    assert dpkmeans.sum_share("l1_ball", 7) == 0.5
+    for name, d in (("box", 2), ("box", 6), ("l2_ball", 6)):
+        delta = domain.sum_sensitivity(name, d)
+        r2 = d / 3 if name == "box" else d / (d + 2)
+        error = lambda f: d * delta ** 2 / f ** 2 + r2 / (1 - f) ** 2
+        grid = np.linspace(0.01, 0.99, 9801)
+        assert dpkmeans.sum_share(name, d) == pytest.approx(grid[np.argmin(error(grid))], abs=1e-3)

@@ -110,3 +110,43 @@ def test_refinement_improves_dpkm_at_small_epsilon_on_separated_clusters():
 def test_default_chain_length_rule():
     assert leekifer.default_steps(100) == 30_000
     assert leekifer.default_steps(100_000) == 3_000_000
+
+
+def _box_trajectory(eps=0.3, seed=0, k=3, n=2000, d=3):
+    rng = np.random.default_rng(seed)
+    P = np.clip(rng.normal(0.0, 0.5, (n, d)) + rng.choice([-0.5, 0.5], (n, 1)), -1, 1)
+    C0, _ = dpkmeans.data_independent_centroids(k, d, rng, domain="box")
+    measure = simulated(dpkmeans.plan(epsilon=eps, iterations=4, k=k, d=d, domain="box"), rng)
+    return dpkmeans.dp_kmeans(dpkmeans.array_stats(P), C0, iterations=4, measure=measure, domain="box"), P
+
+
+def test_box_chain_keeps_its_likelihood_and_its_domain():
+    """Counts and sums with their own scales (b_S = d b_N): the incremental likelihood still equals a full
+    recomputation, consistency still holds, and every simulated point stays in the box."""
+    traj, _ = _box_trajectory()
+    assert traj.sum_scale == pytest.approx(3 * traj.noise_scale)
+    c = leekifer.consistent_statistics(traj)
+    assert np.allclose(c.sums.sum(axis=1), c.sums.sum(axis=1)[0], atol=1e-3 * traj.sum_scale)
+    chain = leekifer.DatasetChain(traj, c, seed=1, temperature=0.5)
+    chain.run(40_000)
+    assert chain.loglik == pytest.approx(chain.full_loglik() * chain.temperature, rel=1e-9, abs=1e-6)
+    assert 0 < chain.accepted and np.abs(chain.points).max() <= 1.0
+    assert np.abs(chain.points).sum(axis=1).max() > 1.0  # beyond the L1 ball: the box is the support
+    r = leekifer.refine(traj, seed=2, steps=20_000)
+    assert np.abs(r.centroids).max() <= 1.0
+
+
+def test_the_chain_path_depends_on_the_seed_only():
+    """Proposals are prepared in blocks ahead of the chain: how the steps are split into runs (across block
+    boundaries) does not change the chain."""
+    traj, _ = _trajectory(0.2)
+    stats = leekifer.consistent_statistics(traj)
+    whole = leekifer.DatasetChain(traj, stats, seed=5, block=1000)
+    whole.run(7_000)
+    split = leekifer.DatasetChain(traj, stats, seed=5, block=1000)
+    for steps in (1, 998, 2_500, 3_501):
+        split.run(steps)
+    assert np.array_equal(whole.points, split.points) and whole.accepted == split.accepted
+    other = leekifer.DatasetChain(traj, stats, seed=6, block=1000)
+    other.run(7_000)
+    assert not np.array_equal(whole.points, other.points)
