@@ -173,9 +173,10 @@ def dask_client(spec: DaskSpec) -> Iterator:
         with Client(spec.address, timeout="30s", set_as_default=True) as client:
             yield client
         return
-    # Threads talk in-process (no host); worker processes listen on loopback only.
-    network = {"host": "127.0.0.1"} if spec.processes else {}
+    # Every listener on loopback: the scheduler, the workers, their HTTP servers and the dashboard. (dask's
+    # in-process transport for threaded workers still opens each worker's HTTP server on all interfaces.)
     with LocalCluster(n_workers=spec.n_workers, threads_per_worker=spec.threads_per_worker,
-                      processes=spec.processes, dashboard_address="127.0.0.1:0", **network) as cluster, \
+                      processes=spec.processes, host="127.0.0.1", protocol="tcp://",
+                      dashboard_address="127.0.0.1:0") as cluster, \
             Client(cluster, set_as_default=True) as client:
         yield client

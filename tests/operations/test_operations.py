@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+import urllib.request
 from pathlib import Path
 
 import numpy as np
@@ -60,16 +61,28 @@ def _deployment_run(env: dict, *params: str, start_at: str | None = None) -> sub
                             text=True)
 
 
+def _api(env: dict, path: str, body: dict | None = None):
+    request = urllib.request.Request(env["PREFECT_API_URL"] + path, data=json.dumps(body or {}).encode(),
+                                     headers={"Content-Type": "application/json"}, method="POST" if body is not None
+                                     else "GET")
+    with urllib.request.urlopen(request, timeout=30) as r:
+        return json.loads(r.read())
+
+
 def test_prefect_deployment_run_publishes_a_release(prefect_server, tmp_path):
     """A real server and worker: two backdated deployment runs of one period at once and a later manual rerun
-    of that period publish one release, charged once."""
-    env = _env(prefect_server, tmp_path, "example-sensors", (30.0, 1e-6))
+    of that period publish one release, charged once. Through the REST API: the runs are named after the
+    release id and tagged; the report, budget, ledger, contract and timing artifacts and the link to release/
+    are there, without evaluation figures; the published and budget-low events fired, and the example
+    automation paused the deployment."""
+    env = _env(prefect_server, tmp_path, "example-sensors", (1.2, 1e-6))  # 1 of 1.2 spent: budget low
     out = tmp_path / "deployed"
     spec = yaml.safe_load((REPO / "deployments/specs/example-kmeans.yaml").read_text())
     spec_file = tmp_path / "example.yaml"
     spec_file.write_text(yaml.safe_dump({**spec, "output_dir": str(out)}))
     for args in (["work-pool", "create", "local-pool", "--type", "process"],
-                 ["--no-prompt", "deploy", "--all", "--prefect-file", "deployments/prefect.yaml"]):
+                 ["--no-prompt", "deploy", "--all", "--prefect-file", "deployments/prefect.yaml"],
+                 ["automation", "create", "--from-file", "deployments/automations.yaml"]):
         done = subprocess.run(PREFECT + args, env=env, cwd=REPO, capture_output=True, text=True, timeout=120)
         assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     worker = start(PREFECT + ["worker", "start", "--pool", "local-pool"], env, tmp_path / "worker.log")
@@ -84,13 +97,41 @@ def test_prefect_deployment_run_publishes_a_release(prefect_server, tmp_path):
         stop(worker)
     assert all(code == 0 and "Completed" in text for code, text in outputs), \
         [text[-1500:] for _, text in outputs] + [(tmp_path / "worker.log").read_text()[-3000:]]
-    run = out / "example-sensors-20261120"
+    release_id = "example-sensors-20261120"
+    run = out / release_id
     manifest = json.loads((run / "release" / "manifest.json").read_text())
     assert manifest["privacy"]["epsilon"] == pytest.approx(1.0) and manifest["dataset_id"] == "example-sensors"
+    assert manifest["provenance"]["deployment_id"] and manifest["provenance"]["flow_run_id"]
     assert (run / "internal" / "report.md").exists()
     rows = _ledger(tmp_path).releases("example-sensors")
-    assert [(r["release_id"], r["status"], r["attempts"]) for r in rows] == [("example-sensors-20261120", "published", 1)]
+    assert [(r["release_id"], r["status"], r["attempts"]) for r in rows] == [(release_id, "published", 1)]
+    _check_ui(env, release_id, manifest)
     print(f"\nprefect deployment run -> Completed in {seconds:.1f}s")
+
+
+def _check_ui(env: dict, release_id: str, manifest: dict) -> None:
+    runs = _api(env, "/flow_runs/filter", {"flow_runs": {"tags": {"all_": ["dataset:example-sensors"]}}})
+    assert len(runs) == 3 and {r["name"] for r in runs} == {release_id}
+    assert all({"dataset:example-sensors", "kind:kmeans"} <= set(r["tags"]) for r in runs)
+    publisher = manifest["provenance"]["flow_run_id"]
+    artifacts = {a["key"]: a for a in _api(env, "/artifacts/filter", {"artifacts": {"flow_run_id": {"any_": [publisher]}}})}
+    assert {"release-report-example-sensors", "budget-example-sensors", "ledger-example-sensors",
+            "contracts-example-sensors", "timings-example-sensors", "release-example-sensors"} <= set(artifacts)
+    report = artifacts["release-report-example-sensors"]
+    assert report["type"] == "markdown" and release_id in report["data"] and "epsilon = 1" in report["data"]
+    assert "WCSS" not in report["data"] and "headline" not in report["data"]  # no raw-derived evaluation figure
+    assert artifacts["release-example-sensors"]["type"] == "link"
+    assert any(a["type"] == "progress" and a["data"] == 100.0
+               for a in _api(env, "/artifacts/filter", {"artifacts": {"flow_run_id": {"any_": [publisher]}}}))
+    names = [e["event"] for e in _api(env, "/events/filter", {"filter": {"event": {"prefix": ["dprelease."]}},
+                                                               "limit": 50})["events"]]
+    assert names.count("dprelease.release.published") == 1 and "dprelease.budget.low" in names
+    deployment = _api(env, f"/deployments/name/release/example-kmeans")
+    deadline = time.time() + 60
+    while not deployment["paused"] and time.time() < deadline:  # the automation acts on the event
+        time.sleep(2)
+        deployment = _api(env, f"/deployments/name/release/example-kmeans")
+    assert deployment["paused"]
 
 
 def _kill_at(args: list[str], env: dict, log: Path, marker: str, timeout: float = 240) -> None:
