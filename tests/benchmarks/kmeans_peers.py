@@ -1,0 +1,120 @@
+"""DP k-means against IBM diffprivlib's KMeans, in one metric: the WCSS on the data scaled to [-1, 1]
+(per coordinate, with the data's min/max as stand-in public bounds) over that of non-private k-means++ (best of
+10) on the same points, mean over runs, per epsilon; beside it the single-centroid baseline (the WCSS of the
+scaled points' one mean, non-private).
+
+`ours` is what the `kmeans` kind releases: DP k-means (T iterations, the default domain of the dimension or
+--domain), then Lee & Kifer's refinement where `leekifer.refinement_expected_to_help` says so. Noise is
+simulated (seeded numpy, as every benchmark; the privacy facts are the plan's). diffprivlib gets the same
+scaled points with bounds [-1, 1] and the same epsilon (its own iteration count and budget split); it runs in
+its own interpreter (--peer-python, a venv with diffprivlib; it needs scikit-learn < 1.7), the points and
+centroids exchanged through temporary .npy files. A .npy --data is a 2-D check-in histogram (Gowalla-like
+points are sampled from it). Lines:
+    RESULT eps=<e> ours=<r> diffprivlib=<r> single_centroid=<r>
+
+    python tests/benchmarks/kmeans_peers.py --data ../shared/data/kmeans/s1.txt --k 15 --runs 10
+    python tests/benchmarks/kmeans_peers.py --data ../shared/data/kmeans/adult_numeric.csv --k 5 --runs 10
+    python tests/benchmarks/kmeans_peers.py --data ../shared/data/spatial/checkin_256_256.npy --k 5 --runs 10
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+PEER_PYTHON = "/work/venvs/diffprivlib/bin/python"
+EPSILONS = "0.05,0.1,0.25,0.5,1.0"
+
+
+def diffprivlib_centroids(points: str, out: str, k: int, epsilons: list[float], runs: int, seed: int) -> None:
+    """Peer side (runs in --peer-python): diffprivlib's KMeans on the scaled points, centroids (eps, run, k, d)."""
+    import warnings
+
+    from diffprivlib.models import KMeans
+
+    warnings.filterwarnings("ignore")
+    B = np.load(points)
+    bounds = (-np.ones(B.shape[1]), np.ones(B.shape[1]))
+    C = np.array([[KMeans(n_clusters=k, epsilon=e, bounds=bounds, random_state=seed + 1000 * i + r).fit(B).cluster_centers_
+                   for r in range(runs)] for i, e in enumerate(epsilons)])
+    np.save(out, C)
+
+
+def run_peer(python: str, B: np.ndarray, k: int, epsilons: list[float], runs: int, seed: int) -> np.ndarray:
+    with tempfile.TemporaryDirectory() as tmp:
+        points, out = Path(tmp) / "points.npy", Path(tmp) / "centroids.npy"
+        np.save(points, B)
+        subprocess.run([python, __file__, "--peer", str(points), str(out), "--k", str(k), "--runs", str(runs),
+                        "--eps", ",".join(map(str, epsilons)), "--seed", str(seed)], check=True)
+        return np.load(out)
+
+
+def load(path: str) -> np.ndarray:
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from _data import load_numeric_csv
+
+    from tasks.experiments.points import gowalla_like
+
+    return gowalla_like(path) if path.endswith(".npy") else load_numeric_csv(path)
+
+
+def ours(B: np.ndarray, k: int, eps: float, runs: int, iterations: int, dom: str, rng) -> list[np.ndarray]:
+    from dpalgos import domain, dpkmeans
+    from tasks.experiments.kmeans import method_centroids, run_dpkm
+
+    stats = dpkmeans.array_stats(domain.project(B, dom))
+    return [method_centroids(run_dpkm(stats, k, B.shape[1], eps, iterations, dom, rng), ("released",),
+                             int(rng.integers(2 ** 31)))["released"] for _ in range(runs)]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--data", help="CSV of numeric columns, or a .npy check-in histogram")
+    ap.add_argument("--k", type=int, required=True)
+    ap.add_argument("--runs", type=int, default=10)
+    ap.add_argument("--eps", default=EPSILONS)
+    ap.add_argument("--iterations", type=int, default=5, help="T of our DP k-means")
+    ap.add_argument("--domain", default=None, help="l1_ball, box or l2_ball (default: the kind's rule)")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--peer-python", default=PEER_PYTHON, help="interpreter of a venv with diffprivlib")
+    ap.add_argument("--peer", nargs=2, metavar=("POINTS", "OUT"), help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    epsilons = [float(e) for e in args.eps.split(",")]
+    if args.peer:
+        diffprivlib_centroids(*args.peer, args.k, epsilons, args.runs, args.seed)
+        return
+    compare(args, epsilons)
+
+
+def compare(args, epsilons: list[float]) -> None:
+    from dpalgos import domain, metrics
+    from tasks.experiments.kmeans import scaled
+
+    B = scaled(load(args.data))
+    dom = args.domain or domain.default_domain(B.shape[1])
+    ref, _ = metrics.kmeans_reference(B, args.k, seed=0)
+    single = metrics.wcss(B, B.mean(axis=0, keepdims=True)) / ref
+    print(f"{args.data}: n={len(B)} d={B.shape[1]} k={args.k}, {args.runs} runs, our domain {dom}; "
+          f"k-means++ WCSS on the [-1, 1]-scaled data {ref:.6g}", flush=True)
+    t0 = time.perf_counter()
+    peer = run_peer(args.peer_python, B, args.k, epsilons, args.runs, args.seed)
+    print(f"diffprivlib: {time.perf_counter() - t0:.0f}s", flush=True)
+    rng = np.random.default_rng(args.seed)
+    for i, eps in enumerate(epsilons):
+        t0 = time.perf_counter()
+        mine = [metrics.wcss(B, C) / ref for C in ours(B, args.k, eps, args.runs, args.iterations, dom, rng)]
+        theirs = [metrics.wcss(B, C) / ref for C in peer[i]]
+        print(f"eps={eps:g}: ours {np.mean(mine):.3f} (sd {np.std(mine):.3f}), diffprivlib {np.mean(theirs):.3f} "
+              f"(sd {np.std(theirs):.3f}); {time.perf_counter() - t0:.0f}s", flush=True)
+        print(f"RESULT eps={eps:g} ours={np.mean(mine):.3f} diffprivlib={np.mean(theirs):.3f} "
+              f"single_centroid={single:.3f}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
