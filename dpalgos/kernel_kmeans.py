@@ -21,6 +21,7 @@ from typing import Callable
 import numpy as np
 import scipy.sparse as sp
 
+from dpalgos import lloyd
 from dpalgos.noise import Measure
 from dpalgos.plan import ADD_REMOVE_USER, Mechanism, Plan
 
@@ -85,25 +86,19 @@ def dp_norm(histogram: np.ndarray, *, c_max: float, measure: Measure, name: str 
 
 
 def feature_stats(X, rff: RandomFourierFeatures, clip: float, centres: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Sums (k, d) and counts (k,) of the clipped features of X grouped by nearest centre (one partition)."""
-    Z = clip_rows(rff.transform(X), clip)
-    return grouped_stats(Z, centres)
+    """Sums (k, d) and counts (k,) of the clipped features of X grouped by nearest centre (one partition):
+    clipping, assignment and sums in one fused pass over the features (no clipped copy, no score matrix)."""
+    return lloyd.clipped_stats(rff.transform(X), centres, clip)
 
 
 def grouped_stats(Z: np.ndarray, centres: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Sums (k, d) and counts (k,) of the rows of Z grouped by nearest centre."""
-    k, n = centres.shape[0], Z.shape[0]
-    labels = nearest(Z, centres)
-    one_hot = sp.csr_matrix((np.ones(n, dtype=Z.dtype), (labels, np.arange(n))), shape=(k, n))
-    sums = np.asarray(one_hot @ Z, dtype=np.float64)
-    return sums, np.bincount(labels, minlength=k).astype(np.float64)
+    """Sums (k, d) and counts (k,), float64, of the rows of Z grouped by nearest centre."""
+    return lloyd.stats(Z, centres)
 
 
 def nearest(Z: np.ndarray, centres: np.ndarray) -> np.ndarray:
     """Index of the nearest centre of every row (squared Euclidean)."""
-    C = np.asarray(centres, dtype=Z.dtype)
-    c2 = np.einsum("kd,kd->k", C, C)
-    return np.argmin(c2[None, :] - 2.0 * (Z @ C.T), axis=1)
+    return lloyd.labels(Z, centres)
 
 
 def feature_norms(X, rff: RandomFourierFeatures) -> np.ndarray:

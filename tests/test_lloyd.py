@@ -46,11 +46,13 @@ def test_random_data_gives_the_numpy_path_counts_sums_labels_and_wcss(n, k, d):
     assert metrics.wcss(X, C) == pytest.approx(numpy_wcss(X, C), rel=1e-12)
 
 
-def test_ties_go_to_the_lowest_index_as_in_numpy():
+@pytest.mark.parametrize("d", [2, 40])  # the coordinate loop and the BLAS pass
+def test_ties_go_to_the_lowest_index_as_in_numpy(d):
     # Dyadic points and centres: every score is exact, so equal distances are exact ties.
-    rng = np.random.default_rng(0)
-    X = rng.integers(-4, 5, (3000, 2)) / 4.0
-    C = np.array([[0.5, 0.0], [-0.5, 0.0], [0.0, 0.5], [0.5, 0.0], [0.0, -0.5]])  # centre 3 duplicates 0
+    rng = np.random.default_rng(d)
+    X = rng.integers(-4, 5, (3000, d)) / 4.0
+    C = np.zeros((5, d))
+    C[[0, 1, 2, 3, 4], [0, 0, 1, 0, 1]] = [0.5, -0.5, 0.5, 0.5, -0.5]  # centre 3 duplicates centre 0
     scores = np.einsum("kd,kd->k", C, C) - 2.0 * X @ C.T
     assert np.mean((scores == scores.min(axis=1, keepdims=True)).sum(axis=1) > 1) > 0.2  # many ties
     labels = dpkmeans.assign(X, C)

@@ -109,7 +109,7 @@ def partition_norm_histogram(X, rff, c_max: float, bins: int) -> np.ndarray:
 
 
 def partition_assignment(X, rff, clip: float, centres: np.ndarray) -> np.ndarray:
-    return kk.nearest(kk.clip_rows(rff.transform(X), clip), centres).astype(np.int32)
+    return lloyd.clipped_labels(rff.transform(X), centres, clip).astype(np.int32)
 
 
 def cluster_records(spec, data: Partitioned, measure, public_rng: np.random.Generator, log):
