@@ -85,10 +85,12 @@ def cmd_run(args) -> int:
     if not args.json:
         print(f"release id: {spec.release_id}  (to resume after a failure: --release-id {spec.release_id})",
               flush=True)
+    from flows.api import prefect_api
     from flows.logs import run_logging
     from flows.release import release
 
-    with run_logging(Path(spec.output_dir) / ".logs" / f"{spec.release_id}.log", debug=args.debug) as log_file:
+    with run_logging(Path(spec.output_dir) / ".logs" / f"{spec.release_id}.log", debug=args.debug) as log_file, \
+            prefect_api():
         try:
             summary = release(spec=spec)
         except Exception as exc:  # every failure, expected or not: one line here, the traceback in the log

@@ -211,3 +211,41 @@ def test_release_on_an_existing_dask_scheduler(prefect_server, ops_data, tmp_pat
     import pyarrow.parquet as pq
 
     assert np.isfinite(pq.read_table(centroids).to_pandas()[["x", "y"]].to_numpy()).all()
+
+
+def _children(pid: int) -> list[int]:
+    out = subprocess.run(["ps", "-o", "pid=", "--ppid", str(pid)], capture_output=True, text=True).stdout
+    return [int(p) for p in out.split()]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    stat = Path(f"/proc/{pid}/stat")
+    return not (stat.exists() and stat.read_text().split(") ")[1].startswith("Z"))  # a zombie is gone
+
+
+def test_kill_9_of_the_cli_alone_leaves_no_prefect_server(tmp_path):
+    """The OOM killer takes the CLI process only (not its group): its temporary Prefect server and the server's
+    guard must not outlive it."""
+    env = {k: v for k, v in os.environ.items() if k != "PREFECT_API_URL"}
+    env["PREFECT_HOME"] = str(tmp_path / "prefect-home")
+    log = tmp_path / "cli.log"
+    proc = dprelease_proc(["run", "--example", "--output-dir", str(tmp_path / "runs")], env, log)
+    try:
+        deadline = time.time() + 180
+        while "stage 'ingest' started" not in log.read_text(errors="replace"):
+            assert proc.poll() is None and time.time() < deadline, log.read_text()[-3000:]
+            time.sleep(0.2)
+        helpers = _children(proc.pid)
+        assert len(helpers) >= 2  # the temporary server and its guard (dask runs threads in-process)
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+        deadline = time.time() + 20
+        while any(_alive(p) for p in helpers) and time.time() < deadline:
+            time.sleep(0.5)
+        assert not any(_alive(p) for p in helpers)
+    finally:
+        stop(proc)
