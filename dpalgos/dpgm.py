@@ -28,7 +28,7 @@ from dp_accounting.rdp import RdpAccountant
 
 from dpalgos import counting, dpsgd
 from dpalgos import kernel_kmeans as kk
-from dpalgos.generative import RBM, VAE
+from dpalgos.generative import RBM, VAE, log_exponentials, race, records_of_lengths
 from dpalgos.noise import Measure
 from dpalgos.plan import ADD_REMOVE_USER, Mechanism, Plan
 
@@ -55,10 +55,11 @@ class NoisePlan:
 
 
 def plan(noise: NoisePlan, *, kmeans_iterations: int, q: float, steps: int, max_items: int, k: int | None = None,
-         items: int | None = None, features: int | None = None) -> Plan:
-    """Clustering (sizes and sums per iteration), per-cluster marginals (one Gaussian), DP-SGD (one
-    Poisson-subsampled Gaussian per step)."""
+         items: int | None = None, features: int | None = None, min_length: int = 1) -> Plan:
+    """Clustering (sizes and sums per iteration), per-cluster marginals and record-length histograms (two
+    Gaussians of the same scale), DP-SGD (one Poisson-subsampled Gaussian per step)."""
     clustering = kk.plan(iterations=kmeans_iterations, sigma=noise.sigma_kmeans, k=k, features=features)
+    bins = max_items - min_length + 1
     return Plan(clustering.mechanisms + (
         Mechanism("marginals", f"per-cluster item counts (records weighted to at most {max_items} items) and "
                                f"sizes", "gaussian", float(np.sqrt(max_items + 1)),
@@ -66,6 +67,13 @@ def plan(noise: NoisePlan, *, kmeans_iterations: int, q: float, steps: int, max_
                   f"its |x| items (L2 norm sqrt(|x|) w <= sqrt({max_items})) and 1 to the size: L2 sensitivity "
                   f"sqrt({max_items} + 1)", noise.sigma_marginals, relation=ADD_REMOVE_USER,
                   values=None if k is None or items is None else k * (items + 1)),
+        Mechanism("lengths", f"per-cluster histogram of record lengths {min_length}..{max_items} (longer records "
+                             f"in the last bin)", "gaussian", 1.0,
+                  "one record is in one cluster and has one length: it adds 1 to one bin of one row, L2 "
+                  "sensitivity 1. The noise has the marginals' scale (multiplier sigma_marginals x "
+                  f"sqrt({max_items} + 1)), which costs 1/({max_items} + 1) of the marginals' rho",
+                  noise.sigma_marginals * float(np.sqrt(max_items + 1)), integer=True, relation=ADD_REMOVE_USER,
+                  values=None if k is None else k * bins),
         Mechanism("sgd", "DP-SGD step: histogram of per-example gradient norms (DPNorm) and the clipped gradient "
                          "sum of every cluster's model, on a Poisson sample", "gaussian", None,
                   "one record is in one cluster's batch with probability q; it adds 1 to one bin of the norm "
@@ -90,7 +98,7 @@ def calibrate(*, epsilon: float, delta: float, kmeans_iterations: int, q: float,
     # The searches probe multipliers of 0 (no noise, infinite loss): a tiny positive one stands for it.
     alone = lambda t, s: plan(NoisePlan(*(max(s, 1e-9) if i == t else 1.0 for i in range(3))),
                               kmeans_iterations=kmeans_iterations, q=q, steps=steps, max_items=max_items)
-    parts = {0: ("sizes", "sums"), 1: ("marginals",), 2: ("sgd",)}
+    parts = {0: ("sizes", "sums"), 1: ("marginals", "lengths"), 2: ("sgd",)}
     base = NoisePlan(*(cal(lambda s, t=t: _event(alone(t, s), parts[t]), shares[t] * epsilon) for t in range(3)))
     scaled = lambda t: NoisePlan(*(max(s * t, 1e-9) for s in (base.sigma_kmeans, base.sigma_marginals, base.sigma_sgd)))
     make = lambda t: plan(scaled(t), kmeans_iterations=kmeans_iterations, q=q, steps=steps, max_items=max_items).event()
@@ -137,6 +145,13 @@ def cluster_counts(X: sp.csr_matrix, labels: np.ndarray, k: int, max_items: int)
     return table
 
 
+def length_counts(X: sp.csr_matrix, labels: np.ndarray, k: int, max_items: int, min_length: int = 1) -> np.ndarray:
+    """(k, max_items - min_length + 1) table: per cluster, its number of records of every length min_length ..
+    max_items (longer ones in the last bin). One record adds 1 to one cell: L2 sensitivity 1."""
+    lengths = np.clip(np.diff(X.tocsr().indptr), min_length, max_items) - min_length
+    table = np.zeros((k, max_items - min_length + 1))
+    np.add.at(table, (labels, lengths), 1.0)
+    return table
 
 
 def project_simplex(v: np.ndarray, total: float) -> np.ndarray:
@@ -220,42 +235,62 @@ def _empty_layers(model) -> list[dpsgd.LayerGrad]:
     return [dpsgd.LayerGrad(None if l.a is None else l.a[:0], l.delta[:0], l.bias) for l in layers]
 
 
-def match_marginals(models: list, marginals: np.ndarray, rng: np.random.Generator) -> None:
-    """Post-processing: every VAE's average item probabilities set to its cluster's DP marginals (k, m).
-
-    DP-SGD clips long records' gradients more (C_s is the mode of the norms), which biases the learnt record
-    length down (CDR: -4 %); the marginals were measured without that bias. RBMs are left as they are (their
-    marginals have no closed form)."""
-    for model, p in zip(models, marginals):
-        if isinstance(model, VAE):
-            model.match_marginals(p, rng)
+def length_distributions(noisy_lengths: np.ndarray) -> np.ndarray:
+    """Per-cluster distributions (k, bins) of the record length from the noisy length table (post-processing:
+    every row projected onto the nonnegative vectors of its noisy total, as the marginals)."""
+    rows = [project_simplex(row, max(row.sum(), 1.0)) for row in noisy_lengths]
+    return np.array([row / row.sum() for row in rows])
 
 
-def synthesize_chunks(models: list, weights: np.ndarray, n: int, rng: np.random.Generator, nonempty: bool = True,
-                      chunk: int = 50_000) -> Iterator[sp.csr_matrix]:
+def draw_lengths(probs: np.ndarray, n: int, min_length: int, rng: np.random.Generator) -> np.ndarray:
+    """n lengths from the distribution `probs` over min_length .. min_length + bins - 1 (the last bin, "that
+    long or longer", is synthesised at its lower end: max_items should be near a high percentile of the
+    record length)."""
+    return min_length + rng.choice(probs.size, size=n, p=probs)
+
+
+def match_marginals(models: list, marginals: np.ndarray, length_probs: np.ndarray, min_length: int,
+                    rng: np.random.Generator, samples: int = 10_000, rounds: int = 8) -> None:
+    """Post-processing: every VAE's output biases shifted so that its records, drawn with DP lengths
+    (`synthesize_chunks`), hold every item as often as its cluster's DP marginals (k, m) say.
+
+    DP-SGD clips long records' gradients more (C_s is the mode of the norms), which biases what the model
+    learns of long records; the marginals were measured without that bias. Fixed point on a fixed sample of
+    latents, lengths and race keys: shift_j += log(p_j / f_j), f_j the item's frequency in the sample. RBMs are
+    left as they are (a bias shift also changes their Gibbs chains)."""
+    for model, p, probs in zip(models, marginals, length_probs):
+        if not isinstance(model, VAE):
+            continue
+        logits = model.logits(samples, rng)
+        lengths = draw_lengths(probs, samples, min_length, rng)
+        exp_keys = log_exponentials(logits.shape, rng)
+        shift, floor = np.zeros(model.m, dtype=np.float32), 1.0 / samples
+        for _ in range(rounds):
+            freq = np.asarray(race(logits + shift - exp_keys, lengths).mean(axis=0)).ravel()
+            shift += np.log((p + floor) / (freq + floor)).astype(np.float32)
+        model.dec[-1][1][:] += shift
+
+
+def synthesize_chunks(models: list, weights: np.ndarray, length_probs: np.ndarray, min_length: int, n: int,
+                      rng: np.random.Generator, chunk: int = 50_000) -> Iterator[sp.csr_matrix]:
     """n synthetic records (§4.4) in shuffled chunks of at most `chunk`: each record from model s with
-    probability weights_s / sum(weights); with `nonempty`, empty draws are redrawn (real records have at
-    least one item; after 50 rounds a model that only draws empty records leaves its share unfilled)."""
+    probability weights_s / sum(weights), its length from the cluster's DP length distribution, then its
+    items from the model given that length (`generative.records_of_lengths`). Empty records (min_length 0)
+    are kept: they are a length of their own, and dropping them would shrink every count."""
     w = np.maximum(np.asarray(weights, dtype=np.float64), 0.0)
     for start in range(0, n, chunk):
         parts = []
-        for model, c in zip(models, rng.multinomial(min(chunk, n - start), w / w.sum())):
-            todo = int(c)
-            for _ in range(50):
-                if todo == 0:
-                    break
-                draw = model.sample(todo, rng)
-                if nonempty:
-                    draw = draw[np.diff(draw.indptr) > 0]
-                parts.append(draw[:todo])
-                todo -= parts[-1].shape[0]
-        out = sp.vstack(parts).tocsr() if parts else sp.csr_matrix((0, models[0].m))
+        for model, probs, c in zip(models, length_probs, rng.multinomial(min(chunk, n - start), w / w.sum())):
+            logits = model.logits(int(c), rng)
+            parts.append(records_of_lengths(logits, draw_lengths(probs, int(c), min_length, rng), rng))
+        out = sp.vstack(parts).tocsr()
         yield out[rng.permutation(out.shape[0])]
 
 
-def synthesize(models: list, weights: np.ndarray, n: int, rng: np.random.Generator, nonempty: bool = True) -> sp.csr_matrix:
+def synthesize(models: list, weights: np.ndarray, length_probs: np.ndarray, min_length: int, n: int,
+               rng: np.random.Generator) -> sp.csr_matrix:
     """All of `synthesize_chunks` in one matrix."""
-    return sp.vstack(list(synthesize_chunks(models, weights, n, rng, nonempty))).tocsr()
+    return sp.vstack(list(synthesize_chunks(models, weights, length_probs, min_length, n, rng))).tocsr()
 
 
 def load_model(kind: ModelKind, arrays: dict[str, np.ndarray], hidden: tuple[int, ...] = (200,)):

@@ -145,40 +145,18 @@ class VAE:
         W *= 0.01
         b[:] = np.log(p) - np.log1p(-p)
 
-    def _logits(self, z: np.ndarray) -> np.ndarray:
-        a = z
+    def logits(self, n: int, rng: np.random.Generator) -> np.ndarray:
+        """Item logits (n, m) float32 of n records: decoder(z), z ~ N(0, I)."""
+        a = rng.standard_normal((n, self.latent), dtype=np.float32)
         for i, (W, b) in enumerate(self.dec):
-            a = a @ W + b
+            a = a @ W.astype(np.float32) + b.astype(np.float32)
             if i < len(self.dec) - 1:
                 a = np.maximum(a, 0.0)
         return a
 
-    def match_marginals(self, p: np.ndarray, rng: np.random.Generator, latents: int = 2000,
-                        newton_steps: int = 30) -> None:
-        """Shift the output biases so that every item's probability among NON-EMPTY records (synthesis drops
-        empty draws), averaged over z ~ N(0, I), is p_j: E[x_j] = p_j P(record non-empty), by Newton's method on
-        each item's shift over a fixed sample of latents, P(non-empty) updated at every step."""
-        L = self._logits(rng.standard_normal((latents, self.latent)))
-        shift = np.zeros(self.m)
-        for _ in range(newton_steps):
-            P = _sigmoid(L + shift)
-            nonempty = 1.0 - np.exp(np.log1p(-np.minimum(P, 1 - 1e-12)).sum(axis=1)).mean()
-            shift -= (P.mean(axis=0) - p * nonempty) / np.maximum((P * (1 - P)).mean(axis=0), 1e-12)
-            shift = np.clip(shift, -30.0, 30.0)
-        self.dec[-1][1][:] += shift
-
-    def sample(self, n: int, rng: np.random.Generator, chunk: int = 20_000) -> sp.csr_matrix:
-        """n records: z ~ N(0, I), items ~ Bernoulli(sigmoid(decoder(z))) (float32, in chunks of rows)."""
-        layers = [(W.astype(np.float32), b.astype(np.float32)) for W, b in self.dec]
-        out = []
-        for start in range(0, n, chunk):
-            a = rng.standard_normal((min(chunk, n - start), self.latent), dtype=np.float32)
-            for i, (W, b) in enumerate(layers):
-                a = a @ W + b
-                if i < len(layers) - 1:
-                    a = np.maximum(a, 0.0)
-            out.append(_bernoulli_rows(_sigmoid(a), rng))
-        return sp.vstack(out).tocsr() if out else sp.csr_matrix((0, self.m), dtype=np.float32)
+    def sample(self, n: int, rng: np.random.Generator) -> sp.csr_matrix:
+        """n records: z ~ N(0, I), items ~ Bernoulli(sigmoid(decoder(z)))."""
+        return bernoulli_records(self.logits(n, rng), rng)
 
 
 class RBM:
@@ -222,17 +200,56 @@ class RBM:
         self.c += self.lr * (pos_c - ph.mean(axis=0))
         self.b += self.lr * (pos_b - self.fantasy.mean(axis=0))
 
-    def sample(self, n: int, rng: np.random.Generator, chains: int = 1000, burn_in: int = 300,
-               thinning: int = 2) -> sp.csr_matrix:
-        """n records from `chains` Gibbs chains started from the visible biases alone: after `burn_in` steps, every `thinning`-th
-        state of every chain is a record."""
+    def logits(self, n: int, rng: np.random.Generator, chains: int = 1000, burn_in: int = 300,
+               thinning: int = 2) -> np.ndarray:
+        """Visible logits (n, m) float32 of n records from `chains` Gibbs chains started from the visible biases
+        alone: after `burn_in` steps, every `thinning`-th state of every chain gives a record, whose items are
+        independent given its hidden units h: logits W h + b."""
         V = (rng.random((min(chains, n), self.m)) < _sigmoid(self.b)).astype(np.float64)
         for _ in range(burn_in):
             V = self._gibbs(V, rng)
         out, have = [], 0
         while have < n:
-            for _ in range(thinning):
+            for _ in range(thinning - 1):
                 V = self._gibbs(V, rng)
-            out.append(sp.csr_matrix(V[:n - have].astype(np.float32)))
+            H = (rng.random((V.shape[0], self.h)) < _sigmoid(V @ self.W + self.c)).astype(np.float64)
+            out.append((H[:n - have] @ self.W.T + self.b).astype(np.float32))
+            V = (rng.random(V.shape) < _sigmoid(H @ self.W.T + self.b)).astype(np.float64)
             have += out[-1].shape[0]
-        return sp.vstack(out).tocsr()
+        return np.concatenate(out)
+
+    def sample(self, n: int, rng: np.random.Generator) -> sp.csr_matrix:
+        """n records: Bernoulli draws of `logits`."""
+        return bernoulli_records(self.logits(n, rng), rng)
+
+
+def bernoulli_records(logits: np.ndarray, rng: np.random.Generator) -> sp.csr_matrix:
+    """Independent items, item j of record i with probability sigmoid(logits_ij), as CSR."""
+    return _bernoulli_rows(_sigmoid(logits), rng)
+
+
+def records_of_lengths(logits: np.ndarray, lengths: np.ndarray, rng: np.random.Generator) -> sp.csr_matrix:
+    """Record i gets lengths[i] distinct items drawn without replacement with probabilities proportional to
+    exp(logits_ij) = p_ij / (1 - p_ij) (an exponential race: the lengths[i] items with the smallest E_j /
+    exp(logits_ij), E_j ~ Exp(1)). This is the model's independent Bernoulli items conditioned on the record's
+    length exactly for lengths 0 and 1, and successive sampling, its usual approximation, beyond."""
+    return race(logits - log_exponentials(logits.shape, rng), lengths)
+
+
+def log_exponentials(shape, rng: np.random.Generator) -> np.ndarray:
+    """log E, E ~ Exp(1) float32 (a float32 draw of 0 is moved to the smallest positive float32)."""
+    return np.log(np.maximum(rng.standard_exponential(shape, dtype=np.float32), np.finfo(np.float32).tiny))
+
+
+def race(keys: np.ndarray, lengths: np.ndarray) -> sp.csr_matrix:
+    """Record i holds the items of its lengths[i] largest keys (n, m)."""
+    n, m = keys.shape
+    lengths = np.minimum(np.asarray(lengths, dtype=np.int64), m)
+    rows, cols = [np.zeros(0, np.int64)], [np.zeros(0, np.int64)]
+    for L in np.unique(lengths[lengths > 0]):
+        sel = np.flatnonzero(lengths == L)
+        top = np.argpartition(-keys[sel], L - 1, axis=1)[:, :L] if L < m else np.tile(np.arange(m), (sel.size, 1))
+        rows.append(np.repeat(sel, L))
+        cols.append(top.ravel())
+    rows, cols = np.concatenate(rows), np.concatenate(cols)
+    return sp.csr_matrix((np.ones(rows.size, dtype=np.float32), (rows, cols)), shape=(n, m))

@@ -8,7 +8,7 @@ from dp_accounting.pld import PLDAccountant
 from dp_accounting.rdp import RdpAccountant
 
 from dpalgos import counting, dpgm, dpsgd
-from dpalgos.generative import RBM, VAE
+from dpalgos.generative import RBM, VAE, records_of_lengths
 from dpalgos.noise import Measure, SeededNoise
 
 
@@ -107,18 +107,36 @@ def test_one_step_is_one_subsampled_gaussian_with_the_combined_noise_multiplier(
 
 
 def test_calibrated_plan_meets_the_budget_recomputed_from_scratch():
-    eps, delta, T, q, steps = 1.5, 1e-6, 10, 0.02, 300
-    noise = dpgm.calibrate(epsilon=eps, delta=delta, kmeans_iterations=T, q=q, steps=steps)
-    # Recompute: 2T zCDP Gaussians (k-means, OpenDP discrete Gaussians), one (marginals), `steps`
-    # Poisson-subsampled continuous Gaussians (DP-SGD), by RDP from scratch.
+    eps, delta, T, q, steps, max_items = 1.5, 1e-6, 10, 0.02, 300, 30
+    noise = dpgm.calibrate(epsilon=eps, delta=delta, kmeans_iterations=T, q=q, steps=steps, max_items=max_items)
+    # Recompute: 2T zCDP Gaussians (k-means, OpenDP discrete Gaussians), two (marginals; length histograms at
+    # the marginals' scale with sensitivity 1), `steps` Poisson-subsampled continuous Gaussians (DP-SGD), by RDP
+    # from scratch.
     acc = RdpAccountant()
     acc.compose(dpe.ZCDpEvent(1 / (2 * noise.sigma_kmeans ** 2)), 2 * T)
     acc.compose(dpe.ZCDpEvent(1 / (2 * noise.sigma_marginals ** 2)))
+    acc.compose(dpe.ZCDpEvent(1 / (2 * noise.sigma_marginals ** 2 * (max_items + 1))))
     acc.compose(dpe.PoissonSampledDpEvent(q, dpe.GaussianDpEvent(noise.sigma_sgd / np.sqrt(2))), steps)
     assert 0.97 * eps <= acc.get_epsilon(delta) <= eps * 1.001
-    plan = noise
     # The shares order the noise: the part with the largest share gets the smallest multiplier.
-    assert plan.sigma_kmeans > plan.sigma_marginals
+    assert noise.sigma_kmeans > noise.sigma_marginals
+    plan = dpgm.plan(noise, kmeans_iterations=T, q=q, steps=steps, max_items=max_items)
+    assert plan["lengths"].scale == pytest.approx(plan["marginals"].scale, rel=1e-12)
+
+
+def test_length_table_has_l2_sensitivity_one_and_keeps_empty_records_as_a_length():
+    rng = np.random.default_rng(17)
+    X = _records(200, 40, 0.05, 18)               # some records are empty
+    labels = rng.integers(0, 3, 200)
+    table = dpgm.length_counts(X, labels, 3, max_items=6, min_length=0)
+    lengths = np.diff(X.indptr)
+    assert table.sum() == 200 and table[:, 0].sum() == (lengths == 0).sum() > 0
+    assert table[:, -1].sum() == (lengths >= 6).sum()
+    for length in (0, 1, 6, 40):
+        extra = sp.csr_matrix((np.ones(length, np.float32), (np.zeros(length, int), rng.choice(40, length, False))),
+                              shape=(1, 40))
+        more = dpgm.length_counts(sp.vstack([X, extra]).tocsr(), np.append(labels, 2), 3, 6, min_length=0)
+        assert np.linalg.norm(more - table) == 1.0
 
 
 def test_cluster_table_has_l2_sensitivity_sqrt_max_items_plus_one():
@@ -145,14 +163,29 @@ def test_marginal_initialisation_starts_every_model_at_the_independent_items_mod
         assert np.abs(freq - p).mean() < (0.03 if kind == "rbm" else 0.006)
 
 
-def test_matching_the_marginals_sets_every_items_average_probability():
+def test_records_of_lengths_have_their_lengths_and_single_items_follow_the_odds():
+    rng = np.random.default_rng(19)
+    logits = np.tile(np.log(np.array([1.0, 2.0, 4.0, 1.0, 0.5, 0.5]) / 9), (60_000, 1)).astype(np.float32)
+    lengths = rng.integers(0, 7, 60_000)
+    S = records_of_lengths(logits, lengths, rng)
+    np.testing.assert_array_equal(np.diff(S.indptr), lengths)
+    assert S.max() == 1.0                          # distinct items
+    single = np.asarray(S[lengths == 1].mean(axis=0)).ravel()
+    # Given one item, the model's independent Bernoulli items pick item j with probability odds_j / sum(odds).
+    np.testing.assert_allclose(single, np.array([1, 2, 4, 1, 0.5, 0.5]) / 9, atol=0.015)
+
+
+def test_synthesis_keeps_empty_records_and_the_dp_lengths_and_matching_sets_the_item_frequencies():
     rng = np.random.default_rng(16)
     vae = VAE(40, rng, hidden=(24,))            # a random decoder: item probabilities depend on z
-    p = np.linspace(0.001, 0.08, 40)            # short records: many empty draws, which synthesis drops
-    dpgm.match_marginals([vae], p[None], rng)
-    S = vae.sample(40_000, rng)
-    freq = np.asarray(S[np.diff(S.indptr) > 0].mean(axis=0)).ravel()
-    assert np.abs(freq - p).mean() < 0.002 and np.diff(S.indptr).min() == 0
+    probs = np.array([0.4, 0.3, 0.2, 0.1])        # lengths 0..3: 40% empty records
+    p = np.linspace(0.001, 0.05, 40) * 1.0 / np.linspace(0.001, 0.05, 40).sum()   # sums to E[length] = 1
+    dpgm.match_marginals([vae], p[None], probs[None], 0, rng)
+    S = dpgm.synthesize([vae], np.array([1.0]), probs[None], 0, 40_000, rng)
+    assert S.shape[0] == 40_000                  # no silent shrink
+    np.testing.assert_allclose(np.bincount(np.diff(S.indptr)) / 40_000, probs, atol=0.01)
+    freq = np.asarray(S.mean(axis=0)).ravel()
+    assert np.abs(freq - p).mean() < 0.1 * p.mean()
 
 
 def test_training_improves_the_fit_and_synthesis_is_reproducible_from_the_stored_models():
@@ -170,8 +203,10 @@ def test_training_improves_the_fit_and_synthesis_is_reproducible_from_the_stored
     after = [m.loss(X, rng).mean() for m, X in zip(models, clusters)]
     assert all(a < 0.85 * b for a, b in zip(after, before))
     stored = [dpgm.load_model("vae", dpgm.model_arrays(m), (32,)) for m in models]
-    S1 = dpgm.synthesize(stored, np.array([1.0, 3.0]), 4000, np.random.default_rng(12))
-    S2 = dpgm.synthesize(models, np.array([1.0, 3.0]), 4000, np.random.default_rng(12))
+    hist = np.bincount(np.diff(sp.csr_matrix(A).indptr), minlength=21)[1:]
+    lengths = np.tile(hist / hist.sum(), (2, 1))
+    S1 = dpgm.synthesize(stored, np.array([1.0, 3.0]), lengths, 1, 4000, np.random.default_rng(12))
+    S2 = dpgm.synthesize(models, np.array([1.0, 3.0]), lengths, 1, 4000, np.random.default_rng(12))
     assert (S1 != S2).nnz == 0 and S1.shape == (4000, 20) and np.diff(S1.indptr).min() >= 1
     # weights 1:3 -> a quarter of the records look like cluster A (more items among the first ten).
     share_a = np.mean(np.asarray(S1[:, :10].sum(axis=1)).ravel() > np.asarray(S1[:, 10:].sum(axis=1)).ravel())

@@ -14,6 +14,7 @@ import scipy.sparse as sp
 
 from dpalgos import accounting, counting, dpgm
 from dpalgos import kernel_kmeans as kk
+from dpalgos.mechanisms import laplace_mechanism
 from dpalgos.noise import simulated
 
 
@@ -28,6 +29,7 @@ class DPGMSettings:
     init_items: int = 10
     max_items: int = 30
     match_marginals: bool = True
+    empty_records: bool = False      # records may be empty (a length of their own), e.g. after an item restriction
     shares: tuple[float, float, float] = (0.15, 0.35, 0.5)
     sgd: dpgm.SGDConfig = field(default_factory=dpgm.SGDConfig)
 
@@ -46,16 +48,18 @@ def cluster(X: sp.csr_matrix, settings: DPGMSettings, measure, rng: np.random.Ge
 
 def run(X: sp.csr_matrix, settings: DPGMSettings, rng: np.random.Generator):
     """Train the mixture; returns (synthetic records, guarantee, diagnostics)."""
-    cfg = settings.sgd
+    cfg, min_length = settings.sgd, 0 if settings.empty_records else 1
     noise = dpgm.calibrate(epsilon=settings.epsilon, delta=settings.delta,
                            kmeans_iterations=settings.kmeans_iterations, q=cfg.q, steps=cfg.steps,
                            max_items=settings.max_items, shares=settings.shares)
     plan = dpgm.plan(noise, kmeans_iterations=settings.kmeans_iterations, q=cfg.q, steps=cfg.steps,
-                     max_items=settings.max_items)
+                     max_items=settings.max_items, min_length=min_length)
     measure = simulated(plan, rng)
     _, labels = cluster(X, settings, measure, rng)
-    table = dpgm.cluster_counts(X, labels, settings.k, settings.max_items)
-    marg, sizes = dpgm.marginals_and_sizes(measure("marginals", table))
+    marg, sizes = dpgm.marginals_and_sizes(measure("marginals", dpgm.cluster_counts(X, labels, settings.k,
+                                                                                    settings.max_items)))
+    lengths = dpgm.length_distributions(measure("lengths", dpgm.length_counts(X, labels, settings.k,
+                                                                              settings.max_items, min_length)))
     members = [np.flatnonzero(labels == c) for c in range(settings.k)]
     models = [dpgm.make_model(cfg, X.shape[1], rng, marg[c]) for c in range(settings.k)]
 
@@ -63,8 +67,8 @@ def run(X: sp.csr_matrix, settings: DPGMSettings, rng: np.random.Generator):
         return [X[idx[rng.random(idx.size) < cfg.q]] for idx in members]
     dpgm.train(models, batches, sizes, cfg, measure)
     if settings.match_marginals:
-        dpgm.match_marginals(models, marg, rng)
-    synthetic = dpgm.synthesize(models, sizes, int(round(sizes.sum())), rng)
+        dpgm.match_marginals(models, marg, lengths, min_length, rng)
+    synthetic = dpgm.synthesize(models, sizes, lengths, min_length, int(round(sizes.sum())), rng)
     guarantee = accounting.epsilon_at(plan.event(), settings.delta)
     return synthetic, guarantee, {"plan": noise, "cluster_sizes": sizes.tolist()}
 
@@ -85,10 +89,35 @@ def evaluate(X: sp.csr_matrix, synthetic: sp.csr_matrix, settings: DPGMSettings,
     clipped = counting.item_counts(counting.clip_records(X, max_items, rng))
     mwem = counting.mwem_linear(clipped, Q, epsilon=settings.epsilon, max_items=max_items, rounds=mwem_rounds, rng=rng)
     out["mwem"] = counting.by_bucket(counting.relative_errors(true_lin, counting.linear_answers(mwem, Q), n), buckets)
-    indep = counting.independent_records(X, epsilon=settings.epsilon, max_items=max_items, n=n, rng=rng)
+    baseline = independent_with_empty if settings.empty_records else counting.independent_records
+    indep = baseline(X, epsilon=settings.epsilon, max_items=max_items, n=n, rng=rng)
     out["independent_anyof"] = counting.by_bucket(counting.relative_errors(true_any, counting.anyof_answers(indep, Q),
                                                                            n), buckets)
     return out
+
+
+def independent_with_empty(X: sp.csr_matrix, *, epsilon: float, max_items: int, n: int,
+                           rng: np.random.Generator) -> sp.csr_matrix:
+    """`counting.independent_records` when records can be empty: its length histogram has a bin for length 0
+    (still one bin per record), so the baseline keeps its empty records as DPGM does."""
+    m = X.shape[1]
+    # One record adds at most max_items (weighted) items to the counts: L1 sensitivity max_items.
+    marg = np.maximum(laplace_mechanism(counting.weighted_item_counts(X, max_items), sensitivity=max_items,
+                                        epsilon=epsilon / 2, rng=rng), 0.0)
+    # One record is in one length bin 0..max_items: L1 sensitivity 1.
+    hist = np.bincount(np.minimum(np.diff(X.indptr), max_items), minlength=max_items + 1).astype(np.float64)
+    hist = np.maximum(laplace_mechanism(hist, sensitivity=1.0, epsilon=epsilon / 2, rng=rng), 0.0)
+    rows = np.repeat(np.arange(n), rng.choice(max_items + 1, size=n, p=hist / hist.sum()))
+    key = np.unique(rows.astype(np.int64) * m + rng.choice(m, size=rows.size, p=marg / marg.sum()))
+    return sp.csr_matrix((np.ones(key.size, dtype=np.float32), (key // m, key % m)), shape=(n, m))
+
+
+def restrict_items(X: sp.csr_matrix, items: int) -> sp.csr_matrix:
+    """The records over their `items` most frequent items (a benchmark's fixed restriction, as the paper takes
+    the item universe from the file: not a release, whose items come from its spec); records may become
+    empty."""
+    top = np.sort(np.argsort(-counting.item_counts(X), kind="stable")[:items])
+    return X[:, top].tocsr()
 
 
 def load_transactions(path) -> sp.csr_matrix:

@@ -71,7 +71,10 @@ class SyntheticParams(KernelKMeansParams):
 
 
 
-MIXTURE, MODELS, TABLE, SYNTHETIC = "mixture.parquet", "models.npz", "cluster_table.npy", "synthetic"
+MIXTURE, MODELS, TABLE, LENGTHS, SYNTHETIC = ("mixture.parquet", "models.npz", "cluster_table.npy",
+                                              "length_table.npy", "synthetic")
+#: Ingested records are non-empty (the ingest contract): length histograms start at 1.
+MIN_LENGTH = 1
 STEP_CHUNK = 25           # DP-SGD steps whose Poisson samples are fetched from the workers at once
 RECORDS_PER_PART = 200_000
 
@@ -97,8 +100,11 @@ def _labels(X, rff, clip, centres) -> np.ndarray:
     return kk.nearest(kk.clip_rows(rff.transform(X), clip), centres) if X.shape[0] else np.zeros(0, np.int64)
 
 
-def partition_cluster_counts(X, rff, clip, centres, k, max_items) -> np.ndarray:
-    return dpgm.cluster_counts(X, _labels(X, rff, clip, centres), k, max_items)
+def partition_cluster_counts(X, rff, clip, centres, k, max_items) -> tuple[np.ndarray, np.ndarray]:
+    """(per-cluster item counts and sizes, per-cluster record-length histogram) of a partition."""
+    labels = _labels(X, rff, clip, centres)
+    return (dpgm.cluster_counts(X, labels, k, max_items),
+            dpgm.length_counts(X, labels, k, max_items, MIN_LENGTH))
 
 
 def partition_batches(X, seed, rff, clip, centres, q, first_step, n_steps):
@@ -164,8 +170,8 @@ class SyntheticKind(ReleaseKind):
         data = Partitioned.sets(current_client(), parquet_files(prepared.path), ds.items_column, ds.item_count)
         try:
             rff, gamma, clip, res = cluster_records(spec, data, measure, public_rng, log)
-            table = measure("marginals", data.reduce(partition_cluster_counts, rff, clip, res.centres, p.k,
-                                                     p.max_items))
+            counts, length_counts = data.reduce(partition_cluster_counts, rff, clip, res.centres, p.k, p.max_items)
+            table, lengths = measure("marginals", counts), measure("lengths", length_counts)
             marginals, sizes = dpgm.marginals_and_sizes(table)
             cfg = sgd_config(spec)
             models = [dpgm.make_model(cfg, ds.item_count, public_rng, marginals[c]) for c in range(p.k)]
@@ -186,6 +192,7 @@ class SyntheticKind(ReleaseKind):
         def write(folder):
             write_clustering(folder, rff, res)
             np.save(folder / TABLE, table)
+            np.save(folder / LENGTHS, lengths)
             pq.write_table(pa.table({"cluster": np.arange(p.k, dtype=np.int32), "noisy_size": sizes,
                                      "weight": sizes / sizes.sum()}), folder / MIXTURE)
             np.savez(folder / MODELS, **{f"c{c}_{name}": a for c, model in enumerate(models)
@@ -201,12 +208,16 @@ class SyntheticKind(ReleaseKind):
         models = load_models(measurements, meta)
         weights = pq.read_table(measurements / MIXTURE).column("noisy_size").to_numpy()
         rng = np.random.default_rng(meta["synthesis_seed"])
+        lengths = dpgm.length_distributions(np.load(measurements / LENGTHS))
         if spec.release.match_marginals:
-            dpgm.match_marginals(models, dpgm.marginals_and_sizes(np.load(measurements / TABLE))[0], rng)
+            marginals = dpgm.marginals_and_sizes(np.load(measurements / TABLE))[0]
+            dpgm.match_marginals(models, marginals, lengths, MIN_LENGTH, rng)
         out = staging / SYNTHETIC
         out.mkdir()
         done = 0
-        for i, X in enumerate(dpgm.synthesize_chunks(models, weights, meta["records"], rng, chunk=RECORDS_PER_PART)):
+        chunks = dpgm.synthesize_chunks(models, weights, lengths, MIN_LENGTH, meta["records"], rng,
+                                        chunk=RECORDS_PER_PART)
+        for i, X in enumerate(chunks):
             pq.write_table(set_table(spec.dataset.items_column, X.indptr, X.indices), out / f"part.{i}.parquet")
             done += X.shape[0]
             log.info("synthetic records: %d/%d", done, meta["records"])

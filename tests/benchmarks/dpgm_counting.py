@@ -1,32 +1,67 @@
-"""Counting-query relative errors of DPGM synthetic records (Acs et al. §6.3) against MWEM (linear class) and
-independent items from DP marginals (any-of class), on a transactions file. 1,000 random queries in 5
-length buckets; the same epsilon for every method. Last line:
-    RESULT epsilon=<e> dpgm_rel_err=<5 buckets> mwem_rel_err=<...> dpgm_anyof_rel_err=<...>
-           independent_anyof_rel_err=<...>
-(dpgm_* for the first --model; other models are printed above it.)
+"""Counting-query relative errors of DPGM synthetic records (Acs et al. §6.3) against MWEM (linear class),
+independent items from DP marginals and a DP length histogram (any-of class) and, with --peers mst, MST
+(McKenna et al. 2021, the `dpmm` package, run in its own interpreter), on a transactions file. 1,000 random
+queries in 5 length buckets; the same (epsilon, delta) for every method. Last line:
+    RESULT epsilon=<e> dpgm_rel_err=<mean over buckets> mst_rel_err=<...> mwem_rel_err=<...>
+           dpgm_anyof_rel_err=<...> independent_anyof_rel_err=<...>
+(dpgm_* for the first --model; other models, and the per-bucket errors, are printed above it.)
 
-    python tests/benchmarks/dpgm_counting.py --data ../shared/data/transactions/BMS1.dat
+--items N restricts the records to their N most frequent items (MST's domain is one binary attribute per item):
+records may then be empty, which DPGM's length histogram and the independent baseline keep as a length of
+their own.
+
+    python tests/benchmarks/dpgm_counting.py --data ../shared/data/transactions/BMS1.dat --items 64 --peers mst
     python tests/benchmarks/dpgm_counting.py --data ../shared/data/transactions/retail.dat.gz --model vae,rbm
+
+The MST interpreter (--mst-python, default /work/venvs/mst/bin/python) needs `pip install dpmm` (0.1.9).
 """
 
 from __future__ import annotations
 
 import argparse
+import subprocess
+import tempfile
 import time
+from pathlib import Path
 
 import numpy as np
+import scipy.sparse as sp
 
-from dpalgos import dpgm
+from dpalgos import counting, dpgm
 from tasks.experiments import dpgm as E
+
+PEER = Path(__file__).resolve().parent / "_mst_peer.py"
 
 
 def fmt(values) -> str:
     return ",".join(f"{v:.4g}" for v in values)
 
 
-def main() -> None:
+def run_mst(X: sp.csr_matrix, args, delta: float) -> sp.csr_matrix:
+    """MST's synthetic records of X, fitted in the peer interpreter (data through temporary .npy files)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        src, dst = Path(tmp) / "in.npy", Path(tmp) / "out.npy"
+        np.save(src, X.toarray().astype(np.uint8))
+        subprocess.run([args.mst_python, str(PEER), str(src), str(dst), str(args.epsilon), str(delta),
+                        str(args.seed), str(args.mst_iterations)], check=True)
+        return sp.csr_matrix(np.load(dst).astype(np.float32))
+
+
+def linear_errors(X: sp.csr_matrix, synthetic: sp.csr_matrix, rng: np.random.Generator) -> np.ndarray:
+    """Per-bucket linear-query errors of `synthetic`, on the queries `E.evaluate` draws from the same rng state."""
+    Q, buckets = counting.random_queries(X.shape[1], 1000, rng)
+    true = counting.linear_answers(counting.item_counts(X), Q)
+    est = counting.linear_answers(counting.item_counts(synthetic), Q)
+    return counting.by_bucket(counting.relative_errors(true, est, X.shape[0]), buckets)
+
+
+def parse() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--data", required=True, help="transactions file (.dat or .dat.gz)")
+    ap.add_argument("--items", type=int, default=None, help="restrict to the N most frequent items")
+    ap.add_argument("--peers", default="", help="comma-separated peers: mst")
+    ap.add_argument("--mst-python", default="/work/venvs/mst/bin/python", help="interpreter with dpmm installed")
+    ap.add_argument("--mst-iterations", type=int, default=1000, help="MST's estimation iterations")
     ap.add_argument("--epsilon", type=float, default=1.74, help="total budget (the paper's MNIST figure)")
     ap.add_argument("--delta", type=float, default=None, help="default: 1 / number of records")
     ap.add_argument("--model", default="vae", help="vae, rbm, or a comma-separated list")
@@ -35,36 +70,55 @@ def main() -> None:
     ap.add_argument("--q", type=float, default=0.02, help="Poisson sampling rate of DP-SGD")
     ap.add_argument("--lr", type=float, default=None, help="learning rate (default: the model's)")
     ap.add_argument("--max-items", type=int, default=30,
-                    help="DPGM's per-cluster marginals weight records to at most this many items (the baselines "
-                         "clip to 12, as the paper configures MWEM)")
+                    help="DPGM's per-cluster marginals weight records to at most this many items and its length "
+                         "histograms stop there (the baselines clip to 12, as the paper configures MWEM)")
     ap.add_argument("--shares", default="0.15,0.35,0.5", help="starting split of epsilon: clustering, marginals, SGD")
     ap.add_argument("--no-match-marginals", action="store_true", help="skip matching the VAE to the DP marginals")
     ap.add_argument("--seed", type=int, default=0)
-    args = ap.parse_args()
+    return ap.parse_args()
+
+
+def main() -> None:
+    args = parse()
     t0 = time.perf_counter()
     X = E.load_transactions(args.data)
-    print(f"{X.shape[0]} records, {X.shape[1]} items, {X.nnz / X.shape[0]:.2f} items per record "
-          f"(loaded in {time.perf_counter() - t0:.1f}s)", flush=True)
+    if args.items:
+        X = E.restrict_items(X, args.items)
+    lengths = np.diff(X.indptr)
+    print(f"{X.shape[0]} records, {X.shape[1]} items, {lengths.mean():.2f} items per record, "
+          f"{(lengths == 0).mean():.1%} empty (loaded in {time.perf_counter() - t0:.1f}s)", flush=True)
     delta = args.delta or 1.0 / X.shape[0]
     results = {}
     for model in args.model.split(","):
         rng = np.random.default_rng(args.seed)
         settings = E.DPGMSettings(epsilon=args.epsilon, delta=delta, k=args.k, max_items=args.max_items,
                                   shares=tuple(float(x) for x in args.shares.split(",")),
-                                  match_marginals=not args.no_match_marginals,
+                                  match_marginals=not args.no_match_marginals, empty_records=bool(args.items),
                                   sgd=dpgm.SGDConfig(model=model, steps=args.steps, q=args.q, lr=args.lr))
         t0 = time.perf_counter()
         synthetic, guarantee, diag = E.run(X, settings, rng)
         train_s = time.perf_counter() - t0
-        ev = E.evaluate(X, synthetic, settings, rng)
+        query_rng = np.random.default_rng(args.seed + 1)
+        ev = E.evaluate(X, synthetic, settings, query_rng)
         results[model] = (guarantee, ev)
         print(f"{model}: ({guarantee.epsilon:.3f}, {delta:.2g})-DP by {guarantee.method}; trained and sampled in "
-              f"{train_s:.1f}s; {synthetic.nnz / synthetic.shape[0]:.2f} items per synthetic record; {diag['plan']}")
+              f"{train_s:.1f}s; {synthetic.shape[0]} synthetic records ({X.shape[0]} real), "
+              f"{synthetic.nnz / synthetic.shape[0]:.2f} items per record, "
+              f"{(np.diff(synthetic.indptr) == 0).mean():.1%} empty; {diag['plan']}")
         for name, v in ev.items():
             print(f"  {name:18s} {fmt(v)}", flush=True)
     guarantee, ev = results[args.model.split(",")[0]]
-    print(f"RESULT epsilon={guarantee.epsilon:.4g} dpgm_rel_err={fmt(ev['dpgm'])} mwem_rel_err={fmt(ev['mwem'])} "
-          f"dpgm_anyof_rel_err={fmt(ev['dpgm_anyof'])} independent_anyof_rel_err={fmt(ev['independent_anyof'])}")
+    mst = np.full(counting.BUCKETS, np.nan)
+    if "mst" in args.peers.split(","):
+        t0 = time.perf_counter()
+        S = run_mst(X, args, delta)
+        mst = linear_errors(X, S, np.random.default_rng(args.seed + 1))
+        print(f"mst: ({args.epsilon:g}, {delta:.2g})-DP (zCDP conversion of dpmm); {S.shape[0]} synthetic records, "
+              f"{S.nnz / max(S.shape[0], 1):.2f} items per record, in {time.perf_counter() - t0:.0f}s\n"
+              f"  {'mst':18s} {fmt(mst)}", flush=True)
+    print(f"RESULT epsilon={guarantee.epsilon:.4g} dpgm_rel_err={ev['dpgm'].mean():.4g} mst_rel_err={mst.mean():.4g} "
+          f"mwem_rel_err={ev['mwem'].mean():.4g} dpgm_anyof_rel_err={ev['dpgm_anyof'].mean():.4g} "
+          f"independent_anyof_rel_err={ev['independent_anyof'].mean():.4g}")
 
 
 if __name__ == "__main__":
