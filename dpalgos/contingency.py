@@ -4,16 +4,30 @@ A k-way table over attributes with levels I_1 x ... x I_k is a vector x of n = p
 order (the lexicographic ordering function Psi of the paper). The marginal of an attribute subset B at a
 level combination b is the linear constraint sum_{cells matching b} x = m(b) (eq. 3); M_h is the set of all
 marginals of order h (M_0: the number of records).
+
+Estimators of the table from its noisy cells (all post-processing: they read the noisy cells, the noise
+scale and the PUBLIC marginals, never the data):
+    consistent_table      Algorithm 2: ADMM maximum likelihood (true L1), elastic net or L2, with A x = b, x >= 0
+    max_entropy           the zero-budget baseline: the table of maximum entropy with the public marginals
+                          (iterative proportional fitting; it ignores the measurement)
+    empirical_bayes_table the posterior mean of each cell under a negative-binomial prior centred on a
+                          log-linear model (the public max-entropy table, or one more order of interactions
+                          fitted to the L1 estimate, chosen by AIC on the noisy cells' marginal likelihood),
+                          raked onto the public marginals
 """
 
 from __future__ import annotations
 
 import itertools
+import math
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
+import numba
 import numpy as np
 import scipy.sparse as sp
+from scipy.optimize import minimize_scalar
+from scipy.special import gammaln, logsumexp
 
 from dpalgos import admm
 from dpalgos.plan import Mechanism, Plan
@@ -89,6 +103,122 @@ def consistent_table(noisy: np.ndarray, A: sp.csr_matrix, b: np.ndarray, *, nois
         # Only x >= 0 is known: the ADMM fixed point is the noisy table clipped at zero.
         A, b = sp.csr_matrix((1, noisy.size)), np.zeros(1)
     return admm.solve_linear(noisy, A, b, penalty=penalty, alpha=alpha, rho=rho, scale=noise_scale)
+
+
+def marginal_order(marginals: Sequence[Mapping[str, str]]) -> int:
+    """The largest number of attributes a marginal cell fixes (-1 without marginals)."""
+    return max((len(m) for m in marginals), default=-1)
+
+
+def ipf(A: sp.csr_matrix, b: np.ndarray, base: np.ndarray, *, tol: float = 1e-9, max_sweeps: int = 100_000) -> np.ndarray:
+    """Iterative proportional fitting (Bregman balancing; A has 0/1 rows): the table closest to `base` in
+    Kullback-Leibler divergence with A x = b, by scaling the cells of one marginal at a time. Sweeps stop when
+    every marginal is within tol * max(1, max b). Cells of `base` that are 0 stay 0."""
+    A = sp.csr_matrix(A)
+    x = np.array(base, dtype=np.float64)
+    if A.shape[0]:
+        _ipf(A.indptr, A.indices, np.asarray(b, dtype=np.float64), x, tol * max(1.0, float(np.max(b))), max_sweeps)
+    return x
+
+
+@numba.njit(cache=True)
+def _ipf(indptr, indices, b, x, tol, max_sweeps):
+    for _ in range(max_sweeps):
+        worst = 0.0
+        for row in range(b.size):
+            s = 0.0
+            for j in range(indptr[row], indptr[row + 1]):
+                s += x[indices[j]]
+            worst = max(worst, abs(s - b[row]))
+            if s > 0.0:
+                f = b[row] / s
+                for j in range(indptr[row], indptr[row + 1]):
+                    x[indices[j]] *= f
+        if worst <= tol:
+            return
+
+
+def max_entropy(A: sp.csr_matrix, b: np.ndarray) -> np.ndarray:
+    """The zero-budget baseline: the maximum-entropy table with the public marginals A x = b (which must
+    include the total, directly or through a complete marginal)."""
+    if A.shape[0] == 0:
+        raise ValueError("the maximum-entropy table needs public marginals (at least the number of records)")
+    return ipf(A, b, np.ones(A.shape[1]))
+
+
+def nb_posterior_mean(noisy: np.ndarray, prior_mean: np.ndarray, noise_scale: float, max_count: int,
+                      chunk: int = 1 << 22) -> tuple[np.ndarray, float, float]:
+    """Cell by cell, the posterior mean of x_i in {0..max_count} given noisy_i = x_i + Laplace(noise_scale) and
+    the prior x_i ~ NegativeBinomial(mean m_i, shape r), r chosen by maximum marginal likelihood of the noisy
+    cells (empirical Bayes). The Laplace density is also the discrete Laplace's, up to a constant.
+    Returns (posterior means, log marginal likelihood at r, r). Cells with m_i = 0 are 0."""
+    k = np.arange(max_count + 1, dtype=np.float64)
+    on = np.flatnonzero(prior_mean > 0)
+    rows = max(1, chunk // k.size)
+
+    def log_terms(r, idx):
+        m = prior_mean[idx, None]
+        prior = gammaln(k + r) - gammaln(r) - gammaln(k + 1) + r * np.log(r / (r + m)) + k * np.log(m / (r + m))
+        return prior - np.abs(noisy[idx, None] - k) / noise_scale - math.log(2.0 * noise_scale)
+
+    def loglik(log_r):
+        return sum(logsumexp(log_terms(math.exp(log_r), on[i:i + rows]), axis=1).sum() for i in range(0, on.size, rows))
+
+    best = minimize_scalar(lambda t: -loglik(t), bounds=(-6.0, 12.0), method="bounded", options={"xatol": 1e-3})
+    r, mean = math.exp(best.x), np.zeros(noisy.size)
+    for i in range(0, on.size, rows):
+        t = log_terms(r, on[i:i + rows])
+        mean[on[i:i + rows]] = np.exp(t - logsumexp(t, axis=1, keepdims=True)) @ k
+    return mean, float(-best.fun), r
+
+
+@dataclass
+class BayesEstimate:
+    """x: the table; prior: the log-linear model chosen ('public' or 'order h'); dispersion: the prior's
+    negative-binomial shape r; aic_gain: log-likelihood gain of the richer model minus its extra parameters."""
+    x: np.ndarray
+    prior: str
+    dispersion: float
+    aic_gain: float
+
+
+def empirical_bayes_table(noisy: np.ndarray, table: Table, marginals: Sequence[Mapping[str, str]], b: np.ndarray,
+                          *, noise_scale: float) -> BayesEstimate:
+    """The empirical-Bayes table (post-processing of the noisy cells and the PUBLIC marginals only).
+
+    Prior means: (a) the maximum-entropy table of the public marginals (uniform at the L1 estimate's total
+    without any); (b) the log-linear model of the next order h+1 (h the public marginals' order) fitted to
+    the L1 estimate's order-(h+1) marginals and raked onto the public ones. (b) is kept when its marginal
+    likelihood exceeds (a)'s by more than its number of extra parameters (AIC). The cells' posterior means
+    under that prior are raked onto the public marginals (IPF).
+    """
+    noisy = np.asarray(noisy, dtype=np.float64)
+    A = table.constraint_matrix(list(marginals))
+    b = np.asarray(b, dtype=np.float64)
+    l1 = consistent_table(noisy, A, b, noise_scale=noise_scale, penalty="l1").x
+    h = marginal_order(marginals)
+    public = max_entropy(A, b) if A.shape[0] else np.full(table.size, l1.sum() / table.size)
+    max_count = int(math.ceil(max(float(noisy.max()), 0.0) + 40.0 * noise_scale))
+    if A.shape[0] and h == 0:
+        max_count = min(max_count, int(math.ceil(b.max())))
+    mean, loglik, r = nb_posterior_mean(noisy, public, noise_scale, max_count)
+    prior, gain = "public", -math.inf
+    if h + 1 <= len(table.names):
+        A1 = table.constraint_matrix(table.marginals(h + 1))
+        richer = ipf(A1, A1 @ l1, np.ones(table.size))
+        richer = ipf(A, b, richer) if A.shape[0] else richer
+        mean1, loglik1, r1 = nb_posterior_mean(noisy, richer, noise_scale, max_count)
+        gain = loglik1 - loglik - _extra_parameters(A, A1)
+        if gain > 0:
+            mean, r, prior = mean1, r1, f"order {h + 1}"
+    x = ipf(A, b, mean) if A.shape[0] else mean
+    return BayesEstimate(x, prior, r, gain)
+
+
+def _extra_parameters(A: sp.csr_matrix, A1: sp.csr_matrix) -> int:
+    """Free parameters the marginals A1 add to the log-linear model of A (the total counts for no A)."""
+    base = A if A.shape[0] else sp.csr_matrix(np.ones((1, A1.shape[1])))
+    return int(np.linalg.matrix_rank(sp.vstack([base, A1]).toarray()) - np.linalg.matrix_rank(base.toarray()))
 
 
 def mwem_workload(table: Table, max_order: int = 2) -> np.ndarray:

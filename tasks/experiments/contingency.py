@@ -1,10 +1,13 @@
 """Contingency-table experiment of Lee, Wang & Kifer §5.1 (Figure 5.1.1): cell MSE vs epsilon of LM,
-ADMM(l1), ADMM(l2), Privelet and MWEM when the marginals M0, M1 or M2 are public.
+ADMM, Privelet and MWEM when the marginals M0, M1 or M2 are public, with the zero-budget maximum-entropy
+table and the empirical-Bayes table.
 
-ADMM(l1) is the elastic net of the paper's experiments (alpha = 0.9, rho = 2), ADMM(l2) the L2 variant;
-both keep the table non-negative and consistent with the public marginals. MWEM knows the number of records
-(M0) and answers the workload of all marginal cells of order 1 and 2 and all cells, with 10 rounds.
-Negative cells of LM and Privelet are set to 0.
+admm_l1 is the true L1 (maximum-likelihood) problem, admm_elastic the elastic net of the paper's experiments
+(alpha = 0.9, rho = 2; the paper's "ADMM(l1)"), admm_l2 the L2 variant; all keep the table non-negative and
+consistent with the public marginals. max_entropy is the maximum-entropy table of the public marginals alone
+(no budget spent); empirical_bayes is `contingency.empirical_bayes_table` on the same noisy cells as ADMM.
+MWEM knows the number of records (M0) and answers the workload of all marginal cells of order 1 and 2 and all
+cells, with 10 rounds. Negative cells of LM and Privelet are set to 0.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from dpalgos import baselines, contingency
 from dpalgos.noise import simulated
 
 EPSILONS = tuple(round(0.1 * i, 1) for i in range(1, 11))
-METHODS = ("lm", "admm_l1", "admm_l2", "privelet", "mwem")
+METHODS = ("lm", "admm_l1", "admm_elastic", "admm_l2", "privelet", "mwem", "max_entropy", "empirical_bayes")
 MWEM_ROUNDS = 10
 
 
@@ -37,8 +40,11 @@ def load_table(path: str | Path) -> tuple[contingency.Table, np.ndarray]:
 
 def estimate(method: str, table: contingency.Table, x: np.ndarray, order: int, *, epsilon: float,
              rng: np.random.Generator) -> np.ndarray:
-    A = table.constraint_matrix(table.marginals(order))
+    marginals = table.marginals(order)
+    A = table.constraint_matrix(marginals)
     b = A @ x
+    if method == "max_entropy":
+        return contingency.max_entropy(A, b)
     if method == "lm":
         return np.maximum(baselines.lm(x, epsilon=epsilon, rng=rng), 0.0)
     if method == "privelet":
@@ -47,7 +53,9 @@ def estimate(method: str, table: contingency.Table, x: np.ndarray, order: int, *
         return baselines.mwem(x, contingency.mwem_workload(table), epsilon=epsilon, rounds=MWEM_ROUNDS,
                               total=float(x.sum()), rng=rng)
     noisy = simulated(contingency.cells_plan(table, epsilon=epsilon), rng)("cells", x)
-    penalty = {"admm_l1": "elastic", "admm_l2": "l2"}[method]
+    if method == "empirical_bayes":
+        return contingency.empirical_bayes_table(noisy, table, marginals, b, noise_scale=1.0 / epsilon).x
+    penalty = {"admm_l1": "l1", "admm_elastic": "elastic", "admm_l2": "l2"}[method]
     return contingency.consistent_table(noisy, A, b, noise_scale=1.0 / epsilon, penalty=penalty).x
 
 

@@ -19,8 +19,12 @@ from tasks.params import ConsistencyBase
 
 class ContingencyParams(ConsistencyBase):
     """Contingency table of the categorical columns (Algorithm 2): Laplace noise on every cell, made
-    consistent with PUBLIC marginal counts and non-negative by ADMM."""
+    consistent with PUBLIC marginal counts and non-negative by ADMM or by the empirical-Bayes estimator."""
     kind: Literal["contingency"] = "contingency"
+    estimator: Literal["admm", "empirical_bayes"] = Field(
+        "admm", description="admm: maximum likelihood (penalty, alpha, rho); empirical_bayes: posterior mean of "
+                            "each cell under a log-linear prior fitted to the noisy cells and the public marginals "
+                            "(lower cell MSE on the paper's tables; post-processing like ADMM)")
     public_marginals: str | None = Field(
         None, description="CSV of public marginal counts: one column per attribute (empty = summed out) and "
                           "`count`; e.g. M0 is one row of empty attributes and the total")
@@ -136,17 +140,13 @@ class ContingencyKind(ReleaseKind):
         return NOISY, suites.indexed_table("measurements", "cell", t.size, ["noisy_count"], other_columns=t.names)
 
     def postprocess(self, spec, measurements, staging, internal, log):
-        p = spec.release
         table = table_of(spec)
         noisy = counts.read_column(measurements / NOISY, "noisy_count")
         marginals, values, A = self._marginals(spec)
-        res = contingency.consistent_table(noisy, A, values, noise_scale=self.plan(spec)["cells"].scale,
-                                           penalty=p.penalty, alpha=p.alpha, rho=p.rho)
-        counts.write_vector(staging / TABLE, "cell", {"count": res.x}, **_level_columns(table))
-        info = {"method": "admm (Lee, Wang & Kifer Algorithm 2)", "public_marginal_cells": len(marginals),
-                "penalty": p.penalty, "alpha": p.alpha, "rho": p.rho, "iterations": res.iterations,
-                "converged": res.converged, "max_constraint_violation":
-                    float(np.abs(A @ res.x - values).max()) if len(values) else 0.0}
+        x, info = _estimate(spec.release, table, noisy, marginals, values, A, self.plan(spec)["cells"].scale)
+        counts.write_vector(staging / TABLE, "cell", {"count": x}, **_level_columns(table))
+        info.update({"public_marginal_cells": len(marginals),
+                     "max_constraint_violation": float(np.abs(A @ x - values).max()) if len(values) else 0.0})
         (staging / CONSISTENCY).write_text(json.dumps(info, indent=2))
         return [TABLE, CONSISTENCY]
 
@@ -163,6 +163,17 @@ class ContingencyKind(ReleaseKind):
         mse, mse_lm = float(np.mean((released - exact) ** 2)), float(np.mean((noisy - exact) ** 2))
         return {"records": float(exact.sum()), "cell_mse": mse, "cell_mse_noisy_clipped": mse_lm,
                 "headline": f"cell MSE {mse:.4g} (noisy cells, negatives set to 0: {mse_lm:.4g})"}
+
+
+def _estimate(p, table, noisy, marginals, values, A, scale) -> tuple[np.ndarray, dict]:
+    """The released table from the noisy cells, the public marginals and the plan's noise scale only."""
+    if p.estimator == "empirical_bayes":
+        est = contingency.empirical_bayes_table(noisy, table, marginals, values, noise_scale=scale)
+        return est.x, {"method": "empirical Bayes (negative-binomial prior on a log-linear model, raked by IPF)",
+                       "prior": est.prior, "dispersion": est.dispersion, "aic_gain": est.aic_gain}
+    res = contingency.consistent_table(noisy, A, values, noise_scale=scale, penalty=p.penalty, alpha=p.alpha, rho=p.rho)
+    return res.x, {"method": "admm (Lee, Wang & Kifer Algorithm 2)", "penalty": p.penalty, "alpha": p.alpha,
+                   "rho": p.rho, "iterations": res.iterations, "converged": res.converged}
 
 
 KIND = ContingencyKind()

@@ -1,0 +1,182 @@
+"""Cell MSE of contingency-table estimators against their peers, per (public marginals, epsilon), on the tables
+of Lee, Wang & Kifer's Table 2 (Edwards, Czech autoworkers: ../shared/data/contingency).
+
+Ours (post-processing of the same noisy cells, Laplace 1/eps on every cell, with the PUBLIC marginals M_h):
+    admm_l1          the maximum-likelihood (true L1) consistent table (Algorithm 2 with the L1 prox)
+    admm_elastic     the elastic net alpha = 0.9 of the paper's experiments (its "ADMM(l1)")
+    admm_l2          the L2 variant
+    empirical_bayes  `contingency.empirical_bayes_table` (the estimator counted below)
+Peers:
+    lm               the noisy cells, negatives set to 0
+    privelet, mwem   as in the paper's figure (MWEM: 10 rounds, the workload of all 1-, 2-way marginals and cells)
+    max_entropy      the maximum-entropy table of the public marginals (no budget spent)
+    mbi_cells        Private-PGM (`mbi`) fitted to the same noisy cells plus the public marginals (exact)
+    mbi_marginals    Private-PGM's own design: Laplace on every marginal of order h+1 (L1 sensitivity C(d, h+1)),
+                     a graphical model over those cliques with the public marginals (exact)
+mbi runs in its own interpreter (--mbi-python, a venv with `pip install mbi`), one process for all runs,
+exchanging JSON files. LM and the four tables of ours share each run's noisy cells.
+A cell is won when empirical_bayes's mean MSE over the runs is below every peer's. Last line:
+    RESULT wins=<cells won>/<cells>
+
+    python tests/benchmarks/contingency_peers.py --data ../shared/data/contingency/edwards_mildew.csv --runs 10
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from math import comb
+from pathlib import Path
+
+import numpy as np
+
+OURS = ("admm_l1", "admm_elastic", "admm_l2", "empirical_bayes")
+PEERS = ("lm", "privelet", "mwem", "max_entropy", "mbi_cells", "mbi_marginals")
+COUNTED = "empirical_bayes"
+#: The public marginals enter mbi as measurements this many times tighter than the noisy ones (exact ones would
+#: make its loss too ill-conditioned to fit the others); its table is then raked onto them exactly (IPF).
+PUBLIC_WEIGHT = 10.0
+MBI_ITERS = 3_000
+
+
+def mbi_worker(jobs_path: str, out_path: str) -> None:
+    """In the mbi interpreter: fit every job's measurements, write each job's table (cells in row-major order)."""
+    import jax
+
+    jax.config.update("jax_enable_x64", True)
+    jax.config.update("jax_enable_compilation_cache", False)
+    import mbi
+
+    jobs = json.loads(Path(jobs_path).read_text())
+    tables = []
+    for job in jobs:
+        domain = mbi.Domain(tuple(job["attributes"]), tuple(job["shape"]))
+        ms = [mbi.LinearMeasurement(np.asarray(m["values"], dtype=float), tuple(m["clique"]), stddev=m["stddev"])
+              for m in job["measurements"]]
+        model = mbi.estimation.MirrorDescent().estimate(domain, ms, known_total=job["total"], iters=MBI_ITERS)
+        tables.append(np.asarray(model.project(tuple(job["attributes"])).datavector(), dtype=float).tolist())
+    Path(out_path).write_text(json.dumps(tables))
+
+
+def marginal_measurements(table, x_cells, order: int, stddev: float, values=None) -> list[dict]:
+    """Every marginal of `order` as mbi measurements: the exact ones of x, or the given noisy `values`."""
+    import itertools
+
+    tensor = np.asarray(x_cells, dtype=float).reshape(table.shape)
+    out, start = [], 0
+    for subset in itertools.combinations(range(len(table.names)), order):
+        other = tuple(j for j in range(len(table.names)) if j not in subset)
+        exact = tensor.sum(axis=other).reshape(-1) if other else tensor.reshape(-1)
+        vals = exact if values is None else values[start:start + exact.size]
+        start += exact.size
+        out.append({"clique": [table.names[j] for j in subset], "values": list(map(float, vals)), "stddev": stddev})
+    return out
+
+
+def rake(table, order: int, estimate: np.ndarray, truth: np.ndarray) -> np.ndarray:
+    """An mbi table raked onto the public marginals M_order (the truth's, which are public here)."""
+    from dpalgos import contingency
+
+    A = table.constraint_matrix(table.marginals(order))
+    return contingency.ipf(A, A @ truth, estimate)
+
+
+def run_mbi(python: str, jobs: list[dict]) -> list[np.ndarray]:
+    with tempfile.TemporaryDirectory() as tmp:
+        jobs_path, out_path = Path(tmp) / "jobs.json", Path(tmp) / "tables.json"
+        jobs_path.write_text(json.dumps(jobs))
+        subprocess.run([python, __file__, "--mbi-worker", str(jobs_path), str(out_path)], check=True)
+        return [np.asarray(t) for t in json.loads(out_path.read_text())]
+
+
+def one_run(table, x, order, eps, rng, mbi_jobs) -> dict[str, np.ndarray]:
+    from dpalgos import baselines, contingency
+    from dpalgos.noise import simulated
+    from tasks.experiments.contingency import MWEM_ROUNDS
+
+    marginals = table.marginals(order)
+    A = table.constraint_matrix(marginals)
+    b = A @ x
+    noisy = simulated(contingency.cells_plan(table, epsilon=eps), rng)("cells", x)
+    out = {"lm": np.maximum(noisy, 0.0), "max_entropy": contingency.max_entropy(A, b),
+           "privelet": np.maximum(baselines.privelet(x, epsilon=eps, rng=rng), 0.0),
+           "mwem": baselines.mwem(x, contingency.mwem_workload(table), epsilon=eps, rounds=MWEM_ROUNDS,
+                                  total=float(x.sum()), rng=rng),
+           "empirical_bayes": contingency.empirical_bayes_table(noisy, table, marginals, b, noise_scale=1 / eps).x}
+    for name, penalty in (("admm_l1", "l1"), ("admm_elastic", "elastic"), ("admm_l2", "l2")):
+        out[name] = contingency.consistent_table(noisy, A, b, noise_scale=1 / eps, penalty=penalty).x
+    job = {"attributes": list(table.names), "shape": list(table.shape), "total": float(x.sum())}
+    cells = {"clique": list(table.names), "values": list(map(float, noisy)), "stddev": float(np.sqrt(2) / eps)}
+    mbi_jobs.append({**job, "measurements": marginal_measurements(table, x, order, cells["stddev"] / PUBLIC_WEIGHT)
+                     + [cells], "method": "mbi_cells"})
+    if order < len(table.names):
+        # One record is in one cell of each of the C(d, h+1) marginals: L1 sensitivity C(d, h+1).
+        scale = comb(len(table.names), order + 1) / eps
+        exact = np.concatenate([m["values"] for m in marginal_measurements(table, x, order + 1, 1.0)])
+        noisy_marginals = exact + rng.laplace(0.0, scale, exact.size)
+        stddev = float(np.sqrt(2) * scale)
+        mbi_jobs.append({**job, "method": "mbi_marginals", "measurements": marginal_measurements(
+            table, x, order, stddev / PUBLIC_WEIGHT) + marginal_measurements(table, x, order + 1, stddev, noisy_marginals)})
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--data", nargs="+", help="flattened table CSVs (attribute columns, `count`)")
+    ap.add_argument("--runs", type=int, default=10)
+    ap.add_argument("--eps", default=",".join(f"{0.1 * i:.1f}" for i in range(1, 11)))
+    ap.add_argument("--orders", default="0,1,2", help="public marginals M_h")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--mbi-python", default="/work/venvs/mbi/bin/python",
+                    help="an interpreter with `mbi` installed; '' to leave mbi out")
+    ap.add_argument("--mbi-worker", nargs=2, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.mbi_worker:
+        return mbi_worker(*args.mbi_worker)
+    import pandas as pd
+
+    from tasks.experiments.contingency import load_table
+
+    rows, jobs, tables, t0 = [], [], {}, time.perf_counter()
+    for path in args.data:
+        table, x = load_table(path)
+        tables[Path(path).stem] = table
+        rng = np.random.default_rng(args.seed)
+        for order in map(int, args.orders.split(",")):
+            for eps in map(float, args.eps.split(",")):
+                for run in range(args.runs):
+                    start = len(jobs)
+                    for method, est in one_run(table, x, order, eps, rng, jobs).items():
+                        rows.append((Path(path).stem, f"M{order}", eps, method, run, float(np.mean((est - x) ** 2))))
+                    for job in jobs[start:]:
+                        job.update(key=(Path(path).stem, f"M{order}", eps, job["method"], run), order=order,
+                                   truth=list(map(float, x)))
+    print(f"ours and the in-process peers: {time.perf_counter() - t0:.1f}s")
+    if args.mbi_python:
+        t1 = time.perf_counter()
+        fits = run_mbi(args.mbi_python, [{k: v for k, v in j.items() if k not in ("key", "truth", "order")} for j in jobs])
+        for job, est in zip(jobs, fits):
+            est = rake(tables[job["key"][0]], job["order"], np.maximum(est, 0.0), np.asarray(job["truth"]))
+            rows.append((*job["key"], float(np.mean((est - np.asarray(job["truth"])) ** 2))))
+        print(f"mbi ({len(jobs)} fits): {time.perf_counter() - t1:.1f}s")
+    report(pd.DataFrame(rows, columns=["dataset", "known", "epsilon", "method", "run", "mse"]))
+
+
+def report(frame) -> None:
+    means = frame.groupby(["dataset", "known", "epsilon", "method"])["mse"].mean().unstack("method")
+    peers = [p for p in PEERS if p in means.columns]
+    means = means[[m for m in OURS + PEERS if m in means.columns]]
+    best_peer = means[peers].min(axis=1)
+    means["best_peer"] = means[peers].idxmin(axis=1)
+    means["won"] = means[COUNTED] < best_peer
+    with __import__("pandas").option_context("display.width", 250, "display.max_rows", 500):
+        print(means.to_string(float_format=lambda v: f"{v:.4g}"))
+    print(f"RESULT wins={int(means['won'].sum())}/{len(means)}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
