@@ -92,42 +92,74 @@ def _validate(frame: pd.DataFrame, expectations: list, contract: Contract, file:
             for r in res.results if not r.success]
 
 
-def validate_parquet(path: str | Path, contract: Contract) -> dict:
-    """Validate every file of `path` against `contract.rows`, then the table-level suite.
+def _read(f: Path, contract: Contract) -> tuple[pd.DataFrame | None, list[Failure]]:
+    try:
+        if contract.schema is not None and pq.ParquetFile(f).schema_arrow.names != contract.schema:
+            return None, [Failure(contract.stage, f.name, None, "expect_table_columns_to_match_ordered_list",
+                                  f"expected {contract.schema!r}")]
+        frame = pq.read_table(f, columns=contract.load_columns).to_pandas()
+    except Exception as exc:  # a corrupt file is a contract failure of the stage that wrote it
+        return None, [Failure(contract.stage, f.name, None, "readable_parquet", type(exc).__name__)]
+    return (contract.derive(frame) if contract.derive is not None else frame), []
 
-    Returns a JSON-able report; raises ContractViolation listing every failed expectation.
+
+def validate_partition(f: Path, contract: Contract) -> tuple[list[Failure], int]:
+    """The row suite on one file, where the file is (a dask worker): its failures and its row count. Only
+    these leave the worker, never a row."""
+    frame, failures = _read(f, contract)
+    if frame is None:
+        return failures, 0
+    return _validate(frame, contract.rows, contract, f.name), len(frame)
+
+
+def _partitions(files: list[Path], contract: Contract, client) -> list[tuple[list[Failure], int]]:
+    if client is None:
+        return [validate_partition(f, contract) for f in files]
+    return client.gather(client.map(validate_partition, files, contract=contract, pure=False))
+
+
+def validate_parquet(path: str | Path, contract: Contract, project: Path | None = None, client=None) -> dict:
+    """Validate `path` against `contract`: for partitioned outputs the row suite on every file (on the dask
+    workers of `client` when given), then the table-level suite on the aggregates; small outputs whole.
+
+    The table-level validation (the whole table for small outputs) runs through the stage's Checkpoint in
+    the great-expectations project at `project` (data_contracts/project.py), which keeps the suite, the
+    Validation Definition, the result and the Data Docs there. Returns a JSON-able report; raises
+    ContractViolation listing every failed expectation.
     """
-    failures: list[Failure] = []
-    frames, row_count = [], 0
     files = parquet_files(path)
-    for f in files:
-        try:
-            if contract.schema is not None:
-                names = pq.ParquetFile(f).schema_arrow.names
-                if names != contract.schema:
-                    failures.append(Failure(contract.stage, f.name, None, "expect_table_columns_to_match_ordered_list",
-                                            f"expected {contract.schema!r}"))
-                    continue
-            frame = pq.read_table(f, columns=contract.load_columns).to_pandas()
-        except Exception as exc:  # a corrupt file is a contract failure of the stage that wrote it
-            failures.append(Failure(contract.stage, f.name, None, "readable_parquet", type(exc).__name__))
-            continue
-        row_count += len(frame)
-        if contract.derive is not None:
-            frame = contract.derive(frame)
-        if contract.partitioned:
-            failures += _validate(frame, contract.rows, contract, f.name)
-        else:
-            frames.append(frame)
-    if not contract.partitioned and frames:
-        whole = pd.concat(frames, ignore_index=True)
-        failures += _validate(whole, contract.rows + contract.table, contract, Path(path).name)
-    elif contract.partitioned:
-        failures += _validate(pd.DataFrame({"row_count": [row_count]}), contract.table, contract, Path(path).name)
+    failures: list[Failure] = []
+    if contract.partitioned:
+        results = _partitions(files, contract, client)
+        failures += [f for fs, _ in results for f in fs]
+        row_count = sum(n for _, n in results)
+        table, expectations = pd.DataFrame({"row_count": [row_count]}), contract.table
+    else:
+        frames = []
+        for f in files:
+            frame, bad = _read(f, contract)
+            failures += bad
+            frames += [] if frame is None else [frame]
+        table = pd.concat(frames, ignore_index=True) if frames else None
+        row_count = 0 if table is None else len(table)
+        expectations = contract.rows + contract.table
+    if table is not None:
+        failures += _validate_table(table, expectations, contract, Path(path).name, project)
     if failures:
         raise ContractViolation(contract.stage, failures)
     return {"stage": contract.stage, "path": str(path), "files": len(files), "rows": row_count,
             "success": True, "suites": contract.suites()}
+
+
+def _validate_table(frame: pd.DataFrame, expectations: list, contract: Contract, name: str,
+                    project: Path | None) -> list[Failure]:
+    if project is None or not expectations:
+        return _validate(frame, expectations, contract, name)
+    from data_contracts.project import run_checkpoint
+
+    results = run_checkpoint(project, contract.stage, expectations, frame)
+    return [Failure(contract.stage, name, r.expectation_config.kwargs.get("column"), r.expectation_config.type,
+                    _describe(r)) for r in results if not r.success]
 
 
 def failure_report(error: ContractViolation) -> dict:

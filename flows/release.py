@@ -16,6 +16,7 @@ from prefect.client.orchestration import get_client
 from prefect.runtime import flow_run
 
 from data_contracts import ContractViolation, suites
+from data_contracts.project import build_docs
 from tasks.artifacts import StageProgress, emit_failed, emit_if_budget_low, emit_published, publish_artifacts
 from tasks.contracts import check_contract
 from tasks.errors import ReleaseConflict, ReleaseError
@@ -163,6 +164,8 @@ def _release(spec: ReleaseSpec, release_id: str, log) -> dict:
                        "published")
     (run.internal / "summary.json").write_text(json.dumps(summary, indent=2))
     summary["report"] = str(write_report(spec, release_id, run, manifest, evaluation, timer.seconds))
+    docs = build_docs(run.internal)
+    log.info("data docs of the contracts: %s (internal)", docs)
     _announce(spec, summary, manifest, run, evaluation, published)
     return summary
 

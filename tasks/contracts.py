@@ -10,11 +10,14 @@ from prefect.cache_policies import NO_CACHE
 
 from data_contracts.suites import Contract
 from data_contracts.validate import ContractViolation, failure_report, validate_parquet
+from tasks.partitions import current_client
 
 
 @task(name="contract", task_run_name="contract-{stage}", cache_policy=NO_CACHE)
 def check_contract(stage: str, path: str | Path, contract: Contract, report_dir: Path) -> dict:
-    """Validate `path` against `contract`; the report goes to `report_dir`/<stage>.json (internal).
+    """Validate `path` against `contract`, partitions on the dask workers, the table through the stage's
+    great-expectations Checkpoint in the run's project (`report_dir`'s parent, data_contracts/project.py); the
+    report goes to `report_dir`/<stage>.json (internal).
 
     Raises ContractViolation (naming stage, column and expectation) when an expectation fails.
     """
@@ -22,7 +25,7 @@ def check_contract(stage: str, path: str | Path, contract: Contract, report_dir:
     report_dir.mkdir(parents=True, exist_ok=True)
     n = len(contract.rows) + len(contract.table)
     try:
-        report = validate_parquet(path, contract)
+        report = validate_parquet(path, contract, project=report_dir.parent, client=current_client())
     except ContractViolation as exc:
         (report_dir / f"{stage}.json").write_text(json.dumps({**failure_report(exc), "expectations": n}, indent=2,
                                                              default=str))
