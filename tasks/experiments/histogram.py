@@ -1,5 +1,6 @@
 """Histogram experiments of Lee, Wang & Kifer §5.2 (Figures 5.2.1 and 5.2.2): unit-length and range-query
-MSE of LM(L), LM(H), HTree, Privelet, EFPA and ADMM(l1) on 1-D histograms.
+MSE of LM(L), LM(H), HTree, Privelet, EFPA and ADMM on 1-D histograms: admm_l1 is the true L1 (maximum
+likelihood) problem, admm_elastic the elastic net alpha = 0.9 of the paper's experiments (its "ADMM(l1)").
 
 Every method returns a function answering ranges [lo, hi) of bins; answers of methods without consistent
 non-negative output are replaced by 0 when negative, as the paper does.
@@ -18,7 +19,7 @@ from dpalgos.noise import simulated
 
 EPSILONS = tuple(round(0.1 * i, 1) for i in range(1, 11))
 RANGE_EPSILONS = (0.1, 1.0)
-METHODS = ("lm", "lm_h", "htree", "privelet", "efpa", "admm_l1")
+METHODS = ("lm", "lm_h", "htree", "privelet", "efpa", "admm_l1", "admm_elastic")
 RANGES_PER_LENGTH = 1000
 
 Answer = Callable[[np.ndarray, np.ndarray], np.ndarray]
@@ -51,8 +52,9 @@ def release(method: str, h: np.ndarray, *, epsilon: float, rng: np.random.Genera
     noisy = simulated(tree_plan(tree, epsilon=epsilon), rng)("tree", tree.aggregate(h))
     if method == "lm_h":
         return lambda lo, hi: np.maximum(tree.range_answer(noisy, lo, hi), 0.0)
-    if method == "admm_l1":
-        res = admm.solve_projection(noisy, tree.projection(), scale=tree.levels / epsilon, x0=tree.htree(noisy))
+    if method in ("admm_l1", "admm_elastic"):
+        res = admm.solve_projection(noisy, tree.projection(), penalty=method.removeprefix("admm_"),
+                                    scale=tree.levels / epsilon, x0=tree.htree(noisy))
         return _prefix(np.maximum(tree.leaves_of(res.x), 0.0))
     raise ValueError(f"unknown method {method!r}")
 

@@ -1,9 +1,9 @@
 """Unit-length query MSE of LM (identity Laplace, negatives set to 0), HTree (Hay et al. least squares on the
-noisy tree) and ADMM(l1) (Lee, Wang & Kifer Algorithm 3: elastic net alpha=0.9, rho=2, Htree projection) on a
-1-D histogram, at epsilon 0.1 and 1.0, mean over runs. Tree methods use a 16-ary tree (--branching); the
+noisy tree) and ADMM (Lee, Wang & Kifer Algorithm 3, Htree projection: admm_l1 the true L1, admm_elastic the
+elastic net alpha=0.9 of the paper, rho=2) on a 1-D histogram, at epsilon 0.1 and 1.0, mean over runs. Tree methods use a 16-ary tree (--branching); the
 histogram is padded with empty bins to a power of the branching factor (the padding is not scored).
 Last line:
-    RESULT eps=0.1,1.0 lm=<m1>,<m2> htree=<m1>,<m2> admm_l1=<m1>,<m2>
+    RESULT eps=0.1,1.0 lm=<m1>,<m2> htree=<m1>,<m2> admm_l1=<m1>,<m2> admm_elastic=<m1>,<m2>
 
     python tests/benchmarks/histogram_mse.py --data ../shared/data/histograms/NETTRACE.n4096.npy
 """
@@ -17,7 +17,7 @@ import numpy as np
 
 from tasks.experiments.histogram import unit_query_table
 
-METHODS = ("lm", "htree", "admm_l1")
+METHODS = ("lm", "htree", "admm_l1", "admm_elastic")
 
 
 def main() -> None:
