@@ -1,6 +1,7 @@
-"""Make docs/prefect-artifacts.png: the Prefect UI's flow-run page of a real release, Artifacts tab.
+"""Make docs/prefect-artifacts.png (the Prefect UI's flow-run page of a real release, Artifacts tab) and
+docs/prefect-report-artifact.png (the release report artifact of the dataset, with its history).
 
-    python docs/ui_screenshot.py [--out docs/prefect-artifacts.png]
+    python docs/ui_screenshot.py [--out docs/prefect-artifacts.png] [--report-out docs/prefect-report-artifact.png]
 
 Starts a Prefect server on loopback (temporary PREFECT_HOME), runs the built-in example release against it
 with the CLI (its own ledger, under a temporary folder), then opens the flow run's Artifacts tab in headless
@@ -51,6 +52,7 @@ def _flow_run_id(api: str, release_id: str) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", default=str(REPO / "docs" / "prefect-artifacts.png"))
+    parser.add_argument("--report-out", default=str(REPO / "docs" / "prefect-report-artifact.png"))
     args = parser.parse_args()
     browser = shutil.which("chromium") or shutil.which("chromium-browser")
     if browser is None:
@@ -68,14 +70,16 @@ def main() -> None:
             subprocess.run([sys.executable, "-m", "flows.cli", "run", "--example", "--release-id", "example-ui",
                             "--output-dir", f"{tmp}/runs"], env=env, cwd=REPO, check=True)
             run_id = _flow_run_id(api, "example-ui")
-            subprocess.run([browser, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
-                            "--window-size=1500,1300", "--virtual-time-budget=20000", f"--screenshot={args.out}",
-                            f"http://127.0.0.1:{port}/runs/flow-run/{run_id}?tab=Artifacts"],
-                           check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            ui = f"http://127.0.0.1:{port}"
+            for out, page in ((args.out, f"{ui}/runs/flow-run/{run_id}?tab=artifacts"),
+                              (args.report_out, f"{ui}/artifacts/key/release-report-example-sensors")):
+                subprocess.run([browser, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
+                                "--window-size=1500,1300", "--virtual-time-budget=20000", f"--screenshot={out}", page],
+                               check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                print(f"wrote {out}")
         finally:
             server.terminate()
             server.wait(20)
-    print(f"wrote {args.out}")
 
 
 if __name__ == "__main__":
