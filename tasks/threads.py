@@ -21,6 +21,7 @@ because no kernel of this project is compiled with parallel=True.
 from __future__ import annotations
 
 import os
+import sys
 from collections import Counter
 
 from distributed.comm.addressing import get_address_host
@@ -29,6 +30,9 @@ from distributed.diagnostics.plugin import WorkerPlugin
 #: Variables the libraries read when they start: OpenMP, OpenBLAS, MKL, Accelerate, numexpr, numba.
 THREAD_VARIABLES = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "VECLIB_MAXIMUM_THREADS",
                     "NUMEXPR_NUM_THREADS", "NUMBA_NUM_THREADS")
+#: numba re-reads its variable at every compilation and fails every one after it changed once its pool has
+#: started: it is only set before numba is imported.
+NUMBA_VARIABLE = "NUMBA_NUM_THREADS"
 
 
 def host_cores() -> int:
@@ -46,6 +50,8 @@ def apply_limits(threads: int) -> None:
     import threadpoolctl
 
     for var in THREAD_VARIABLES:
+        if var == NUMBA_VARIABLE and "numba" in sys.modules:
+            continue
         current = os.environ.get(var, "")
         if not (current.isdigit() and 0 < int(current) <= threads):
             os.environ[var] = str(threads)

@@ -170,3 +170,24 @@ def test_library_threads_times_dask_threads_stay_within_the_cores(client):
     inside = client.submit(threadpoolctl.threadpool_info, pure=False).result()
     assert inside and all(pool["num_threads"] == expected for pool in inside)
     assert 1 <= int(os.environ["OPENBLAS_NUM_THREADS"]) <= expected  # for libraries loaded later
+
+
+def test_limits_keep_an_operators_lower_setting_and_leave_a_loaded_numba_alone():
+    import threadpoolctl
+
+    from tasks.threads import THREAD_VARIABLES, apply_limits
+
+    saved = dict(os.environ)
+    try:
+        for var in THREAD_VARIABLES:
+            os.environ.pop(var, None)
+        os.environ["MKL_NUM_THREADS"] = "1"
+        with threadpoolctl.threadpool_limits(limits=None):
+            apply_limits(3)
+        assert os.environ["OMP_NUM_THREADS"] == "3" and os.environ["MKL_NUM_THREADS"] == "1"
+        # numba is loaded here: changing its variable would make every later compilation fail once its pool
+        # has started.
+        assert "NUMBA_NUM_THREADS" not in os.environ
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
