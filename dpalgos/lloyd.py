@@ -22,10 +22,10 @@ import numba
 import numpy as np
 
 
-#: Points scored together: at most BLOCK, and few enough that a block's transposed copy (d x rows float64)
-#: stays within BLOCK_BYTES, in the L2 cache (measured: 512 KB beats 32 KB by 20-35% at d = 50 and 200).
-BLOCK, BLOCK_BYTES = 256, 512 << 10
-#: From this dimension on, `_sweep_rows` (BLAS dot products) is the faster pass.
+#: Points scored together: a block's copy (at most 256 x ROWS_MIN_D float64 in `_sweep`), its scores and
+#: running minima stay in the L1/L2 caches.
+BLOCK = 256
+#: From this dimension on, `_sweep_rows` (BLAS dot products) is the faster pass (measured at d = 16..200).
 ROWS_MIN_D = 32
 
 
@@ -86,12 +86,11 @@ def _sweep(X, C, c2, bound, sums, counts, labels, want_wcss):
     """One pass: per block, load (and clip if bound > 0), score, then add each point to what is asked
     (sums/counts if sums.size, labels if labels.size, the WCSS returned if want_wcss)."""
     d = X.shape[1]
-    rows = max(8, min(BLOCK, BLOCK_BYTES // (8 * d)))
-    XT, dots = np.empty((d, rows)), np.empty(rows)
-    best, arg = np.empty(rows), np.empty(rows, dtype=np.int64)
+    XT, dots = np.empty((d, BLOCK)), np.empty(BLOCK)
+    best, arg = np.empty(BLOCK), np.empty(BLOCK, dtype=np.int64)
     total = 0.0
-    for start in range(0, X.shape[0], rows):
-        m = min(rows, X.shape[0] - start)
+    for start in range(0, X.shape[0], BLOCK):
+        m = min(BLOCK, X.shape[0] - start)
         _load(X, start, m, XT)
         if bound > 0.0:
             _clip(XT, m, bound, dots)
