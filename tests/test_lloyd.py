@@ -94,8 +94,9 @@ def _features(n=600, d=32, seed=3):
     return Z, rng.normal(0, 0.2, (4, d))
 
 
-def test_clipped_stats_are_the_stats_of_the_clipped_rows():
-    Z, C = _features()
+@pytest.mark.parametrize("d", [8, 32])  # the coordinate loop and the BLAS pass
+def test_clipped_stats_are_the_stats_of_the_clipped_rows(d):
+    Z, C = _features(d=d)
     clipped = kk.clip_rows(Z.astype(np.float64), 1.0)
     sums, counts = lloyd.clipped_stats(Z, C, 1.0)
     want_sums, want_counts = numpy_stats(clipped, C)
@@ -104,12 +105,12 @@ def test_clipped_stats_are_the_stats_of_the_clipped_rows():
     assert np.array_equal(lloyd.clipped_labels(Z, C, 1.0), numpy_labels(clipped, C))
 
 
-@pytest.mark.parametrize("bound", [0.5, 1.0])
-def test_one_added_record_moves_one_count_by_1_and_the_sums_by_at_most_the_bound(bound):
-    Z, C = _features(seed=4)
+@pytest.mark.parametrize("bound, d", [(0.5, 8), (1.0, 32)])
+def test_one_added_record_moves_one_count_by_1_and_the_sums_by_at_most_the_bound(bound, d):
+    Z, C = _features(d=d, seed=4)
     s0, n0 = lloyd.clipped_stats(Z, C, bound)
     moves = []
-    for z in _features(n=50, seed=5)[0]:
+    for z in _features(n=50, d=d, seed=5)[0]:
         s1, n1 = lloyd.clipped_stats(np.vstack([Z, z]), C, bound)
         assert np.abs(n1 - n0).sum() == 1.0
         moves.append(np.linalg.norm(s1 - s0))
