@@ -55,7 +55,8 @@ def apply_limits(threads: int) -> None:
         current = os.environ.get(var, "")
         if not (current.isdigit() and 0 < int(current) <= threads):
             os.environ[var] = str(threads)
-    threadpoolctl.threadpool_limits(limits=threads)
+    over = {pool["prefix"]: threads for pool in threadpoolctl.threadpool_info() if pool["num_threads"] > threads}
+    threadpoolctl.threadpool_limits(limits=over)
 
 
 class ThreadLimits(WorkerPlugin):

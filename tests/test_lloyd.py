@@ -183,8 +183,9 @@ def test_limits_keep_an_operators_lower_setting_and_leave_a_loaded_numba_alone()
         for var in THREAD_VARIABLES:
             os.environ.pop(var, None)
         os.environ["MKL_NUM_THREADS"] = "1"
-        with threadpoolctl.threadpool_limits(limits=None):
+        with threadpoolctl.threadpool_limits(limits=1):
             apply_limits(3)
+            assert {pool["num_threads"] for pool in threadpoolctl.threadpool_info()} == {1}  # never raised
         assert os.environ["OMP_NUM_THREADS"] == "3" and os.environ["MKL_NUM_THREADS"] == "1"
         # numba is loaded here: changing its variable would make every later compilation fail once its pool
         # has started.
