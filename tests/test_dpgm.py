@@ -139,6 +139,18 @@ def test_length_table_has_l2_sensitivity_one_and_keeps_empty_records_as_a_length
         assert np.linalg.norm(more - table) == 1.0
 
 
+def test_length_estimate_fits_the_item_total_so_the_noise_of_empty_bins_adds_no_long_records():
+    rng = np.random.default_rng(23)
+    scale = 26.0                                  # BMS1, 64 items, epsilon 1.74: the marginals' noise scale
+    noisy = np.zeros(31)
+    noisy[0] = 18_000                             # a cluster of empty records
+    noisy += rng.normal(0, scale, 31)
+    table = np.append(rng.normal(0, scale, 64), 18_000 + rng.normal(0, scale))
+    mean_length = dpgm.length_distributions(noisy[None], table[None], 0)[0] @ np.arange(31)
+    simplex = dpgm.project_simplex(noisy, noisy.sum())
+    assert mean_length < 0.005 < 0.01 < simplex @ np.arange(31) / simplex.sum()
+
+
 def test_cluster_table_has_l2_sensitivity_sqrt_max_items_plus_one():
     rng = np.random.default_rng(8)
     X = _records(200, 40, 0.3, 9)

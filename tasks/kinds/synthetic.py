@@ -208,10 +208,10 @@ class SyntheticKind(ReleaseKind):
         models = load_models(measurements, meta)
         weights = pq.read_table(measurements / MIXTURE).column("noisy_size").to_numpy()
         rng = np.random.default_rng(meta["synthesis_seed"])
-        lengths = dpgm.length_distributions(np.load(measurements / LENGTHS))
+        table = np.load(measurements / TABLE)
+        lengths = dpgm.length_distributions(np.load(measurements / LENGTHS), table, MIN_LENGTH)
         if spec.release.match_marginals:
-            marginals = dpgm.marginals_and_sizes(np.load(measurements / TABLE))[0]
-            dpgm.match_marginals(models, marginals, lengths, MIN_LENGTH, rng)
+            dpgm.match_marginals(models, dpgm.marginals_and_sizes(table)[0], lengths, MIN_LENGTH, rng)
         out = staging / SYNTHETIC
         out.mkdir()
         done = 0

@@ -5,12 +5,18 @@ cluster, or --distributed: a `dask scheduler` and two `dask worker` processes st
         RESULT users=<n> seconds_per_iteration=<s> peak_rss_gb=<g>
   * `--release synthetic` (DPGM: kernel k-means as above with 10 iterations, 10 VAEs trained by DP-SGD,
     4.4M synthetic records, counting-query evaluation), last line
-        RESULT users=<n> total_s=<s> peak_rss_gb=<g>
-Peak RSS covers the flow process and the dask workers.
+        RESULT users=<n> total_s=<s> peak_rss_gb=<g> sgd_ms_per_model_step=<ms> floor_ms=<ms>
+  * `--release sgd`: the DP-SGD steps alone (10 VAEs, batches of the expected size q * users / 10 from the
+    generated records), last line RESULT users=<n> sgd_ms_per_model_step=<ms> floor_ms=<ms>
+Peak RSS covers the flow process and the dask workers. Every figure is printed beside its limit: 5 minutes and
+8 GB for the synthetic release (issue 17), and for DP-SGD the FLOP floor measured in the same run: the three
+dense products of the 200 x 1,303 output layer that a model-step cannot avoid (forward, back-propagation,
+weight gradient), timed alone at the same batch size.
 
     python tests/benchmarks/cdr_scale.py --users 4400000
     python tests/benchmarks/cdr_scale.py --users 4400000 --distributed
     python tests/benchmarks/cdr_scale.py --users 4400000 --release synthetic
+    python tests/benchmarks/cdr_scale.py --users 4400000 --release sgd --steps 20
 """
 
 from __future__ import annotations
@@ -75,11 +81,39 @@ def worker_peak_gb(address: str) -> float:
     return sum(peaks.values()) / 1024 ** 2
 
 
+def sgd_figures(data: Path, users: int, q: float, steps: int, k: int = 10, items: int = 1303) -> tuple[float, float]:
+    """(ms per model-step of `dpgm.train`, ms of the FLOP floor) at the batch size q * users / k."""
+    import numpy as np
+    import scipy.sparse as sp
+
+    from dpalgos import dpgm
+    from dpalgos.noise import Measure, SeededNoise
+    from tasks.sets import read_sets
+
+    batch = max(int(q * users / k), 1)
+    X = read_sets(str(sorted(data.glob("*.parquet"))[0]), "towers", items)
+    rng = np.random.default_rng(0)
+    cfg = dpgm.SGDConfig(steps=steps, q=q)
+    plan = dpgm.plan(dpgm.NoisePlan(1.0, 1.0, 1.0), kmeans_iterations=1, q=q, steps=steps + 1, max_items=100)
+    models = [dpgm.make_model(cfg, items, rng, np.full(items, 0.01)) for _ in range(k)]
+    batches = [X[rng.choice(X.shape[0], batch, replace=False)] for _ in range(k)]
+    measure, sizes = Measure(plan, SeededNoise(0)), np.full(k, users / k)
+    dpgm.train(models, lambda s: batches, sizes, dpgm.SGDConfig(steps=1, q=q), measure)  # numba compile, caches
+    t0 = time.perf_counter()
+    dpgm.train(models, lambda s: batches, sizes, cfg, measure)
+    per_step = (time.perf_counter() - t0) / (steps * k) * 1e3
+    h, W, d = rng.random((batch, 200)), rng.random((200, items)), rng.random((batch, items))
+    t0 = time.perf_counter()
+    for _ in range(steps):
+        h @ W, d @ W.T, h.T @ d
+    return per_step, (time.perf_counter() - t0) / steps * 1e3
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--users", type=int, default=4_400_000)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--release", choices=["kernel_kmeans", "synthetic"], default="kernel_kmeans")
+    ap.add_argument("--release", choices=["kernel_kmeans", "synthetic", "sgd"], default="kernel_kmeans")
     ap.add_argument("--epsilon", type=float, default=None, help="default: 1.0 (kernel_kmeans), 1.74 (synthetic)")
     ap.add_argument("--model", choices=["vae", "rbm"], default="vae", help="synthetic: generative model")
     ap.add_argument("--steps", type=int, default=300, help="synthetic: DP-SGD steps")
@@ -88,6 +122,11 @@ def main() -> None:
     ap.add_argument("--iterations", type=int, default=20)
     args = ap.parse_args()
     data, public = ensure_data(args.users, args.seed)
+    if args.release == "sgd":
+        per_step, floor = sgd_figures(data, args.users, args.q, args.steps)
+        print(f"DP-SGD: {per_step:.1f} ms per model-step (FLOP floor {floor:.1f} ms, same run)")
+        print(f"RESULT users={args.users} sgd_ms_per_model_step={per_step:.2f} floor_ms={floor:.2f}")
+        return
     tmp = Path(tempfile.mkdtemp(prefix="cdr-scale-"))
     procs, dask = [], {"n_workers": 1, "threads_per_worker": 2}
     if args.distributed:
@@ -118,10 +157,13 @@ def main() -> None:
     flow_gb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024 ** 2
     print(json.dumps(summary["timings"], indent=1))
     if args.release == "synthetic":
-        print(f"{args.users} records; flow {total:.0f}s; peak RSS flow {flow_gb:.2f} GB + dask workers "
-              f"{workers_gb:.2f} GB; ({summary['epsilon']:.3g}, {summary['delta']:g})-DP")
+        per_step, floor = sgd_figures(data, args.users, args.q, 5)
+        print(f"{args.users} records; flow {total:.0f}s (limit 300 s); peak RSS flow {flow_gb:.2f} GB + dask "
+              f"workers {workers_gb:.2f} GB (limit 8 GB); ({summary['epsilon']:.3g}, {summary['delta']:g})-DP; "
+              f"DP-SGD {per_step:.1f} ms per model-step (FLOP floor {floor:.1f} ms, same run)")
         print(json.loads(Path(summary["evaluation"]).read_text())["headline"] if summary["evaluation"] else "")
-        print(f"RESULT users={args.users} total_s={total:.0f} peak_rss_gb={flow_gb + workers_gb:.2f}")
+        print(f"RESULT users={args.users} total_s={total:.0f} peak_rss_gb={flow_gb + workers_gb:.2f} "
+              f"sgd_ms_per_model_step={per_step:.2f} floor_ms={floor:.2f}")
         return
     dp = summary["timings"]["dp measurement"]
     per_iteration = dp / args.iterations
