@@ -1,7 +1,10 @@
-"""The `kmeans` release kind: DP k-means, Lee & Kifer's Algorithm 1, on data in the unit L1 ball."""
+"""The `kmeans` release kind: DP k-means, Lee & Kifer's Algorithm 1, on data scaled to [-1, 1] with public bounds
+and projected onto a bounded domain (the paper's unit L1 ball, the box [-1, 1]^d or the unit L2 ball; see
+`dpalgos.domain` for the sensitivities and when each wins)."""
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import shutil
@@ -20,7 +23,7 @@ from tasks.errors import InputError
 from tasks.ingest import StageOutput
 from tasks.kinds.base import Draw, ReleaseKind
 from tasks.params import ReleaseBase
-from tasks.partitions import Partitioned, current_client, normalise_partition
+from tasks.partitions import Partitioned, current_client, read_points, write_points
 from tasks.progress import Progress, gather
 from tasks.run import RunPaths, read_meta
 
@@ -29,26 +32,37 @@ class KMeansParams(ReleaseBase):
     kind: Literal["kmeans"] = "kmeans"
     k: int = Field(ge=1, le=10_000, description="number of clusters")
     iterations: int = Field(5, ge=1, le=1000, description="T, the number of DP Lloyd iterations")
+    domain: Literal["l1_ball", "box", "l2_ball"] | None = Field(
+        None, description="where the scaled rows are projected: l1_ball (the paper's; sum sensitivity 1), box "
+                          "([-1, 1]^d, clipping only; sensitivity d; centroids in true units), l2_ball (sensitivity "
+                          "sqrt(d)); default: l1_ball for d <= 2, box from d = 3 on")
     min_centroid_distance: float | None = Field(
         None, gt=0, description="public pairwise minimum distance of the initial centroids; default: "
                                 "Su et al.'s shrinking sphere packing")
     postprocess: list[Literal["consistency", "mcmc"]] = Field(
         ["consistency", "mcmc"], description="Lee & Kifer postprocessing of the trajectory: consistency (§3.2) "
-                                            "and MCMC refinement (§3.3); [] releases the last noisy iterate")
+                                            "and MCMC refinement (§3.3), released when the noisy trajectory says it "
+                                            "is expected to help; [] releases the last noisy iterate")
     mcmc_steps: int | None = Field(None, ge=1, description="chain length; default max(30000, 30 x dataset size)")
     mcmc_temperature: float = Field(1.0 / 64, gt=0, description="the chain targets pi^(1/temperature)")
     mcmc_delta: tuple[float, float] = Field((0.001, 0.01), description="range of the proposal variances")
 
 
-
-
 TRAJECTORY = "trajectory.parquet"
 CENTROIDS = "centroids.parquet"
+#: Written for the box domain only: there the centroids are means of points of the box, which the public
+#: scaling maps to original units exactly. A projection onto the L1 or L2 ball does not invert: unscaling a
+#: centroid of projected points does not give the cluster's mean in original units, so none is released.
 CENTROIDS_ORIGINAL = "centroids_original_units.parquet"
 DPKM_CENTROIDS = "dpkm_centroids.parquet"
 REFINEMENT = "refinement.json"
 #: The internal k-means++ reference runs on at most this many points (a uniform sample beyond).
 REFERENCE_MAX_ROWS = 200_000
+
+
+def domain_of(spec) -> str:
+    """The spec's domain, or the default of its dimension (public)."""
+    return spec.release.domain or domain.default_domain(len(spec.dataset.columns))
 
 
 def postprocessing_seed(measurements: Path) -> int:
@@ -75,6 +89,27 @@ def _bounds(spec) -> tuple[np.ndarray, np.ndarray]:
     return (np.array([spec.dataset.bounds[c][0] for c in cols]), np.array([spec.dataset.bounds[c][1] for c in cols]))
 
 
+def normalise_points(src: str, dst: str, columns, lower, upper, domain_name: str) -> np.ndarray:
+    """One partition scaled to [-1, 1] with the public bounds and projected onto the domain; returns the
+    clipped values per column (internal)."""
+    Y, clipped = domain.normalise(read_points(src, columns), lower, upper, domain_name)
+    write_points(dst, Y, columns)
+    return clipped
+
+
+def _in_domain(contract: suites.Contract, domain_name: str, columns) -> suites.Contract:
+    """The suites check the unit L1 ball through a derived norm column; for the other domains that column
+    holds the domain's own norm (max |x_j| for the box, ||x||_2 for the L2 ball), <= 1 exactly inside."""
+    if domain_name == "l1_ball":
+        return contract
+    cols = list(columns)
+
+    def derive(frame):
+        present = [c for c in cols if c in frame.columns]
+        return frame.assign(**{suites.L1_NORM: domain.gauge(frame[present].to_numpy(dtype=np.float64), domain_name)})
+    return dataclasses.replace(contract, derive=derive)
+
+
 def write_trajectory(folder: Path, traj: dpkmeans.Trajectory) -> None:
     T, K, d = traj.noisy_sums.shape
     cols = {"iteration": np.repeat(np.arange(1, T + 1, dtype=np.int32), K),
@@ -85,17 +120,28 @@ def write_trajectory(folder: Path, traj: dpkmeans.Trajectory) -> None:
     pq.write_table(pa.table(cols), folder / TRAJECTORY)
 
 
-def read_trajectory(folder: str | Path, noise_scale: float) -> tuple[dpkmeans.Trajectory, dict]:
-    """The DP k-means measurements stored in `folder` (drawn with the plan's Laplace scale), and their
-    metadata."""
+def read_trajectory(folder: str | Path, noise_scale: float, sum_noise_scale: float | None = None
+                    ) -> tuple[dpkmeans.Trajectory, dict]:
+    """The DP k-means measurements stored in `folder` (drawn with the plan's Laplace scales: counts
+    `noise_scale`, sums `sum_noise_scale`, default the same), and their metadata (which names the domain;
+    measurements from before domains were the L1 ball's)."""
     meta = read_meta(folder)
     T, K, d = meta["iterations"], meta["k"], meta["d"]
     table = pq.read_table(Path(folder) / TRAJECTORY).to_pandas().sort_values(["iteration", "cluster"])
     arr = lambda prefix: np.stack([table[f"{prefix}_{j}"].to_numpy() for j in range(d)], axis=-1).reshape(T, K, d)
     traj = dpkmeans.Trajectory(initial_centroids=np.asarray(meta["initial_centroids"], dtype=np.float64),
                                noisy_counts=table["noisy_count"].to_numpy().reshape(T, K),
-                               noisy_sums=arr("noisy_sum"), centroids=arr("centroid"), noise_scale=noise_scale)
+                               noisy_sums=arr("noisy_sum"), centroids=arr("centroid"), noise_scale=noise_scale,
+                               domain=meta.get("domain", "l1_ball"), sum_noise_scale=sum_noise_scale)
     return traj, meta
+
+
+def _box_wcss(X: np.ndarray, C: np.ndarray, lower, upper) -> float:
+    return metrics.wcss(domain.scale_to_unit_box(X, lower, upper)[0], C)
+
+
+def _box_moments(X: np.ndarray, lower, upper) -> tuple[np.ndarray, float]:
+    return domain.scale_to_unit_box(X, lower, upper)[0].sum(axis=0), float(X.shape[0])
 
 
 class KMeansKind(ReleaseKind):
@@ -103,9 +149,10 @@ class KMeansKind(ReleaseKind):
     Params = KMeansParams
     shape = "points"
     prepared_stage = "normalised"
-    summary = ("DP k-means, Algorithm 1 of Lee & Kifer (Laplace on cluster counts and sums, T iterations, data in "
-               "the unit L1 ball), then Lee & Kifer's refinement of the whole noisy trajectory (consistency by "
-               "ADMM, MCMC over simulated datasets, k-means on the best)")
+    summary = ("DP k-means, Algorithm 1 of Lee & Kifer (Laplace on cluster counts and sums, T iterations, data scaled "
+               "to [-1, 1] and projected onto the unit L1 ball, the box or the unit L2 ball), then Lee & Kifer's "
+               "refinement of the whole noisy trajectory (consistency by ADMM, MCMC over simulated datasets, k-means "
+               "on the best) where the noisy trajectory says it helps")
 
     def example(self):
         return {"kind": "kmeans", "k": 3, "iterations": 3, "epsilon": 1.0, "postprocess": ["consistency"]}
@@ -116,75 +163,80 @@ class KMeansKind(ReleaseKind):
 
     def plan(self, spec):
         p = spec.release
-        return dpkmeans.plan(epsilon=p.epsilon, iterations=p.iterations, k=p.k, d=len(spec.dataset.columns))
+        return dpkmeans.plan(epsilon=p.epsilon, iterations=p.iterations, k=p.k, d=len(spec.dataset.columns),
+                             domain=domain_of(spec))
 
     def prepare(self, spec, ingested, run, log):
-        """Scale every attribute into [-1, 1] with the PUBLIC bounds and project each row onto the unit L1
-        ball, partition by partition. Clipping counts go to internal/normalisation.json (raw-derived: never
-        logged)."""
+        """Scale every attribute into [-1, 1] with the PUBLIC bounds and project each row onto the domain,
+        partition by partition. Clipping counts go to internal/normalisation.json (raw-derived: never logged)."""
         out = run.internal / "normalised"
         if out.exists():
             shutil.rmtree(out)
         out.mkdir(parents=True)
         lower, upper = _bounds(spec)
         files = parquet_files(ingested.path)
-        futures = current_client().map(normalise_partition, [str(f) for f in files], [str(out / f.name) for f in files],
-                                   columns=spec.dataset.columns, lower=lower, upper=upper)
+        futures = current_client().map(normalise_points, [str(f) for f in files], [str(out / f.name) for f in files],
+                                       columns=spec.dataset.columns, lower=lower, upper=upper,
+                                       domain_name=domain_of(spec))
         clipped = np.sum(gather(current_client(), futures, Progress(log, "partitions normalised", len(files))), axis=0)
         report = {"rows": ingested.rows, "clipped_values": dict(zip(spec.dataset.columns, map(int, clipped)))}
         (run.internal / "normalisation.json").write_text(json.dumps(report, indent=2))
         # Whether anything was clipped is itself raw-derived: the log points at the counts, always.
-        log.info("normalised the rows into the unit L1 ball; values outside the public bounds were clipped, their "
-                 "counts are in %s (internal)", run.internal / "normalisation.json")
+        log.info("normalised the rows into the %s; values outside the public bounds were clipped, their counts are "
+                 "in %s (internal)", domain_of(spec), run.internal / "normalisation.json")
         return StageOutput(str(out), ingested.rows, len(files))
 
     def prepared_contract(self, spec):
-        return suites.normalised(spec.dataset.columns)
+        return _in_domain(suites.normalised(spec.dataset.columns), domain_of(spec), spec.dataset.columns)
 
     def draw(self, spec, prepared, measure, public_rng, log):
         p = spec.release
-        d = len(spec.dataset.columns)
-        # Initial centroids depend only on (K, d) and public randomness: data-independent, they cost nothing.
-        initial, min_distance = dpkmeans.data_independent_centroids(p.k, d, public_rng,
+        d, dom = len(spec.dataset.columns), domain_of(spec)
+        # Initial centroids depend only on (K, d, domain) and public randomness: data-independent, they cost nothing.
+        initial, min_distance = dpkmeans.data_independent_centroids(p.k, d, public_rng, domain=dom,
                                                                     min_distance=p.min_centroid_distance)
         points = Partitioned.points(current_client(), parquet_files(prepared.path), spec.dataset.columns)
         try:
             traj = dpkmeans.dp_kmeans(lambda C: points.reduce(dpkmeans.cluster_stats, C), initial,
-                                      iterations=p.iterations, measure=measure,
+                                      iterations=p.iterations, measure=measure, domain=dom,
                                       on_iteration=lambda t, _: log.info("DP k-means iteration %d/%d", t, p.iterations))
         finally:
             points.close()
-        meta = {"columns": spec.dataset.columns, "min_centroid_distance": min_distance,
+        meta = {"columns": spec.dataset.columns, "min_centroid_distance": min_distance, "domain": dom,
                 "initial_centroids": traj.initial_centroids.tolist(), "iterations": p.iterations, "k": p.k, "d": d}
         return Draw(write=lambda folder: write_trajectory(folder, traj), meta=meta)
 
     def measurements_contract(self, spec):
         p = spec.release
-        return TRAJECTORY, suites.kmeans_measurements(p.k, p.iterations, len(spec.dataset.columns))
+        d = len(spec.dataset.columns)
+        return TRAJECTORY, _in_domain(suites.kmeans_measurements(p.k, p.iterations, d), domain_of(spec),
+                                      [f"centroid_{j}" for j in range(d)])
+
+    def trajectory(self, spec, measurements: Path) -> dpkmeans.Trajectory:
+        plan = self.plan(spec)
+        return read_trajectory(measurements, plan["counts"].scale, plan["sums"].scale)[0]
 
     def postprocess(self, spec, measurements, staging, internal, log):
-        """The released centroids, in the normalised space and in original units (inverse public scaling):
-        Lee & Kifer's refinement of the trajectory (consistency, MCMC) when configured, else the last noisy
-        iterate, which is also released as dpkm_centroids.parquet. Chain diagnostics go to `internal`."""
-        traj, _ = read_trajectory(measurements, self.plan(spec)["counts"].scale)
+        """The released centroids (normalised space; original units too for the box domain): Lee & Kifer's
+        refinement of the trajectory (consistency, MCMC) when configured and expected to help
+        (`leekifer.refinement_expected_to_help`, from the noisy trajectory alone), else the last noisy iterate,
+        which is also released as dpkm_centroids.parquet. Chain diagnostics go to `internal`."""
+        traj = self.trajectory(spec, measurements)
         p = spec.release
-        refined = None
-        if p.postprocess:
-            bar = Progress(log, "MCMC steps", 1)
-
-            def progress(done, total):
-                bar.total = total
-                bar.update(done)
-            log.info("refining the trajectory: %s", " + ".join(p.postprocess))
-            refined = leekifer.refine(traj, consistency="consistency" in p.postprocess, mcmc="mcmc" in p.postprocess,
-                                      steps=p.mcmc_steps, temperature=p.mcmc_temperature, delta=tuple(p.mcmc_delta),
-                                      seed=postprocessing_seed(measurements), progress=progress)
-        C = refined.centroids if refined is not None else traj.final_centroids
-        files = [CENTROIDS, CENTROIDS_ORIGINAL, DPKM_CENTROIDS, REFINEMENT]
-        self._write_centroids(spec, C, staging / CENTROIDS, staging / CENTROIDS_ORIGINAL)
+        use_refined = bool(p.postprocess) and leekifer.refinement_expected_to_help(traj)
+        refined = self._refine(traj, p, measurements, log) if use_refined else None
+        C = refined.centroids if use_refined else traj.final_centroids
+        files = [CENTROIDS, DPKM_CENTROIDS, REFINEMENT]
+        self._write_centroids(spec, C, staging / CENTROIDS)
         self._write_centroids(spec, traj.final_centroids, staging / DPKM_CENTROIDS)
-        info = {"postprocess": list(p.postprocess), "method": "Lee & Kifer §3.2-3.3" if p.postprocess else
-                "last noisy iterate of DP k-means"}
+        if traj.domain == "box":
+            self._write_centroids(spec, domain.unscale_from_unit_box(C, *_bounds(spec)), staging / CENTROIDS_ORIGINAL)
+            files.append(CENTROIDS_ORIGINAL)
+        info = {"postprocess": list(p.postprocess), "domain": traj.domain,
+                "released": "Lee & Kifer §3.2-3.3" if use_refined else "last noisy iterate of DP k-means"}
+        if p.postprocess:
+            info["centroid_noise"] = leekifer.centroid_noise(traj)
+            info["refinement_expected_to_help"] = use_refined
         if refined is not None:
             info.update(_refinement_info(refined, p))
             if refined.steps:
@@ -193,46 +245,82 @@ class KMeansKind(ReleaseKind):
         return files
 
     @staticmethod
-    def _write_centroids(spec, C, path, original_path=None):
+    def _refine(traj, p, measurements, log) -> leekifer.Refinement:
+        bar = Progress(log, "MCMC steps", 1)
+
+        def progress(done, total):
+            bar.total = total
+            bar.update(done)
+        log.info("refining the trajectory: %s", " + ".join(p.postprocess))
+        return leekifer.refine(traj, consistency="consistency" in p.postprocess, mcmc="mcmc" in p.postprocess,
+                               steps=p.mcmc_steps, temperature=p.mcmc_temperature, delta=tuple(p.mcmc_delta),
+                               seed=postprocessing_seed(measurements), progress=progress)
+
+    @staticmethod
+    def _write_centroids(spec, C, path):
         cols = spec.dataset.columns
         cluster = np.arange(C.shape[0], dtype=np.int32)
         pq.write_table(pa.table({"cluster": cluster, **{c: C[:, j] for j, c in enumerate(cols)}}), path)
-        if original_path is not None:
-            # Original units: the inverse of the public min-max scaling (the L1 projection is not inverted).
-            raw = domain.unscale_from_unit_box(C, *_bounds(spec))
-            pq.write_table(pa.table({"cluster": cluster, **{c: raw[:, j] for j, c in enumerate(cols)}}), original_path)
 
     def release_contract(self, spec):
-        return CENTROIDS, suites.kmeans_release(spec.release.k, spec.dataset.columns)
+        return CENTROIDS, _in_domain(suites.kmeans_release(spec.release.k, spec.dataset.columns), domain_of(spec),
+                                     spec.dataset.columns)
 
     def evaluate(self, spec, run, prepared, log):
-        """WCSS of the released centroids and of every DP iteration, against scikit-learn's k-means++ (best
-        of 10) on the same normalised points (a uniform sample of at most REFERENCE_MAX_ROWS)."""
-        traj, _ = read_trajectory(run.release / "measurements", self.plan(spec)["counts"].scale)
+        """WCSS of the released centroids and of every DP iteration on the points scaled to [-1, 1] with the
+        public bounds, before any projection (`wcss`, the honest figure), and in the projected space
+        (`wcss_projected`); each against scikit-learn's k-means++ (best of 10) on the same points (a uniform
+        sample of at most REFERENCE_MAX_ROWS), beside the single-centroid baseline (the WCSS of the scaled
+        points' mean)."""
+        traj = self.trajectory(spec, run.release / "measurements")
         cols = spec.dataset.columns
         released = pq.read_table(run.release / CENTROIDS).to_pandas()[cols].to_numpy()
+        projected = self._projected_figures(spec, prepared, traj, released)
+        scaled = self._scaled_figures(spec, run, traj, released)
+        out = run.internal / "evaluation"
+        out.mkdir(parents=True, exist_ok=True)
+        _plot(scaled["wcss_per_iteration"], scaled["kmeanspp_wcss"], scaled["wcss"], scaled["single_centroid_wcss"],
+              out / "wcss.png")
+        return {"rows": prepared.rows, "domain": traj.domain, **scaled, **projected,
+                "reference": "sklearn KMeans k-means++ best of 10",
+                "headline": f"WCSS / k-means++ = {scaled['wcss_ratio_to_kmeanspp']:.3f} on the [-1, 1]-scaled data "
+                            f"(last DP iterate: {scaled['dpkm_wcss_ratio_to_kmeanspp']:.3f}; single centroid: "
+                            f"{scaled['single_centroid_ratio_to_kmeanspp']:.3f}); in the {traj.domain}: "
+                            f"{projected['wcss_projected_ratio_to_kmeanspp']:.3f}"}
+
+    def _scaled_figures(self, spec, run, traj, released) -> dict:
+        lower, upper = _bounds(spec)
+        points = Partitioned.points(current_client(), parquet_files(run.internal / "ingested"), spec.dataset.columns)
+        try:
+            per_iteration = [points.reduce(_box_wcss, C, lower, upper) for C in traj.centroids]
+            wcss = points.reduce(_box_wcss, released, lower, upper)
+            total, n = points.reduce(_box_moments, lower, upper)
+            single = points.reduce(_box_wcss, (total / n)[None], lower, upper)
+            sample = domain.scale_to_unit_box(points.sample(REFERENCE_MAX_ROWS, int(n), seed=0), lower, upper)[0]
+        finally:
+            points.close()
+        ref, _ = metrics.kmeans_reference(sample, spec.release.k, seed=0)
+        scale = n / sample.shape[0]  # the reference's WCSS on the sample, extrapolated to all points
+        ratio = lambda C: metrics.wcss(sample, C) / ref if ref > 0 else float("nan")
+        return {"wcss": wcss, "wcss_per_iteration": per_iteration, "kmeanspp_wcss": ref * scale,
+                "reference_rows": int(sample.shape[0]), "wcss_ratio_to_kmeanspp": ratio(released),
+                "dpkm_wcss_ratio_to_kmeanspp": ratio(traj.final_centroids), "single_centroid_wcss": single,
+                "single_centroid_ratio_to_kmeanspp": ratio((total / n)[None])}
+
+    def _projected_figures(self, spec, prepared, traj, released) -> dict:
         points = Partitioned.points(current_client(), parquet_files(prepared.path), spec.dataset.columns)
         try:
-            per_iteration = [points.reduce(metrics.wcss, C) for C in traj.centroids]
-            released_wcss = points.reduce(metrics.wcss, released)
+            wcss = points.reduce(metrics.wcss, released)
             sample = points.sample(REFERENCE_MAX_ROWS, prepared.rows, seed=0)
         finally:
             points.close()
-        ref_wcss, _ = metrics.kmeans_reference(sample, spec.release.k, seed=0)
-        ratio = metrics.wcss(sample, released) / ref_wcss if ref_wcss > 0 else float("nan")
-        dpkm_ratio = metrics.wcss(sample, traj.final_centroids) / ref_wcss if ref_wcss > 0 else float("nan")
-        out = run.internal / "evaluation"
-        out.mkdir(parents=True, exist_ok=True)
-        scale = prepared.rows / sample.shape[0]
-        _plot(per_iteration, ref_wcss * scale, released_wcss, out / "wcss.png")
-        return {"rows": prepared.rows, "wcss": released_wcss, "wcss_per_iteration": per_iteration,
-                "reference": "sklearn KMeans k-means++ best of 10", "reference_rows": int(sample.shape[0]),
-                "wcss_ratio_to_kmeanspp": ratio, "dpkm_wcss_ratio_to_kmeanspp": dpkm_ratio,
-                "headline": f"WCSS={released_wcss:.5g}, WCSS / k-means++ = {ratio:.3f} "
-                            f"(last DP iterate: {dpkm_ratio:.3f})"}
+        ref, _ = metrics.kmeans_reference(sample, spec.release.k, seed=0)
+        ratio = lambda C: metrics.wcss(sample, C) / ref if ref > 0 else float("nan")
+        return {"wcss_projected": wcss, "wcss_projected_ratio_to_kmeanspp": ratio(released),
+                "dpkm_wcss_projected_ratio_to_kmeanspp": ratio(traj.final_centroids)}
 
 
-def _plot(per_iteration: list[float], reference: float, released: float, path: Path) -> None:
+def _plot(per_iteration: list[float], reference: float, released: float, single: float, path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -242,8 +330,9 @@ def _plot(per_iteration: list[float], reference: float, released: float, path: P
     ax.plot(range(1, len(per_iteration) + 1), per_iteration, "o-", label="DP k-means")
     ax.axhline(released, color="C2", ls="-", label="released (refined) centroids")
     ax.axhline(reference, color="k", ls="--", label="k-means++ (non-private)")
+    ax.axhline(single, color="C3", ls=":", label="single centroid (non-private)")
     ax.set_xlabel("iteration")
-    ax.set_ylabel("WCSS")
+    ax.set_ylabel("WCSS on the [-1, 1]-scaled data")
     ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=100)
