@@ -1,11 +1,12 @@
 """Make docs/prefect-artifacts.png (the Prefect UI's flow-run page of a real release, Artifacts tab) and
-docs/prefect-report-artifact.png (the release report artifact of the dataset, with its history).
+docs/prefect-report-artifact.png (the release report artifact).
 
     python docs/ui_screenshot.py [--out docs/prefect-artifacts.png] [--report-out docs/prefect-report-artifact.png]
 
 Starts a Prefect server on loopback (temporary PREFECT_HOME), runs the built-in example release against it
-with the CLI (its own ledger, under a temporary folder), then opens the flow run's Artifacts tab in headless
-Chromium (`apt install chromium`) and saves a screenshot. Everything is stopped and removed afterwards.
+with the CLI (its own ledger, under a temporary folder), then drives headless Chromium (`apt install
+chromium`) over the DevTools protocol (the `websockets` client Prefect already installs). Everything is
+stopped and removed afterwards.
 """
 
 from __future__ import annotations
@@ -49,6 +50,55 @@ def _flow_run_id(api: str, release_id: str) -> str:
         return json.loads(r.read())[0]["id"]
 
 
+def _report_id(api: str, run_id: str) -> str:
+    body = json.dumps({"artifacts": {"flow_run_id": {"any_": [run_id]},
+                                     "key": {"any_": ["release-report-example-sensors"]}}}).encode()
+    request = urllib.request.Request(f"{api}/artifacts/filter", data=body, headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request) as r:
+        return json.loads(r.read())[0]["id"]
+
+
+def capture(browser: str, url: str, out: str, click: str | None = None, width: int = 1500,
+            height: int = 1300) -> None:
+    """Open `url` in headless Chromium over the DevTools protocol, click the tab labelled `click` (the UI is
+    a single-page app: its tabs are not in the URL), and save a PNG."""
+    import base64
+
+    from websockets.sync.client import connect
+
+    port = _port()
+    chrome = subprocess.Popen([browser, "--headless=new", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
+                               f"--remote-debugging-port={port}", f"--window-size={width},{height}", "about:blank"],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        _wait(f"http://127.0.0.1:{port}/json/version", 60)
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/json/list") as r:
+            target = next(t for t in json.loads(r.read()) if t["type"] == "page")
+        with connect(target["webSocketDebuggerUrl"], max_size=None) as ws:
+            ids = iter(range(1, 1000))
+
+            def call(method: str, **params):
+                i = next(ids)
+                ws.send(json.dumps({"id": i, "method": method, "params": params}))
+                while True:
+                    message = json.loads(ws.recv())
+                    if message.get("id") == i:
+                        return message.get("result", {})
+            call("Emulation.setDeviceMetricsOverride", width=width, height=height, deviceScaleFactor=1, mobile=False)
+            call("Page.navigate", url=url)
+            time.sleep(10)
+            if click:
+                call("Runtime.evaluate", expression=(
+                    "[...document.querySelectorAll('button,a,[role=tab],li,span')]"
+                    f".find(e => e.textContent.trim() === {json.dumps(click)})?.click()"))
+                time.sleep(5)
+            Path(out).write_bytes(base64.b64decode(call("Page.captureScreenshot", format="png")["data"]))
+    finally:
+        chrome.terminate()
+        chrome.wait(20)
+    print(f"wrote {out}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", default=str(REPO / "docs" / "prefect-artifacts.png"))
@@ -71,12 +121,8 @@ def main() -> None:
                             "--output-dir", f"{tmp}/runs"], env=env, cwd=REPO, check=True)
             run_id = _flow_run_id(api, "example-ui")
             ui = f"http://127.0.0.1:{port}"
-            for out, page in ((args.out, f"{ui}/runs/flow-run/{run_id}?tab=artifacts"),
-                              (args.report_out, f"{ui}/artifacts/key/release-report-example-sensors")):
-                subprocess.run([browser, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
-                                "--window-size=1500,1300", "--virtual-time-budget=20000", f"--screenshot={out}", page],
-                               check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-                print(f"wrote {out}")
+            capture(browser, f"{ui}/runs/flow-run/{run_id}", args.out, click="Artifacts")
+            capture(browser, f"{ui}/artifacts/artifact/{_report_id(api, run_id)}", args.report_out)
         finally:
             server.terminate()
             server.wait(20)
