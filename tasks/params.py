@@ -131,9 +131,14 @@ class DatasetSpec(Strict):
         return "transactions" if ".dat" in suffixes else "csv"
 
 
+#: The largest epsilon a release may ask for. Beyond it a guarantee says nothing (e^100 ~ 10^43), noise scales
+#: fall below the samplers' resolution and the accountants' arithmetic overflows.
+MAX_EPSILON = 100.0
+
+
 def _finite_epsilon(eps: float) -> float:
-    if not math.isfinite(eps):
-        raise ValueError("epsilon must be finite")
+    if not math.isfinite(eps) or eps > MAX_EPSILON:
+        raise ValueError(f"epsilon must be finite and at most {MAX_EPSILON:g}")
     return eps
 
 

@@ -169,8 +169,11 @@ def dask_client(spec: DaskSpec) -> Iterator:
     """A dask.distributed client: to the scheduler at `spec.address`, or to a local cluster started here."""
     from distributed import Client, LocalCluster
 
+    from tasks.threads import limit_threads  # imports distributed, as this function does
+
     if spec.address:
         with Client(spec.address, timeout="30s", set_as_default=True) as client:
+            limit_threads(client)
             yield client
         return
     # Every listener on loopback: the scheduler, the workers, their HTTP servers and the dashboard. (dask's
@@ -179,4 +182,5 @@ def dask_client(spec: DaskSpec) -> Iterator:
                       processes=spec.processes, host="127.0.0.1", protocol="tcp://",
                       dashboard_address="127.0.0.1:0") as cluster, \
             Client(cluster, set_as_default=True) as client:
+        limit_threads(client)
         yield client

@@ -22,6 +22,7 @@ def _spec(tmp_path, **changes):
     ({"release.epsilon": 0.0}, "release.epsilon"),
     ({"release.epsilon": -1.0}, "release.epsilon"),
     ({"release.epsilon": float("inf")}, "epsilon must be finite"),
+    ({"release.epsilon": 1e308}, "at most 100"),
     ({"release.k": 0}, "release.k"),
     ({"dataset.bounds": {}}, "bounds are missing"),
     ({"dataset.bounds": ...}, "bounds are missing"),
