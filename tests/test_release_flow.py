@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import shutil
 import json
 from pathlib import Path
 
@@ -125,13 +126,26 @@ def test_failed_postprocessing_keeps_measurements_and_a_rerun_finishes_without_n
     run = tmp_path / "runs" / "blobs-r3"
     assert not (run / "release").exists() and not list(run.glob(".staging-*"))
     stored = _sha(run / "measurements" / "trajectory.parquet")
+    validated = {p: p.stat().st_mtime_ns for p in (run / "internal").glob("[in]*/*.parquet")}
+    assert validated  # ingested/ and normalised/ partitions
 
     s = _run(d)
     assert s["status"] == "published"
     assert _sha(run / "release" / "measurements" / "trajectory.parquet") == stored
+    assert {p: p.stat().st_mtime_ns for p in validated} == validated  # resumed: the raw data was not read again
     assert len(count_dp_runs) == 1
     rows = ledger().releases("blobs")
     assert len(rows) == 1 and rows[0]["status"] == "published"
+
+    # A kill during the evaluation left a published release without its report: the next run writes them.
+    manifest = _sha(run / "release" / "manifest.json")
+    (run / "internal" / "report.md").unlink()
+    shutil.rmtree(run / "internal" / "evaluation")
+    again = _run(d)
+    assert again["status"] == "already published" and (run / "internal" / "report.md").exists()
+    assert (run / "internal" / "evaluation" / "evaluation.json").exists()
+    assert _sha(run / "release" / "manifest.json") == manifest and len(count_dp_runs) == 1
+    assert [(r["status"], r["attempts"]) for r in ledger().releases("blobs")] == [("published", 1)]
 
 
 def test_forced_task_retry_reuses_the_stored_measurements(tmp_path, csv_data, count_dp_runs, monkeypatch):
