@@ -79,7 +79,8 @@ def main() -> None:
         first.wait()
         to_post = time.time() - t0
         starts = _stage_starts(log)
-        prepared = next((name for name, _ in starts if name not in ("ingest", "dp measurement")), "no prepare stage")
+        prepared = next((name for name, _ in starts if name not in ("ingest", "dp measurement", "postprocess")),
+                        "no prepare stage")
         first_ip = _span(starts, "ingest", "dp measurement")
         print(f"first run: killed at postprocessing after {to_post:.1f}s; ingest + {prepared}: {first_ip:.1f}s",
               flush=True)
