@@ -121,10 +121,12 @@ def _box_trajectory(eps=0.3, seed=0, k=3, n=2000, d=3):
 
 
 def test_box_chain_keeps_its_likelihood_and_its_domain():
-    """Counts and sums with their own scales (b_S = d b_N): the incremental likelihood still equals a full
+    """Counts and sums with their own scales (the plan's): the incremental likelihood still equals a full
     recomputation, consistency still holds, and every simulated point stays in the box."""
     traj, _ = _box_trajectory()
-    assert traj.sum_scale == pytest.approx(3 * traj.noise_scale)
+    plan = dpkmeans.plan(epsilon=0.3, iterations=4, k=3, d=3, domain="box")
+    assert (traj.noise_scale, traj.sum_scale) == (plan["counts"].scale, plan["sums"].scale)
+    assert traj.sum_scale != traj.noise_scale
     c = leekifer.consistent_statistics(traj)
     assert np.allclose(c.sums.sum(axis=1), c.sums.sum(axis=1)[0], atol=1e-3 * traj.sum_scale)
     chain = leekifer.DatasetChain(traj, c, seed=1, temperature=0.5)
