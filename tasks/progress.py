@@ -1,7 +1,17 @@
-"""Text progress bars for long stages, written through the run's logger (so they show on the CLI and in
-the Prefect UI alike)."""
+"""Progress of long stages: text bars written through the run's logger (so they show on the CLI and in the
+Prefect UI's logs alike) and, inside a Prefect run, a progress artifact moved at the same ticks."""
 
 from __future__ import annotations
+
+from prefect.artifacts import create_progress_artifact, update_progress_artifact
+from prefect.context import FlowRunContext, TaskRunContext
+
+
+def _artifact(label: str):
+    """A progress artifact of the running flow or task run, or None outside Prefect (the conformance suite)."""
+    if FlowRunContext.get() is None and TaskRunContext.get() is None:
+        return None
+    return create_progress_artifact(0.0, description=label)
 
 
 class Progress:
@@ -10,6 +20,7 @@ class Progress:
     def __init__(self, log, label: str, total: int, step: float = 0.1, width: int = 20):
         self.log, self.label, self.total, self.step, self.width = log, label, max(int(total), 1), step, width
         self._next = step
+        self._artifact = _artifact(label)
 
     def update(self, done: int) -> None:
         frac = min(done / self.total, 1.0)
@@ -17,6 +28,8 @@ class Progress:
         if frac >= self._next - 0.01:
             filled = int(round(frac * self.width))
             self.log.info("[%s%s] %3d%% %s", "#" * filled, "-" * (self.width - filled), round(100 * frac), self.label)
+            if self._artifact is not None:
+                update_progress_artifact(self._artifact, 100.0 * frac, description=self.label)
             while self._next <= frac + 0.01:
                 self._next += self.step
 
