@@ -56,24 +56,18 @@ class NoisePlan:
 
 def plan(noise: NoisePlan, *, kmeans_iterations: int, q: float, steps: int, max_items: int, k: int | None = None,
          items: int | None = None, features: int | None = None, min_length: int = 1) -> Plan:
-    """Clustering (sizes and sums per iteration), per-cluster marginals and record-length histograms (two
-    Gaussians of the same scale), DP-SGD (one Poisson-subsampled Gaussian per step)."""
+    """Clustering (sizes and sums per iteration), per-cluster marginals, sizes and record-length histograms
+    (one Gaussian), DP-SGD (one Poisson-subsampled Gaussian per step)."""
     clustering = kk.plan(iterations=kmeans_iterations, sigma=noise.sigma_kmeans, k=k, features=features)
     bins = max_items - min_length + 1
     return Plan(clustering.mechanisms + (
-        Mechanism("marginals", f"per-cluster item counts (records weighted to at most {max_items} items) and "
-                               f"sizes", "gaussian", float(np.sqrt(max_items + 1)),
-                  f"one record is in one cluster's row only and adds its weights w_i = min(1, {max_items}/|x|) to "
-                  f"its |x| items (L2 norm sqrt(|x|) w <= sqrt({max_items})) and 1 to the size: L2 sensitivity "
-                  f"sqrt({max_items} + 1)", noise.sigma_marginals, relation=ADD_REMOVE_USER,
-                  values=None if k is None or items is None else k * (items + 1)),
-        Mechanism("lengths", f"per-cluster histogram of record lengths {min_length}..{max_items} (longer records "
-                             f"in the last bin)", "gaussian", 1.0,
-                  "one record is in one cluster and has one length: it adds 1 to one bin of one row, L2 "
-                  "sensitivity 1. The noise has the marginals' scale (multiplier sigma_marginals x "
-                  f"sqrt({max_items} + 1)), which costs 1/({max_items} + 1) of the marginals' rho",
-                  noise.sigma_marginals * float(np.sqrt(max_items + 1)), integer=True, relation=ADD_REMOVE_USER,
-                  values=None if k is None else k * bins),
+        Mechanism("marginals", f"per-cluster item counts (records weighted to at most {max_items} items), sizes "
+                               f"and histograms of record lengths {min_length}..{max_items} (longer records in the "
+                               f"last bin)", "gaussian", float(np.sqrt(max_items + 2)),
+                  f"one record is in one cluster's row only: it adds its weights w_i = min(1, {max_items}/|x|) to "
+                  f"its |x| items (L2 norm sqrt(|x|) w <= sqrt({max_items})), 1 to the size and 1 to one length "
+                  f"bin: L2 sensitivity sqrt({max_items} + 2)", noise.sigma_marginals, relation=ADD_REMOVE_USER,
+                  values=None if k is None or items is None else k * (items + 1 + bins)),
         Mechanism("sgd", "DP-SGD step: histogram of per-example gradient norms (DPNorm) and the clipped gradient "
                          "sum of every cluster's model, on a Poisson sample", "gaussian", None,
                   "one record is in one cluster's batch with probability q; it adds 1 to one bin of the norm "
@@ -98,7 +92,7 @@ def calibrate(*, epsilon: float, delta: float, kmeans_iterations: int, q: float,
     # The searches probe multipliers of 0 (no noise, infinite loss): a tiny positive one stands for it.
     alone = lambda t, s: plan(NoisePlan(*(max(s, 1e-9) if i == t else 1.0 for i in range(3))),
                               kmeans_iterations=kmeans_iterations, q=q, steps=steps, max_items=max_items)
-    parts = {0: ("sizes", "sums"), 1: ("marginals", "lengths"), 2: ("sgd",)}
+    parts = {0: ("sizes", "sums"), 1: ("marginals",), 2: ("sgd",)}
     base = NoisePlan(*(cal(lambda s, t=t: _event(alone(t, s), parts[t]), shares[t] * epsilon) for t in range(3)))
     scaled = lambda t: NoisePlan(*(max(s * t, 1e-9) for s in (base.sigma_kmeans, base.sigma_marginals, base.sigma_sgd)))
     make = lambda t: plan(scaled(t), kmeans_iterations=kmeans_iterations, q=q, steps=steps, max_items=max_items).event()
@@ -131,27 +125,27 @@ def _quiet_rdp(fn):
 calibrate = _quiet_rdp(calibrate)
 
 
-def cluster_counts(X: sp.csr_matrix, labels: np.ndarray, k: int, max_items: int) -> np.ndarray:
-    """(k, m + 1) table: per cluster, its item counts with every record weighted by min(1, max_items /
-    |record|), and (last column) its number of records.
+def cluster_counts(X: sp.csr_matrix, labels: np.ndarray, k: int, max_items: int, min_length: int = 1) -> np.ndarray:
+    """(k, m + 1 + bins) table: per cluster, its item counts with every record weighted by min(1, max_items /
+    |record|), its number of records, and its number of records of every length min_length .. max_items
+    (bins = max_items - min_length + 1; longer records in the last bin, shorter ones in the first).
 
     One record adds to one row only: at most sqrt(min(|x|, max_items)) <= sqrt(max_items) in L2 to the item
-    counts and 1 to the record count, so the table has L2 sensitivity sqrt(max_items + 1)."""
+    counts, 1 to the record count and 1 to one length bin, so the table has L2 sensitivity sqrt(max_items + 2)."""
     X = X.tocsr()
+    m = X.shape[1]
     member = sp.csr_matrix((counting.record_weights(X, max_items), (labels, np.arange(X.shape[0]))), shape=(k, X.shape[0]))
-    table = np.zeros((k, X.shape[1] + 1))
-    table[:, :-1] = (member @ X).toarray()
-    table[:, -1] = np.bincount(labels, minlength=k)
+    table = np.zeros((k, m + 1 + max_items - min_length + 1))
+    table[:, :m] = (member @ X).toarray()
+    table[:, m] = np.bincount(labels, minlength=k)
+    lengths = np.clip(np.diff(X.indptr), min_length, max_items) - min_length
+    np.add.at(table, (labels, m + 1 + lengths), 1.0)
     return table
 
 
-def length_counts(X: sp.csr_matrix, labels: np.ndarray, k: int, max_items: int, min_length: int = 1) -> np.ndarray:
-    """(k, max_items - min_length + 1) table: per cluster, its number of records of every length min_length ..
-    max_items (longer ones in the last bin). One record adds 1 to one cell: L2 sensitivity 1."""
-    lengths = np.clip(np.diff(X.tocsr().indptr), min_length, max_items) - min_length
-    table = np.zeros((k, max_items - min_length + 1))
-    np.add.at(table, (labels, lengths), 1.0)
-    return table
+def split_table(table: np.ndarray, items: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(item counts (k, m), sizes (k,), length histograms (k, bins)) of a `cluster_counts` table."""
+    return table[:, :items], table[:, items], table[:, items + 1:]
 
 
 def project_simplex(v: np.ndarray, total: float) -> np.ndarray:
@@ -162,14 +156,15 @@ def project_simplex(v: np.ndarray, total: float) -> np.ndarray:
     return np.maximum(v - css[rho] / (rho + 1), 0.0)
 
 
-def marginals_and_sizes(noisy_table: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def marginals_and_sizes(noisy_table: np.ndarray, items: int) -> tuple[np.ndarray, np.ndarray]:
     """Item probabilities (k, m) and cluster sizes (k,) from the noisy table (post-processing).
 
     Clipping negative noisy counts at zero would add the positive half of the noise of every rare item and
     inflate the expected record length many times over when items are many and records few; instead every
     row of counts is projected onto the nonnegative vectors with the row's noisy total (which is unbiased)."""
-    sizes = np.maximum(noisy_table[:, -1], 1.0)
-    counts = np.array([project_simplex(row, max(row.sum(), 1.0)) for row in noisy_table[:, :-1]])
+    counts, sizes, _ = split_table(noisy_table, items)
+    sizes = np.maximum(sizes, 1.0)
+    counts = np.array([project_simplex(row, max(row.sum(), 1.0)) for row in counts])
     return np.clip(counts / sizes[:, None], 1e-4, 1 - 1e-4), sizes
 
 
@@ -235,25 +230,23 @@ def _empty_layers(model) -> list[dpsgd.LayerGrad]:
     return [dpsgd.LayerGrad(None if l.a is None else l.a[:0], l.delta[:0], l.bias) for l in layers]
 
 
-def length_distributions(noisy_lengths: np.ndarray, noisy_table: np.ndarray, min_length: int) -> np.ndarray:
+def length_distributions(noisy_table: np.ndarray, items: int, min_length: int) -> np.ndarray:
     """Per-cluster distributions (k, bins) of the record length (post-processing of noisy values only).
 
-    The histogram h of a cluster, its noisy size n and its noisy item total T (the sum of its row of the
-    marginals table, records weighted to at most max_items items, i.e. sum_l l h_l with the last bin at its
-    lower end) measure the same records. The estimate is their nonnegative least-squares fit in units of the
-    common noise scale: h, n and T / sqrt(m) have unit noise. Without T, the noise of the empty bins of a
-    cluster of short (or empty) records projects into a spurious tail of long records (BMS1, 64 items: 6 %
-    more items than the data)."""
+    The histogram h of a cluster, its noisy size n and its noisy item total T (the sum of its item counts,
+    records weighted to at most max_items items, i.e. sum_l l h_l with the last bin at its lower end) measure
+    the same records with the same noise scale. The estimate is their nonnegative least-squares fit: h, n and
+    T / sqrt(m) have unit noise. Without T, the noise of the empty bins of a cluster of short (or empty)
+    records projects into a spurious tail of long records."""
     from scipy.optimize import nnls
 
-    k, bins = noisy_lengths.shape
-    m = noisy_table.shape[1] - 1
+    counts, sizes, hist = split_table(noisy_table, items)
+    bins = hist.shape[1]
     values = np.arange(min_length, min_length + bins, dtype=np.float64)
-    A = np.vstack([np.eye(bins), np.ones(bins), values / np.sqrt(m)])
-    out = np.empty((k, bins))
-    for c in range(k):
-        b = np.concatenate([noisy_lengths[c], [noisy_table[c, -1], noisy_table[c, :-1].sum() / np.sqrt(m)]])
-        h = nnls(A, b)[0]
+    A = np.vstack([np.eye(bins), np.ones(bins), values / np.sqrt(items)])
+    out = np.empty(hist.shape)
+    for c in range(hist.shape[0]):
+        h = nnls(A, np.concatenate([hist[c], [sizes[c], counts[c].sum() / np.sqrt(items)]]))[0]
         out[c] = h / h.sum() if h.sum() > 0 else np.full(bins, 1.0 / bins)
     return out
 

@@ -109,33 +109,30 @@ def test_one_step_is_one_subsampled_gaussian_with_the_combined_noise_multiplier(
 def test_calibrated_plan_meets_the_budget_recomputed_from_scratch():
     eps, delta, T, q, steps, max_items = 1.5, 1e-6, 10, 0.02, 300, 30
     noise = dpgm.calibrate(epsilon=eps, delta=delta, kmeans_iterations=T, q=q, steps=steps, max_items=max_items)
-    # Recompute: 2T zCDP Gaussians (k-means, OpenDP discrete Gaussians), two (marginals; length histograms at
-    # the marginals' scale with sensitivity 1), `steps` Poisson-subsampled continuous Gaussians (DP-SGD), by RDP
-    # from scratch.
+    # Recompute: 2T zCDP Gaussians (k-means, OpenDP discrete Gaussians), one (marginals, sizes and length
+    # histograms), `steps` Poisson-subsampled continuous Gaussians (DP-SGD), by RDP from scratch.
     acc = RdpAccountant()
     acc.compose(dpe.ZCDpEvent(1 / (2 * noise.sigma_kmeans ** 2)), 2 * T)
     acc.compose(dpe.ZCDpEvent(1 / (2 * noise.sigma_marginals ** 2)))
-    acc.compose(dpe.ZCDpEvent(1 / (2 * noise.sigma_marginals ** 2 * (max_items + 1))))
     acc.compose(dpe.PoissonSampledDpEvent(q, dpe.GaussianDpEvent(noise.sigma_sgd / np.sqrt(2))), steps)
     assert 0.97 * eps <= acc.get_epsilon(delta) <= eps * 1.001
     # The shares order the noise: the part with the largest share gets the smallest multiplier.
     assert noise.sigma_kmeans > noise.sigma_marginals
-    plan = dpgm.plan(noise, kmeans_iterations=T, q=q, steps=steps, max_items=max_items)
-    assert plan["lengths"].scale == pytest.approx(plan["marginals"].scale, rel=1e-12)
 
 
-def test_length_table_has_l2_sensitivity_one_and_keeps_empty_records_as_a_length():
+def test_length_histograms_keep_empty_records_as_a_length_and_move_by_one_bin():
     rng = np.random.default_rng(17)
     X = _records(200, 40, 0.05, 18)               # some records are empty
     labels = rng.integers(0, 3, 200)
-    table = dpgm.length_counts(X, labels, 3, max_items=6, min_length=0)
+    table = dpgm.split_table(dpgm.cluster_counts(X, labels, 3, max_items=6, min_length=0), 40)[2]
     lengths = np.diff(X.indptr)
     assert table.sum() == 200 and table[:, 0].sum() == (lengths == 0).sum() > 0
     assert table[:, -1].sum() == (lengths >= 6).sum()
     for length in (0, 1, 6, 40):
         extra = sp.csr_matrix((np.ones(length, np.float32), (np.zeros(length, int), rng.choice(40, length, False))),
                               shape=(1, 40))
-        more = dpgm.length_counts(sp.vstack([X, extra]).tocsr(), np.append(labels, 2), 3, 6, min_length=0)
+        more = dpgm.split_table(dpgm.cluster_counts(sp.vstack([X, extra]).tocsr(), np.append(labels, 2), 3, 6, 0),
+                                40)[2]
         assert np.linalg.norm(more - table) == 1.0
 
 
@@ -145,13 +142,13 @@ def test_length_estimate_fits_the_item_total_so_the_noise_of_empty_bins_adds_no_
     noisy = np.zeros(31)
     noisy[0] = 18_000                             # a cluster of empty records
     noisy += rng.normal(0, scale, 31)
-    table = np.append(rng.normal(0, scale, 64), 18_000 + rng.normal(0, scale))
-    mean_length = dpgm.length_distributions(noisy[None], table[None], 0)[0] @ np.arange(31)
+    table = np.concatenate([rng.normal(0, scale, 64), [18_000 + rng.normal(0, scale)], noisy])
+    mean_length = dpgm.length_distributions(table[None], 64, 0)[0] @ np.arange(31)
     simplex = dpgm.project_simplex(noisy, noisy.sum())
     assert mean_length < 0.005 < 0.01 < simplex @ np.arange(31) / simplex.sum()
 
 
-def test_cluster_table_has_l2_sensitivity_sqrt_max_items_plus_one():
+def test_cluster_table_has_l2_sensitivity_sqrt_max_items_plus_two():
     rng = np.random.default_rng(8)
     X = _records(200, 40, 0.3, 9)
     labels = rng.integers(0, 3, 200)
@@ -162,7 +159,9 @@ def test_cluster_table_has_l2_sensitivity_sqrt_max_items_plus_one():
                               shape=(1, 40))
         more = dpgm.cluster_counts(sp.vstack([X, extra]).tocsr(), np.append(labels, 1), 3, max_items=5)
         worst = max(worst, np.linalg.norm(more - base))
-    assert worst <= np.sqrt(6) + 1e-12 and worst > np.sqrt(5)  # the bound is attained at length 5
+    assert worst == pytest.approx(np.sqrt(7), rel=1e-12)  # the bound sqrt(5 + 2) is attained at length 5
+    assert dpgm.plan(dpgm.NoisePlan(1.0, 1.0, 1.0), kmeans_iterations=1, q=0.1, steps=1,
+                     max_items=5)["marginals"].sensitivity == pytest.approx(np.sqrt(7))
 
 
 def test_marginal_initialisation_starts_every_model_at_the_independent_items_model():

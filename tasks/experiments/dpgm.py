@@ -56,10 +56,9 @@ def run(X: sp.csr_matrix, settings: DPGMSettings, rng: np.random.Generator):
                      max_items=settings.max_items, min_length=min_length)
     measure = simulated(plan, rng)
     _, labels = cluster(X, settings, measure, rng)
-    table = measure("marginals", dpgm.cluster_counts(X, labels, settings.k, settings.max_items))
-    counts = measure("lengths", dpgm.length_counts(X, labels, settings.k, settings.max_items, min_length))
-    marg, sizes = dpgm.marginals_and_sizes(table)
-    lengths = dpgm.length_distributions(counts, table, min_length)
+    table = measure("marginals", dpgm.cluster_counts(X, labels, settings.k, settings.max_items, min_length))
+    marg, sizes = dpgm.marginals_and_sizes(table, X.shape[1])
+    lengths = dpgm.length_distributions(table, X.shape[1], min_length)
     members = [np.flatnonzero(labels == c) for c in range(settings.k)]
     models = [dpgm.make_model(cfg, X.shape[1], rng, marg[c]) for c in range(settings.k)]
 

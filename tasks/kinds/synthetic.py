@@ -2,7 +2,8 @@
 
 DP measurement (one charge, one (epsilon, delta) for all of it, noise calibrated by `dpgm.calibrate`):
   1. DP kernel k-means of the records (as the `kernel_kmeans` kind);
-  2. the Gaussian measurement of the per-cluster item counts and sizes under the final centres;
+  2. the Gaussian measurement of the per-cluster item counts, sizes and record-length histograms under the
+     final centres;
   3. DP-SGD of one generative model per cluster, every step on Poisson samples (rate q) drawn on the workers.
 The trained models (a function of the noisy gradients and public randomness) are stored as the measurement;
 the synthetic records are post-processing: drawn from the mixture with a seed kept in the measurements, so a
@@ -71,8 +72,7 @@ class SyntheticParams(KernelKMeansParams):
 
 
 
-MIXTURE, MODELS, TABLE, LENGTHS, SYNTHETIC = ("mixture.parquet", "models.npz", "cluster_table.npy",
-                                              "length_table.npy", "synthetic")
+MIXTURE, MODELS, TABLE, SYNTHETIC = "mixture.parquet", "models.npz", "cluster_table.npy", "synthetic"
 #: Ingested records are non-empty (the ingest contract): length histograms start at 1.
 MIN_LENGTH = 1
 STEP_CHUNK = 25           # DP-SGD steps whose Poisson samples are fetched from the workers at once
@@ -100,11 +100,8 @@ def _labels(X, rff, clip, centres) -> np.ndarray:
     return kk.nearest(kk.clip_rows(rff.transform(X), clip), centres) if X.shape[0] else np.zeros(0, np.int64)
 
 
-def partition_cluster_counts(X, rff, clip, centres, k, max_items) -> tuple[np.ndarray, np.ndarray]:
-    """(per-cluster item counts and sizes, per-cluster record-length histogram) of a partition."""
-    labels = _labels(X, rff, clip, centres)
-    return (dpgm.cluster_counts(X, labels, k, max_items),
-            dpgm.length_counts(X, labels, k, max_items, MIN_LENGTH))
+def partition_cluster_counts(X, rff, clip, centres, k, max_items) -> np.ndarray:
+    return dpgm.cluster_counts(X, _labels(X, rff, clip, centres), k, max_items, MIN_LENGTH)
 
 
 def partition_batches(X, seed, rff, clip, centres, q, first_step, n_steps):
@@ -170,9 +167,9 @@ class SyntheticKind(ReleaseKind):
         data = Partitioned.sets(current_client(), parquet_files(prepared.path), ds.items_column, ds.item_count)
         try:
             rff, gamma, clip, res = cluster_records(spec, data, measure, public_rng, log)
-            counts, length_counts = data.reduce(partition_cluster_counts, rff, clip, res.centres, p.k, p.max_items)
-            table, lengths = measure("marginals", counts), measure("lengths", length_counts)
-            marginals, sizes = dpgm.marginals_and_sizes(table)
+            table = measure("marginals", data.reduce(partition_cluster_counts, rff, clip, res.centres, p.k,
+                                                     p.max_items))
+            marginals, sizes = dpgm.marginals_and_sizes(table, ds.item_count)
             cfg = sgd_config(spec)
             models = [dpgm.make_model(cfg, ds.item_count, public_rng, marginals[c]) for c in range(p.k)]
             log.info("DP-SGD: %d %s models, %d steps, q=%g", p.k, p.model, p.steps, p.q)
@@ -192,7 +189,6 @@ class SyntheticKind(ReleaseKind):
         def write(folder):
             write_clustering(folder, rff, res)
             np.save(folder / TABLE, table)
-            np.save(folder / LENGTHS, lengths)
             pq.write_table(pa.table({"cluster": np.arange(p.k, dtype=np.int32), "noisy_size": sizes,
                                      "weight": sizes / sizes.sum()}), folder / MIXTURE)
             np.savez(folder / MODELS, **{f"c{c}_{name}": a for c, model in enumerate(models)
@@ -208,10 +204,10 @@ class SyntheticKind(ReleaseKind):
         models = load_models(measurements, meta)
         weights = pq.read_table(measurements / MIXTURE).column("noisy_size").to_numpy()
         rng = np.random.default_rng(meta["synthesis_seed"])
-        table = np.load(measurements / TABLE)
-        lengths = dpgm.length_distributions(np.load(measurements / LENGTHS), table, MIN_LENGTH)
+        table, items = np.load(measurements / TABLE), meta["item_count"]
+        lengths = dpgm.length_distributions(table, items, MIN_LENGTH)
         if spec.release.match_marginals:
-            dpgm.match_marginals(models, dpgm.marginals_and_sizes(table)[0], lengths, MIN_LENGTH, rng)
+            dpgm.match_marginals(models, dpgm.marginals_and_sizes(table, items)[0], lengths, MIN_LENGTH, rng)
         out = staging / SYNTHETIC
         out.mkdir()
         done = 0
