@@ -90,7 +90,7 @@ def test_sum_sensitivity_is_the_largest_l1_norm_of_the_domain(name, d):
 
 
 def test_default_domain_depends_on_the_dimension_only():
-    assert [domain.default_domain(d) for d in (1, 2, 3, 6, 784)] == ["l1_ball", "l1_ball", "box", "box", "box"]
+    assert [domain.default_domain(d) for d in (1, 2, 3, 6, 784)] == ["l2_ball", "l2_ball", "box", "box", "box"]
     with pytest.raises(ValueError):
         domain.check_domain("sphere")
 

@@ -35,7 +35,7 @@ class KMeansParams(ReleaseBase):
     domain: Literal["l1_ball", "box", "l2_ball"] | None = Field(
         None, description="where the scaled rows are projected: l1_ball (the paper's; sum sensitivity 1), box "
                           "([-1, 1]^d, clipping only; sensitivity d; centroids in true units), l2_ball (sensitivity "
-                          "sqrt(d)); default: l1_ball for d <= 2, box from d = 3 on")
+                          "sqrt(d)); default: l2_ball for d <= 2, box from d = 3 on")
     min_centroid_distance: float | None = Field(
         None, gt=0, description="public pairwise minimum distance of the initial centroids; default: "
                                 "Su et al.'s shrinking sphere packing")
