@@ -60,15 +60,20 @@ class RunPaths:
         return self.manifest.exists()
 
     def new_staging(self) -> Path:
-        """A staging folder named after this process, so a later run can tell a dead run's leftovers."""
-        return Path(tempfile.mkdtemp(prefix=f".staging-{os.getpid()}-", dir=self.root))
+        return _scratch("staging", self.root)
 
     def clear_stale_staging(self) -> None:
-        """Remove staging folders of runs that are no longer alive (a run killed while postprocessing)."""
-        for staging in self.root.glob(".staging-*"):
-            pid = staging.name.split("-")[1]
-            if not (pid.isdigit() and _alive(int(pid))):
-                shutil.rmtree(staging, ignore_errors=True)
+        """Remove the scratch folders (staging, half-written measurements or release) of runs that are no longer
+        alive: a run killed while postprocessing or committing."""
+        for scratch in self.root.glob(".*-*-*"):
+            pid = scratch.name.rsplit("-", 2)[1]  # the name may hold dashes (test-output); mkdtemp's suffix not
+            if scratch.is_dir() and not (pid.isdigit() and _alive(int(pid))):
+                shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _scratch(name: str, parent: Path) -> Path:
+    """A temporary folder .<name>-<pid>-<random>: named after its process, so a later run tells a dead run's."""
+    return Path(tempfile.mkdtemp(prefix=f".{name}-{os.getpid()}-", dir=parent))
 
 
 def _alive(pid: int) -> bool:
@@ -95,7 +100,7 @@ def commit_once(final: Path, write: Callable[[Path], None]) -> bool:
     """
     if final.exists():
         return False
-    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}-", dir=final.parent))
+    tmp = _scratch(final.name, final.parent)
     try:
         write(tmp)
         _fsync_tree(tmp)

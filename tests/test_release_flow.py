@@ -307,3 +307,22 @@ def test_a_failed_run_never_deletes_a_folder_it_did_not_create(tmp_path):
     with pytest.raises(InputError, match="does not exist"):
         _run({**spec_dict(tmp_path, tmp_path / "absent.csv"), "release_id": "keep"})
     assert (keep / "precious.txt").read_text() == "mine"
+
+
+def test_scratch_folders_of_dead_runs_are_cleared_and_live_ones_kept(tmp_path):
+    """A run killed while staging or committing leaves .<name>-<pid>-* folders: the next run removes those of
+    dead processes and keeps those of live ones (a concurrent run)."""
+    import subprocess
+    import sys
+
+    from tasks.run import RunPaths, _scratch
+
+    run = RunPaths(tmp_path)
+    live = [run.new_staging(), _scratch("test-output", tmp_path), _scratch("measurements", tmp_path)]
+    code = f"from pathlib import Path; from tasks.run import _scratch; print(_scratch('staging', Path({str(tmp_path)!r}))); " \
+           f"print(_scratch('test-output', Path({str(tmp_path)!r})))"
+    dead = [Path(p) for p in subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                                            check=True).stdout.split()]
+    assert all(p.is_dir() for p in live + dead)
+    run.clear_stale_staging()
+    assert all(p.is_dir() for p in live) and not any(p.exists() for p in dead)
