@@ -226,7 +226,7 @@ def _stages(spec: ReleaseSpec, release_id: str, run: RunPaths, timer: _Timer, pu
             staging = run.new_staging()
             postprocess(spec, measured, staging, run)
             name, contract = kind.release_contract(spec)
-            check_contract("release", staging / name, contract, contracts_dir)
+            check_contract("release", staging / name, contract, contracts_dir, recorded_as=run.release / name)
         with timer.stage("publish"):
             manifest = publish_release(spec, release_id, run, staging, measured)
     evaluation = None

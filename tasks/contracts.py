@@ -14,10 +14,12 @@ from tasks.partitions import current_client
 
 
 @task(name="contract", task_run_name="contract-{stage}", cache_policy=NO_CACHE)
-def check_contract(stage: str, path: str | Path, contract: Contract, report_dir: Path) -> dict:
+def check_contract(stage: str, path: str | Path, contract: Contract, report_dir: Path,
+                   recorded_as: str | Path | None = None) -> dict:
     """Validate `path` against `contract`, partitions on the dask workers, the table through the stage's
     great-expectations Checkpoint in the run's project (`report_dir`'s parent, data_contracts/project.py); the
-    report goes to `report_dir`/<stage>.json (internal).
+    report goes to `report_dir`/<stage>.json (internal), naming `recorded_as` when the validated copy is a
+    staging folder that is about to move (the release).
 
     Raises ContractViolation (naming stage, column and expectation) when an expectation fails.
     """
@@ -30,6 +32,7 @@ def check_contract(stage: str, path: str | Path, contract: Contract, report_dir:
         (report_dir / f"{stage}.json").write_text(json.dumps({**failure_report(exc), "expectations": n}, indent=2,
                                                              default=str))
         raise
-    (report_dir / f"{stage}.json").write_text(json.dumps({**report, "expectations": n}, indent=2, default=str))
+    report = {**report, "path": str(recorded_as or path), "expectations": n}
+    (report_dir / f"{stage}.json").write_text(json.dumps(report, indent=2, default=str))
     log.info("contract '%s': %d expectations passed", stage, n)
     return {"stage": stage, "expectations": n, "rows": report["rows"], "files": report["files"], "success": True}
