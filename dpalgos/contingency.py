@@ -28,6 +28,7 @@ import numpy as np
 import scipy.sparse as sp
 from scipy.optimize import minimize_scalar
 from scipy.special import gammaln, logsumexp
+from threadpoolctl import threadpool_limits
 
 from dpalgos import admm
 from dpalgos.plan import Mechanism, Plan
@@ -110,7 +111,7 @@ def marginal_order(marginals: Sequence[Mapping[str, str]]) -> int:
     return max((len(m) for m in marginals), default=-1)
 
 
-def ipf(A: sp.csr_matrix, b: np.ndarray, base: np.ndarray, *, tol: float = 1e-9, max_sweeps: int = 100_000) -> np.ndarray:
+def ipf(A: sp.csr_matrix, b: np.ndarray, base: np.ndarray, *, tol: float = 1e-8, max_sweeps: int = 100_000) -> np.ndarray:
     """Iterative proportional fitting (Bregman balancing; A has 0/1 rows): the table closest to `base` in
     Kullback-Leibler divergence with A x = b, by scaling the cells of one marginal at a time. Sweeps stop when
     every marginal is within tol * max(1, max b). Cells of `base` that are 0 stay 0."""
@@ -203,6 +204,7 @@ def empirical_bayes_table(noisy: np.ndarray, table: Table, marginals: Sequence[M
         max_count = min(max_count, int(math.ceil(b.max())))
     mean, loglik, r = nb_posterior_mean(noisy, public, noise_scale, max_count)
     prior, gain = "public", -math.inf
+    h = max(h, 0)  # without public marginals, the uniform table against the main effects
     if h + 1 <= len(table.names):
         A1 = table.constraint_matrix(table.marginals(h + 1))
         richer = ipf(A1, A1 @ l1, np.ones(table.size))
@@ -218,7 +220,9 @@ def empirical_bayes_table(noisy: np.ndarray, table: Table, marginals: Sequence[M
 def _extra_parameters(A: sp.csr_matrix, A1: sp.csr_matrix) -> int:
     """Free parameters the marginals A1 add to the log-linear model of A (the total counts for no A)."""
     base = A if A.shape[0] else sp.csr_matrix(np.ones((1, A1.shape[1])))
-    return int(np.linalg.matrix_rank(sp.vstack([base, A1]).toarray()) - np.linalg.matrix_rank(base.toarray()))
+    # One BLAS thread: the threaded SVD of these small matrices is a hundred times slower on a loaded machine.
+    with threadpool_limits(1):
+        return int(np.linalg.matrix_rank(sp.vstack([base, A1]).toarray()) - np.linalg.matrix_rank(base.toarray()))
 
 
 def mwem_workload(table: Table, max_order: int = 2) -> np.ndarray:

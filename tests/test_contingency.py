@@ -46,6 +46,14 @@ def test_ipf_keeps_the_zeros_of_its_base_and_of_the_marginals():
     assert np.abs(A @ fit - A @ x).max() < 1e-6
 
 
+def test_the_extra_parameters_of_the_next_order_are_the_log_linear_interactions():
+    t = _table()  # levels 2, 3, 4: an interaction of a set S has prod_{j in S} (levels_j - 1) free parameters
+    A0, A1, A2 = (t.constraint_matrix(t.marginals(h)) for h in (0, 1, 2))
+    assert contingency._extra_parameters(t.constraint_matrix([]), A1) == 1 + 2 + 3
+    assert contingency._extra_parameters(A0, A1) == 1 + 2 + 3
+    assert contingency._extra_parameters(A1, A2) == 1 * 2 + 1 * 3 + 2 * 3
+
+
 def test_max_entropy_needs_public_marginals():
     with pytest.raises(ValueError, match="needs public marginals"):
         contingency.max_entropy(_table().constraint_matrix([]), np.zeros(0))
