@@ -5,10 +5,11 @@ Everything here reads only the released trajectory (noisy counts and sums of eve
 the algorithm used) and public parameters: it is postprocessing and costs no privacy.
 
 Consistency (§3.2): find n^_k^(t), s^_k^(t) closest to the noisy ones in the maximum-likelihood sense (L1,
-Laplace noise of the same scale b on every value) such that sum_k s^_k^(t) and sum_k n^_k^(t) do not depend
+Laplace noise of scale b_N on counts and b_S on sums, the plan's) such that sum_k s^_k^(t) and sum_k n^_k^(t) do not depend
 on t and n^ >= 0, by ADMM (Lee, Wang & Kifer Algorithm 1).
 
-MCMC (§3.3): Metropolis-Hastings over datasets D of points in the unit L1 ball with target
+MCMC (§3.3): Metropolis-Hastings over datasets D of points in the trajectory's domain (the unit L1 ball of the
+paper, the box or the unit L2 ball) with target
 
     pi(D) ~ exp(- sum_t sum_k ||s~_k^(t) - S_k(D, theta_{t-1})||_1 / b_S + |n~_k^(t) - N_k(D, theta_{t-1})| / b_N),
 
@@ -16,12 +17,21 @@ S_k, N_k the sum and count of the points of D nearest to centroid k of theta_{t-
 used) and s~, n~ the (consistent) noisy statistics. A move replaces a uniformly chosen point x by x' from the
 Gaussian mixture of eq. (1): t uniform in 1..T, z ~ Cat(omega^(t)), x' ~ N(c_z^(t), delta_z^(t) I). The
 paper uses one delta (0.001); here each component's variance is the uncertainty of the noisy centroid it sits
-on, (b / n~_z^(t))^2 (sum noise over count), clamped to [delta_min, delta_max] (see `component_variances`).
+on, (b_S / n~_z^(t))^2 (sum noise over count), clamped to [delta_min, delta_max] (see `component_variances`).
 The proposal does not depend on the current point, so the Metropolis-Hastings ratio is
 pi(D')/pi(D) * q(x)/q(x') with q the full mixture density (the paper's formula keeps only the generating
 component). A proposal outside the domain has target probability 0 and is rejected (projecting it would
 give the proposal a singular part on the boundary and break the correction). The best-scoring dataset is
 kept and non-private k-means (k-means++ restarts) on it gives the refined centroids.
+
+Speed: the proposal is an independence proposal, so everything about x' (the point it replaces, x' itself,
+whether it is in the domain, its cluster at every iteration, log q(x'), the acceptance draw's log u) is
+prepared in blocks ahead of the chain, by a second thread while the chain consumes the previous block; the
+chain itself only adds up the likelihood change and accepts. Its randomness is the chain's own generator,
+seeded by the caller (the kind: from the measurements' bytes), so the chain's path depends on the seed only.
+
+`refinement_expected_to_help` decides, from the noisy trajectory alone, whether the refinement or the last
+noisy iterate is released.
 """
 
 from __future__ import annotations
