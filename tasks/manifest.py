@@ -16,8 +16,10 @@ from tasks.run import RunPaths, publish, read_meta
 from tasks.spec import ReleaseSpec
 from tasks.stages import Measured
 
-_PACKAGES = ("dprelease", "numpy", "scipy", "dp-accounting", "opendp", "prefect", "dask", "great-expectations",
-             "scikit-learn", "numba", "pyarrow")
+#: Every package whose version can change a release's bytes or its checks (noise, accounting, numerics, I/O,
+#: contracts), recorded in the manifest.
+_PACKAGES = ("dprelease", "numpy", "scipy", "dp-accounting", "opendp", "prefect", "dask", "distributed",
+             "great-expectations", "scikit-learn", "numba", "llvmlite", "pyarrow", "polars", "pandas", "threadpoolctl")
 
 
 def _sha256(path: Path) -> str:
