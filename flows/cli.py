@@ -94,7 +94,8 @@ def cmd_run(args) -> int:
         try:
             summary = release(spec=spec)
         except Exception as exc:  # every failure, expected or not: one line here, the traceback in the log
-            message = " ".join(str(exc).split()) if _is_ours(exc) else f"{type(exc).__name__} (internal error; see the log)"
+            message = (" ".join(str(exc).split()) if _is_ours(exc)
+                       else f"{type(exc).__name__} (internal error; see the log)")
             if args.json:
                 print(json.dumps({"status": "failed", "release_id": spec.release_id, "error": message,
                                   "log": str(log_file)}))
