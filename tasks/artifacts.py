@@ -34,7 +34,7 @@ def key(*parts: str) -> str:
     return re.sub(r"-+", "-", re.sub(r"[^a-z0-9-]", "-", "-".join(parts).lower())).strip("-")
 
 
-def _table(header: list[str], rows: list[list]) -> list[str]:
+def markdown_table(header: list[str], rows: list[list]) -> list[str]:
     out = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     return out + ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]
 
@@ -64,15 +64,15 @@ def report_markdown(summary: dict, manifest: dict, contracts: list[dict], evalua
     if budget:
         lines += [f"Dataset budget: spent epsilon = {budget['spent_epsilon']:.6g} of {budget['epsilon']:g}, "
                   f"remaining {budget['remaining_epsilon']:.6g} (delta budget {budget['delta']:g}).", ""]
-    lines += _table(["mechanism", "query", "sensitivity", "distribution", "repetitions"],
+    lines += markdown_table(["mechanism", "query", "sensitivity", "distribution", "repetitions"],
                     [[m["name"], m["query"], f"{m['norm'].upper()} {m['sensitivity']}", m["distribution"],
                       m["repetitions"]] for m in privacy["mechanisms"]])
     lines += ["", "## Data contracts", ""]
-    lines += _table(["stage", "expectations", "result"], [[c["stage"], c["expectations"], c["result"]]
+    lines += markdown_table(["stage", "expectations", "result"], [[c["stage"], c["expectations"], c["result"]]
                                                          for c in contracts])
     if summary.get("timings"):
         lines += ["", "## Stage timings", ""]
-        lines += _table(["stage", "seconds"], [[k, f"{v:.2f}"] for k, v in summary["timings"].items()])
+        lines += markdown_table(["stage", "seconds"], [[k, f"{v:.2f}"] for k, v in summary["timings"].items()])
     lines += ["", "## Evaluation", ""]
     lines.append(evaluation_headline if evaluation_headline is not None else
                  f"Internal (computed on the raw data): see `{summary['internal_dir']}/report.md` on the worker. "

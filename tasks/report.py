@@ -9,6 +9,7 @@ from pathlib import Path
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
+from tasks.artifacts import markdown_table
 from tasks.ledger import PrivacyLedger
 from tasks.run import RunPaths
 from tasks.spec import ReleaseSpec
@@ -23,11 +24,6 @@ def _noise(m: dict) -> str:
     scale = f"scale {m['scale']:.4g}" if m["scale"] is not None else f"multiplier {m['noise_multiplier']:.4g} x C"
     sampled = f", Poisson sampling rate {m['sampling_rate']:g}" if m["sampling_rate"] else ""
     return f"{m['distribution']} {scale}{sampled}"
-
-
-def _table(header: list[str], rows: list[list]) -> list[str]:
-    out = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    return out + ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]
 
 
 @task(name="report", cache_policy=NO_CACHE)
@@ -46,7 +42,7 @@ def write_report(spec: ReleaseSpec, release_id: str, run: RunPaths, manifest: di
              f"({privacy['accounting']}).", ""]
     if not privacy["private"]:
         lines += [f"**{privacy['warning']}**", ""]
-    lines += _table(["mechanism", "query", "neighbours", "sensitivity", "noise", "repetitions"],
+    lines += markdown_table(["mechanism", "query", "neighbours", "sensitivity", "noise", "repetitions"],
                     [[m["name"], m["query"], m["relation"], _sensitivity(m), _noise(m), m["repetitions"]]
                      for m in privacy["mechanisms"]])
     if budget:
@@ -54,7 +50,7 @@ def write_report(spec: ReleaseSpec, release_id: str, run: RunPaths, manifest: di
                       f"{budget['delta']:g}; spent epsilon = {budget['spent_epsilon']:.6g} "
                       f"({budget['spent_accounting']}); remaining epsilon = {budget['remaining_epsilon']:.6g}.", "",
                   "Releases in the ledger:", ""]
-        lines += _table(["release", "kind", "epsilon", "delta", "status", "attempts", "created"],
+        lines += markdown_table(["release", "kind", "epsilon", "delta", "status", "attempts", "created"],
                         [[r["release_id"], r["kind"], f"{r['epsilon']:.4g}", f"{r['delta']:.3g}", r["status"],
                           r["attempts"], r["created_at"]] for r in PrivacyLedger(spec.ledger_path).releases(spec.dataset.id)])
     lines += ["", "## Data contracts", ""]
@@ -64,9 +60,9 @@ def write_report(spec: ReleaseSpec, release_id: str, run: RunPaths, manifest: di
         n = sum(len(s.get("expectations", [])) for s in c.get("suites", {}).values())
         contract_rows.append([c["stage"], n, c.get("rows", ""), c.get("files", ""), "passed" if c["success"] else
                               "FAILED"])
-    lines += _table(["stage", "expectations", "rows", "files", "result"], contract_rows)
+    lines += markdown_table(["stage", "expectations", "rows", "files", "result"], contract_rows)
     lines += ["", "## Stage timings", ""]
-    lines += _table(["stage", "seconds"], [[k, f"{v:.2f}"] for k, v in timings.items()])
+    lines += markdown_table(["stage", "seconds"], [[k, f"{v:.2f}"] for k, v in timings.items()])
     lines += ["", "## Evaluation (against the raw data)", ""]
     lines.append(evaluation["headline"] if evaluation else "Not run (evaluate: false).")
     for png in sorted(run.internal.rglob("*.png")):
