@@ -280,20 +280,40 @@ def match_marginals(models: list, marginals: np.ndarray, length_probs: np.ndarra
         model.dec[-1][1][:] += shift
 
 
+def rounded(x: np.ndarray, total: int) -> np.ndarray:
+    """Nonnegative integers summing to `total` within 1 of x * total / sum(x) (largest remainders)."""
+    share = np.maximum(np.asarray(x, dtype=np.float64), 0.0)
+    share = total * share / share.sum()
+    out = np.floor(share).astype(np.int64)
+    out[np.argsort(out - share, kind="stable")[:total - out.sum()]] += 1
+    return out
+
+
+def record_plan(weights: np.ndarray, length_probs: np.ndarray, min_length: int, n: int,
+                rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """(cluster, length) of each of n records in random order: the clusters' shares of n and every cluster's
+    share of each length rounded to integers (no sampling noise on the cluster sizes and record lengths)."""
+    sizes = rounded(weights, n)
+    clusters = np.repeat(np.arange(sizes.size), sizes)
+    bins = np.arange(min_length, min_length + length_probs.shape[1])
+    lengths = np.concatenate([np.repeat(bins, rounded(p, int(c))) if c else np.zeros(0, np.int64)
+                              for c, p in zip(sizes, length_probs)])
+    order = rng.permutation(n)
+    return clusters[order], lengths[order]
+
+
 def synthesize_chunks(models: list, weights: np.ndarray, length_probs: np.ndarray, min_length: int, n: int,
                       rng: np.random.Generator, chunk: int = 50_000) -> Iterator[sp.csr_matrix]:
-    """n synthetic records (§4.4) in shuffled chunks of at most `chunk`: each record from model s with
-    probability weights_s / sum(weights), its length from the cluster's DP length distribution, then its
-    items from the model given that length (`generative.records_of_lengths`). Empty records (min_length 0)
-    are kept: they are a length of their own, and dropping them would shrink every count."""
-    w = np.maximum(np.asarray(weights, dtype=np.float64), 0.0)
+    """n synthetic records (§4.4) in chunks of at most `chunk`: model s draws a share weights_s / sum(weights)
+    of them, with lengths from its cluster's DP length distribution (`record_plan`), and a record's items
+    come from its model given its length (`generative.records_of_lengths`). Empty records (min_length 0) are
+    kept: they are a length of their own, and dropping them would shrink every count."""
+    clusters, lengths = record_plan(weights, length_probs, min_length, n, rng)
     for start in range(0, n, chunk):
-        parts = []
-        for model, probs, c in zip(models, length_probs, rng.multinomial(min(chunk, n - start), w / w.sum())):
-            logits = model.logits(int(c), rng)
-            parts.append(records_of_lengths(logits, draw_lengths(probs, int(c), min_length, rng), rng))
-        out = sp.vstack(parts).tocsr()
-        yield out[rng.permutation(out.shape[0])]
+        c, L = clusters[start:start + chunk], lengths[start:start + chunk]
+        rows = [np.flatnonzero(c == s) for s in range(len(models))]
+        parts = [records_of_lengths(model.logits(r.size, rng), L[r], rng) for model, r in zip(models, rows)]
+        yield sp.vstack(parts).tocsr()[np.argsort(np.concatenate(rows), kind="stable")]
 
 
 def synthesize(models: list, weights: np.ndarray, length_probs: np.ndarray, min_length: int, n: int,
