@@ -105,8 +105,8 @@ class _SpdSolver:
             method = "cholesky" if not sp.issparse(A) else ("splu" if n <= 200_000 else "cg")
         self.method = method
         if method == "cholesky":
-            Ad = A.toarray() if sp.issparse(A) else np.asarray(A, dtype=np.float64)
-            self._factor = sla.cho_factor(Ad.T @ Ad + c * np.eye(n), lower=True)
+            self.dense = A.toarray() if sp.issparse(A) else np.asarray(A, dtype=np.float64)
+            self._factor = sla.cho_factor(self.dense.T @ self.dense + c * np.eye(n), lower=True)
         elif method == "splu":
             As = sp.csr_matrix(A)
             self._factor = spla.splu((As.T @ As + c * sp.identity(n)).tocsc())
@@ -146,6 +146,14 @@ def solve_linear(x_tilde, A, b, *, penalty: Penalty = "elastic", alpha: float = 
     x = xt.copy()
     mu, nu, eta = np.zeros(n), np.zeros(n), np.zeros(b.size)
     tau = _tolerance(n, max(np.linalg.norm(xt), np.linalg.norm(b)), abs_tol, rel_tol)
+    if solver.method == "cholesky":
+        L = np.tril(solver._factor[0])
+        sq = np.zeros(4)
+        k = _dense_iterations(xt, np.ascontiguousarray(solver.dense), b, Atb, L, np.ascontiguousarray(L.T), lower, x,
+                              mu, nu, eta, penalty_code(penalty, alpha), alpha, rho, tau, max_iter, sq)
+        res = {"r_fit": np.sqrt(sq[0]), "r_nonneg": np.sqrt(sq[1]), "r_constraint": np.sqrt(sq[2]),
+               "dual": rho * np.sqrt(sq[3])}
+        return _result(x * scale, xt * scale, penalty, alpha, lower, k, res, tau, start)
     res = {}
     for k in range(1, max_iter + 1):
         y = y_step(x - xt + mu)
@@ -161,6 +169,52 @@ def solve_linear(x_tilde, A, b, *, penalty: Penalty = "elastic", alpha: float = 
         if max(res["r_fit"], res["r_nonneg"], res["r_constraint"]) <= tau and res["dual"] <= tau:
             break
     return _result(x * scale, xt * scale, penalty, alpha, lower, k, res, tau, start)
+
+
+@numba.njit(cache=True)
+def _dense_iterations(xt, A, b, Atb, L, U, lower, x, mu, nu, eta, code, alpha, rho, tau, max_iter, sq):
+    """`solve_linear`'s iterations with a dense A and the Cholesky factor L = U' of A'A + 2I, in buffers
+    allocated once (x, mu, nu, eta are updated in place); returns the iteration count, sq the squared
+    residual norms (fit, non-negativity, constraint) and ||x^{k+1} - x^k||^2."""
+    n, p = xt.size, b.size
+    y, z, q, xn = np.empty(n), np.empty(n), np.empty(n), np.empty(n)
+    for k in range(1, max_iter + 1):
+        for i in range(n):
+            y[i] = _prox_scalar(x[i] - xt[i] + mu[i], code, alpha, rho)
+            z[i] = max(x[i] + nu[i], lower[i])
+            q[i] = (y[i] + xt[i] - mu[i]) + (z[i] - nu[i]) + Atb[i]
+        for j in range(p):
+            for i in range(n):
+                q[i] -= A[j, i] * eta[j]
+        for i in range(n):  # L w = q, then U x = w
+            s = q[i]
+            for j in range(i):
+                s -= L[i, j] * xn[j]
+            xn[i] = s / L[i, i]
+        for i in range(n - 1, -1, -1):
+            s = xn[i]
+            for j in range(i + 1, n):
+                s -= U[i, j] * xn[j]
+            xn[i] = s / U[i, i]
+        s_fit = s_neg = s_con = s_dx = 0.0
+        for j in range(p):
+            r = -b[j]
+            for i in range(n):
+                r += A[j, i] * xn[i]
+            eta[j] += r
+            s_con += r * r
+        for i in range(n):
+            r1, r2, d = xn[i] - xt[i] - y[i], xn[i] - z[i], xn[i] - x[i]
+            mu[i] += r1
+            nu[i] += r2
+            x[i] = xn[i]
+            s_fit += r1 * r1
+            s_neg += r2 * r2
+            s_dx += d * d
+        sq[0], sq[1], sq[2], sq[3] = s_fit, s_neg, s_con, s_dx
+        if max(s_fit, s_neg, s_con) <= tau * tau and rho * rho * s_dx <= tau * tau:
+            return k
+    return max_iter
 
 
 def solve_projection(x_tilde, project: Callable[[np.ndarray], np.ndarray], *, penalty: Penalty = "elastic",
