@@ -147,30 +147,77 @@ def max_entropy(A: sp.csr_matrix, b: np.ndarray) -> np.ndarray:
     return ipf(A, b, np.ones(A.shape[1]))
 
 
-def nb_posterior_mean(noisy: np.ndarray, prior_mean: np.ndarray, noise_scale: float, max_count: int,
-                      chunk: int = 1 << 22) -> tuple[np.ndarray, float, float]:
+#: The posterior grids hold cells x (max_count + 1) doubles: beyond this many (512 MB) use the ADMM estimator.
+MAX_GRID = 1 << 26
+
+
+def nb_posterior_mean(noisy: np.ndarray, prior_mean: np.ndarray, noise_scale: float,
+                      max_count: int) -> tuple[np.ndarray, float, float]:
     """Cell by cell, the posterior mean of x_i in {0..max_count} given noisy_i = x_i + Laplace(noise_scale) and
     the prior x_i ~ NegativeBinomial(mean m_i, shape r), r chosen by maximum marginal likelihood of the noisy
     cells (empirical Bayes). The Laplace density is also the discrete Laplace's, up to a constant.
     Returns (posterior means, log marginal likelihood at r, r). Cells with m_i = 0 are 0."""
-    k = np.arange(max_count + 1, dtype=np.float64)
-    on = np.flatnonzero(prior_mean > 0)
-    rows = max(1, chunk // k.size)
+    post = _Posterior(noisy, prior_mean, noise_scale, max_count)
+    return post.means(), post.loglik, post.r
 
-    def log_terms(r, idx):
-        m = prior_mean[idx, None]
-        prior = gammaln(k + r) - gammaln(r) - gammaln(k + 1) + r * np.log(r / (r + m)) + k * np.log(m / (r + m))
-        return prior - np.abs(noisy[idx, None] - k) / noise_scale - math.log(2.0 * noise_scale)
 
-    def loglik(log_r):
-        return sum(logsumexp(log_terms(math.exp(log_r), on[i:i + rows]), axis=1).sum() for i in range(0, on.size, rows))
+class _Posterior:
+    """The cells' log posteriors (up to a constant per cell) on the grid k = 0..max_count under the
+    negative-binomial prior of `nb_posterior_mean`, its shape r fitted by marginal likelihood."""
 
-    best = minimize_scalar(lambda t: -loglik(t), bounds=(-6.0, 12.0), method="bounded", options={"xatol": 1e-3})
-    r, mean = math.exp(best.x), np.zeros(noisy.size)
-    for i in range(0, on.size, rows):
-        t = log_terms(r, on[i:i + rows])
-        mean[on[i:i + rows]] = np.exp(t - logsumexp(t, axis=1, keepdims=True)) @ k
-    return mean, float(-best.fun), r
+    def __init__(self, noisy, prior_mean, noise_scale, max_count):
+        self.k = np.arange(max_count + 1, dtype=np.float64)
+        self.on = np.flatnonzero(prior_mean > 0)
+        if self.on.size * self.k.size > MAX_GRID:
+            raise ValueError(f"the empirical-Bayes grid ({self.on.size} cells x {self.k.size} counts) is too large: "
+                             f"use the admm estimator")
+        self.size = noisy.size
+        m, k = prior_mean[self.on, None], self.k
+        lik = -np.abs(noisy[self.on, None] - k) / noise_scale - math.log(2.0 * noise_scale)
+
+        def terms(log_r):
+            r = math.exp(log_r)
+            return gammaln(k + r) - gammaln(r) - gammaln(k + 1) + r * np.log(r / (r + m)) + k * np.log(m / (r + m)) + lik
+
+        best = minimize_scalar(lambda t: -logsumexp(terms(t), axis=1).sum(), bounds=(-6.0, 12.0), method="bounded",
+                               options={"xatol": 1e-3})
+        self.r, self.loglik, self.terms = math.exp(best.x), float(-best.fun), terms(best.x)
+
+    def means(self, terms: np.ndarray | None = None) -> np.ndarray:
+        t = self.terms if terms is None else terms
+        out = np.zeros(self.size)
+        out[self.on] = np.exp(t - logsumexp(t, axis=1, keepdims=True)) @ self.k
+        return out
+
+    def tilted_means(self, A: sp.csr_matrix, b: np.ndarray, tol: float = 1e-8, max_steps: int = 100) -> np.ndarray:
+        """The means of the distribution closest to the posterior (Kullback-Leibler) whose means satisfy
+        A x = b: the posterior tilted by exp(lambda' A x), lambda minimising the convex dual
+        sum_i log Z_i(lambda) - lambda' b by damped Newton steps. With a Gaussian posterior this is the
+        posterior conditioned on A x = b."""
+        Ad = A.toarray()[:, self.on]
+        k, lam = self.k, np.zeros(A.shape[0])
+
+        def dual(l):
+            t = self.terms + (Ad.T @ l)[:, None] * k
+            return logsumexp(t, axis=1).sum() - l @ b, t
+
+        value, t = dual(lam)
+        for _ in range(max_steps):
+            w = np.exp(t - logsumexp(t, axis=1, keepdims=True))
+            mean = w @ k
+            g = Ad @ mean - b
+            if np.abs(g).max() <= tol * max(1.0, float(np.abs(b).max())):
+                break
+            with threadpool_limits(1):
+                step = np.linalg.lstsq((Ad * (w @ (k * k) - mean ** 2)) @ Ad.T, g, rcond=1e-10)[0]
+            a = 1.0
+            while True:
+                new_value, new_t = dual(lam - a * step)
+                if new_value <= value - 1e-4 * a * (g @ step) or a < 1e-8:
+                    break
+                a /= 2.0
+            lam, value, t = lam - a * step, new_value, new_t
+        return self.means(t)
 
 
 @dataclass
@@ -190,8 +237,9 @@ def empirical_bayes_table(noisy: np.ndarray, table: Table, marginals: Sequence[M
     Prior means: (a) the maximum-entropy table of the public marginals (uniform at the L1 estimate's total
     without any); (b) the log-linear model of the next order h+1 (h the public marginals' order) fitted to
     the L1 estimate's order-(h+1) marginals and raked onto the public ones. (b) is kept when its marginal
-    likelihood exceeds (a)'s by more than its number of extra parameters (AIC). The cells' posterior means
-    under that prior are raked onto the public marginals (IPF).
+    likelihood exceeds (a)'s by more than its number of extra parameters (AIC). The released cells are the
+    means of the cells' posterior under that prior, tilted to satisfy the public marginals (`_Posterior.
+    tilted_means`: measured lower MSE than raking the posterior means by IPF in most cells of the paper's table).
     """
     noisy = np.asarray(noisy, dtype=np.float64)
     A = table.constraint_matrix(list(marginals))
@@ -202,19 +250,18 @@ def empirical_bayes_table(noisy: np.ndarray, table: Table, marginals: Sequence[M
     max_count = int(math.ceil(max(float(noisy.max()), 0.0) + 40.0 * noise_scale))
     if A.shape[0] and h == 0:
         max_count = min(max_count, int(math.ceil(b.max())))
-    mean, loglik, r = nb_posterior_mean(noisy, public, noise_scale, max_count)
-    prior, gain = "public", -math.inf
+    post, prior, gain = _Posterior(noisy, public, noise_scale, max_count), "public", -math.inf
     h = max(h, 0)  # without public marginals, the uniform table against the main effects
     if h + 1 <= len(table.names):
         A1 = table.constraint_matrix(table.marginals(h + 1))
         richer = ipf(A1, A1 @ l1, np.ones(table.size))
         richer = ipf(A, b, richer) if A.shape[0] else richer
-        mean1, loglik1, r1 = nb_posterior_mean(noisy, richer, noise_scale, max_count)
-        gain = loglik1 - loglik - _extra_parameters(A, A1)
+        post1 = _Posterior(noisy, richer, noise_scale, max_count)
+        gain = post1.loglik - post.loglik - _extra_parameters(A, A1)
         if gain > 0:
-            mean, r, prior = mean1, r1, f"order {h + 1}"
-    x = ipf(A, b, mean) if A.shape[0] else mean
-    return BayesEstimate(x, prior, r, gain)
+            post, prior = post1, f"order {h + 1}"
+    x = post.tilted_means(A, b) if A.shape[0] else post.means()
+    return BayesEstimate(x, prior, post.r, gain)
 
 
 def _extra_parameters(A: sp.csr_matrix, A1: sp.csr_matrix) -> int:
