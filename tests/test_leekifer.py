@@ -152,3 +152,13 @@ def test_the_chain_path_depends_on_the_seed_only():
     other = leekifer.DatasetChain(traj, stats, seed=6, block=1000)
     other.run(7_000)
     assert not np.array_equal(whole.points, other.points)
+
+
+def test_the_refinement_is_released_only_when_the_noisy_centroids_are_imprecise():
+    """The decision takes the trajectory only (measurements and public values): refined at a small epsilon,
+    not at a huge one."""
+    noisy, _ = _trajectory(0.05, seed=1)
+    precise, _ = _trajectory(1e6, seed=1)
+    assert leekifer.refinement_expected_to_help(noisy) and not leekifer.refinement_expected_to_help(precise)
+    assert leekifer.centroid_noise(noisy) > leekifer.REFINE_FROM_NOISE > leekifer.centroid_noise(precise)
+    assert set(inspect.signature(leekifer.refinement_expected_to_help).parameters) == {"traj"}
