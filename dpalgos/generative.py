@@ -29,13 +29,6 @@ def _dense(X) -> np.ndarray:
     return X.toarray() if sp.issparse(X) else np.asarray(X, dtype=np.float64)
 
 
-def _bernoulli_rows(P: np.ndarray, rng: np.random.Generator) -> sp.csr_matrix:
-    """Independent Bernoulli(P) draws (n, m) as CSR, without a dense float copy of the draws."""
-    rows, cols = np.nonzero(rng.random(P.shape, dtype=np.float32) < P)
-    indptr = np.concatenate([[0], np.cumsum(np.bincount(rows, minlength=P.shape[0]))])
-    return sp.csr_matrix((np.ones(cols.size, dtype=np.float32), cols, indptr), shape=P.shape)
-
-
 class _Pass:
     """The forward pass of a VAE batch: what the loss and the backward pass need."""
 
@@ -154,11 +147,6 @@ class VAE:
                 a = np.maximum(a, 0.0)
         return a
 
-    def sample(self, n: int, rng: np.random.Generator) -> sp.csr_matrix:
-        """n records: z ~ N(0, I), items ~ Bernoulli(sigmoid(decoder(z)))."""
-        return bernoulli_records(self.logits(n, rng), rng)
-
-
 class RBM:
     def __init__(self, m: int, rng: np.random.Generator, hidden: int = 200, lr: float = 0.01, particles: int = 100):
         self.m, self.h, self.lr = m, hidden, lr
@@ -217,15 +205,6 @@ class RBM:
             V = (rng.random(V.shape) < _sigmoid(H @ self.W.T + self.b)).astype(np.float64)
             have += out[-1].shape[0]
         return np.concatenate(out)
-
-    def sample(self, n: int, rng: np.random.Generator) -> sp.csr_matrix:
-        """n records: Bernoulli draws of `logits`."""
-        return bernoulli_records(self.logits(n, rng), rng)
-
-
-def bernoulli_records(logits: np.ndarray, rng: np.random.Generator) -> sp.csr_matrix:
-    """Independent items, item j of record i with probability sigmoid(logits_ij), as CSR."""
-    return _bernoulli_rows(_sigmoid(logits), rng)
 
 
 def records_of_lengths(logits: np.ndarray, lengths: np.ndarray, rng: np.random.Generator) -> sp.csr_matrix:
