@@ -305,24 +305,58 @@ def record_plan(weights: np.ndarray, length_probs: np.ndarray, min_length: int, 
     return clusters[order], lengths[order]
 
 
-def synthesize_chunks(models: list, weights: np.ndarray, length_probs: np.ndarray, min_length: int, n: int,
-                      rng: np.random.Generator, chunk: int = 50_000) -> Iterator[sp.csr_matrix]:
+def rake_items(S: sp.csr_matrix, p: np.ndarray, rng: np.random.Generator, rounds: int = 5) -> sp.csr_matrix:
+    """The records S with their item counts moved to the rounding of p in proportion (lengths unchanged):
+    random occurrences of items in surplus become items in deficit, unless the record holds that item already
+    (those stay; `rounds` passes). Post-processing: p are DP marginals; it removes the sampling noise of the
+    item counts (as MST's synthesis rounds its marginals)."""
+    S = S.tocoo()
+    rows, cols, m = S.row.astype(np.int64), S.col.astype(np.int64).copy(), S.shape[1]
+    target = rounded(p, cols.size) if cols.size else np.zeros(m, np.int64)
+    for _ in range(rounds):
+        gap = np.bincount(cols, minlength=m) - target
+        order = np.lexsort((rng.random(cols.size), cols))
+        rank = np.arange(cols.size) - np.searchsorted(cols[order], cols[order])
+        freed = order[rank < np.maximum(gap, 0)[cols[order]]]
+        if freed.size == 0:
+            break
+        new = cols.copy()
+        new[freed] = rng.permutation(np.repeat(np.arange(m), np.maximum(-gap, 0)))
+        keys = rows * m + new
+        clash = freed[np.isin(keys[freed], keys[np.setdiff1d(np.arange(cols.size), freed)])
+                      | _repeated(keys[freed])]
+        new[clash] = cols[clash]
+        cols = new
+    return sp.csr_matrix((np.ones(cols.size, dtype=np.float32), (rows, cols)), shape=S.shape)
+
+
+def _repeated(keys: np.ndarray) -> np.ndarray:
+    """True where a key occurs more than once."""
+    _, inverse, counts = np.unique(keys, return_inverse=True, return_counts=True)
+    return counts[inverse] > 1
+
+
+def synthesize_chunks(models: list, weights: np.ndarray, length_probs: np.ndarray, marginals: np.ndarray,
+                      min_length: int, n: int, rng: np.random.Generator,
+                      chunk: int = 50_000) -> Iterator[sp.csr_matrix]:
     """n synthetic records (§4.4) in chunks of at most `chunk`: model s draws a share weights_s / sum(weights)
     of them, with lengths from its cluster's DP length distribution (`record_plan`), and a record's items
-    come from its model given its length (`generative.records_of_lengths`). Empty records (min_length 0) are
-    kept: they are a length of their own, and dropping them would shrink every count."""
+    come from its model given its length (`generative.records_of_lengths`), then each model's items are raked
+    to its cluster's DP marginals (`rake_items`). Empty records (min_length 0) are kept: they are a length of
+    their own, and dropping them would shrink every count."""
     clusters, lengths = record_plan(weights, length_probs, min_length, n, rng)
     for start in range(0, n, chunk):
         c, L = clusters[start:start + chunk], lengths[start:start + chunk]
         rows = [np.flatnonzero(c == s) for s in range(len(models))]
-        parts = [records_of_lengths(model.logits(r.size, rng), L[r], rng) for model, r in zip(models, rows)]
+        parts = [rake_items(records_of_lengths(model.logits(r.size, rng), L[r], rng), p, rng)
+                 for model, r, p in zip(models, rows, marginals)]
         yield sp.vstack(parts).tocsr()[np.argsort(np.concatenate(rows), kind="stable")]
 
 
-def synthesize(models: list, weights: np.ndarray, length_probs: np.ndarray, min_length: int, n: int,
-               rng: np.random.Generator) -> sp.csr_matrix:
+def synthesize(models: list, weights: np.ndarray, length_probs: np.ndarray, marginals: np.ndarray, min_length: int,
+               n: int, rng: np.random.Generator) -> sp.csr_matrix:
     """All of `synthesize_chunks` in one matrix."""
-    return sp.vstack(list(synthesize_chunks(models, weights, length_probs, min_length, n, rng))).tocsr()
+    return sp.vstack(list(synthesize_chunks(models, weights, length_probs, marginals, min_length, n, rng))).tocsr()
 
 
 def load_model(kind: ModelKind, arrays: dict[str, np.ndarray], hidden: tuple[int, ...] = (200,)):

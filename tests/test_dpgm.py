@@ -194,11 +194,23 @@ def test_synthesis_keeps_empty_records_and_the_dp_lengths_and_matching_sets_the_
     probs = np.array([0.4, 0.3, 0.2, 0.1])        # lengths 0..3: 40% empty records
     p = np.linspace(0.001, 0.05, 40) * 1.0 / np.linspace(0.001, 0.05, 40).sum()   # sums to E[length] = 1
     dpgm.match_marginals([vae], p[None], probs[None], 0, rng)
-    S = dpgm.synthesize([vae], np.array([1.0]), probs[None], 0, 40_000, rng)
+    S = dpgm.synthesize([vae], np.array([1.0]), probs[None], p[None], 0, 40_000, rng)
     assert S.shape[0] == 40_000                  # no silent shrink
     np.testing.assert_allclose(np.bincount(np.diff(S.indptr)) / 40_000, probs, atol=0.01)
     freq = np.asarray(S.mean(axis=0)).ravel()
     assert np.abs(freq - p).mean() < 0.1 * p.mean()
+
+
+def test_raking_moves_item_counts_to_the_marginals_and_keeps_lengths_and_distinct_items():
+    rng = np.random.default_rng(24)
+    S = sp.csr_matrix((rng.random((4000, 30)) < np.linspace(0.02, 0.2, 30)).astype(np.float32))
+    p = np.linspace(0.02, 0.2, 30) * rng.uniform(0.8, 1.2, 30)     # the sample is off its DP marginals
+    R = dpgm.rake_items(S, p, rng)
+    np.testing.assert_array_equal(np.diff(R.indptr), np.diff(S.indptr))
+    assert R.max() == 1.0
+    target = dpgm.rounded(p, S.nnz)
+    assert np.abs(np.asarray(R.sum(axis=0)).ravel() - target).sum() < 0.02 * np.abs(
+        np.asarray(S.sum(axis=0)).ravel() - target).sum()
 
 
 def test_training_improves_the_fit_and_synthesis_is_reproducible_from_the_stored_models():
@@ -217,9 +229,9 @@ def test_training_improves_the_fit_and_synthesis_is_reproducible_from_the_stored
     assert all(a < 0.85 * b for a, b in zip(after, before))
     stored = [dpgm.load_model("vae", dpgm.model_arrays(m), (32,)) for m in models]
     hist = np.bincount(np.diff(sp.csr_matrix(A).indptr), minlength=21)[1:]
-    lengths = np.tile(hist / hist.sum(), (2, 1))
-    S1 = dpgm.synthesize(stored, np.array([1.0, 3.0]), lengths, 1, 4000, np.random.default_rng(12))
-    S2 = dpgm.synthesize(models, np.array([1.0, 3.0]), lengths, 1, 4000, np.random.default_rng(12))
+    lengths, marg = np.tile(hist / hist.sum(), (2, 1)), np.array([A.mean(axis=0), B.mean(axis=0)])
+    S1 = dpgm.synthesize(stored, np.array([1.0, 3.0]), lengths, marg, 1, 4000, np.random.default_rng(12))
+    S2 = dpgm.synthesize(models, np.array([1.0, 3.0]), lengths, marg, 1, 4000, np.random.default_rng(12))
     assert (S1 != S2).nnz == 0 and S1.shape == (4000, 20) and np.diff(S1.indptr).min() >= 1
     # weights 1:3 -> a quarter of the records look like cluster A (more items among the first ten).
     share_a = np.mean(np.asarray(S1[:, :10].sum(axis=1)).ravel() > np.asarray(S1[:, 10:].sum(axis=1)).ravel())

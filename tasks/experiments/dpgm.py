@@ -67,7 +67,7 @@ def run(X: sp.csr_matrix, settings: DPGMSettings, rng: np.random.Generator):
     dpgm.train(models, batches, sizes, cfg, measure)
     if settings.match_marginals:
         dpgm.match_marginals(models, marg, lengths, min_length, rng)
-    synthetic = dpgm.synthesize(models, sizes, lengths, min_length, int(round(sizes.sum())), rng)
+    synthetic = dpgm.synthesize(models, sizes, lengths, marg, min_length, int(round(sizes.sum())), rng)
     guarantee = accounting.epsilon_at(plan.event(), settings.delta)
     return synthetic, guarantee, {"plan": noise, "cluster_sizes": sizes.tolist()}
 

@@ -206,12 +206,13 @@ class SyntheticKind(ReleaseKind):
         rng = np.random.default_rng(meta["synthesis_seed"])
         table, items = np.load(measurements / TABLE), meta["item_count"]
         lengths = dpgm.length_distributions(table, items, MIN_LENGTH)
+        marginals = dpgm.marginals_and_sizes(table, items)[0]
         if spec.release.match_marginals:
-            dpgm.match_marginals(models, dpgm.marginals_and_sizes(table, items)[0], lengths, MIN_LENGTH, rng)
+            dpgm.match_marginals(models, marginals, lengths, MIN_LENGTH, rng)
         out = staging / SYNTHETIC
         out.mkdir()
         done = 0
-        chunks = dpgm.synthesize_chunks(models, weights, lengths, MIN_LENGTH, meta["records"], rng,
+        chunks = dpgm.synthesize_chunks(models, weights, lengths, marginals, MIN_LENGTH, meta["records"], rng,
                                         chunk=RECORDS_PER_PART)
         for i, X in enumerate(chunks):
             pq.write_table(set_table(spec.dataset.items_column, X.indptr, X.indices), out / f"part.{i}.parquet")
