@@ -2,7 +2,10 @@
 
 The records are first clustered by DP kernel k-means (`dpalgos.kernel_kmeans`); then one generative model per
 cluster is trained with DP-SGD (`dpalgos.dpsgd`), and synthetic records are drawn from the mixture with the
-clusters' noisy sizes as weights.
+clusters' noisy sizes as weights. Beyond the paper, each record's length comes first, from its cluster's DP
+length histogram (measured with the marginals; an empty record is a length of its own), then its items from
+its model given that length, and each model's records are raked to its cluster's DP item marginals: the
+mixture keeps the data's counts and length profile, the models add which items go together.
 
 Training schedule (a deliberate deviation from Algorithm 1, for a rigorous accounting): Algorithm 1 updates
 ONE model per step, chosen with probability |D_s|/|D|, on a batch sampled at rate L/|D_s| from its cluster.
