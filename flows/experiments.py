@@ -101,7 +101,8 @@ def matrix_mechanism_figures(data_dir: Path, out: Path, runs: int, seed: int, ep
     for name in HISTOGRAMS:
         x = exp_mm.coarsen(_histogram(data_dir, name), domain)
         pm.append(exp_mm.workload_mse(name, x, runs=runs, seed=seed, workloads=("plus_minus_one",),
-                                      epsilons=epsilons, methods=("mm_l1", "mm_l2", "lm", "htree", "privelet")))
+                                      epsilons=epsilons, methods=("mm_l1", "mm_elastic", "mm_l2", "lm", "htree",
+                                                                      "privelet")))
         workloads.append(exp_mm.workload_mse(name, x, runs=runs, seed=seed))
     pm, workloads = pd.concat(pm, ignore_index=True), pd.concat(workloads, ignore_index=True)
     line_grid(pm, x="epsilon", y="mse", cols="dataset", path=out / "fig5_3_1_plus_minus_one.png",

@@ -15,7 +15,7 @@ from tasks.errors import ReleaseError
 
 #: The longest one stage may take (the operator's DPRELEASE_TASK_TIMEOUT_SECONDS, default 4 hours).
 TASK_TIMEOUT_SECONDS = float(os.environ.get("DPRELEASE_TASK_TIMEOUT_SECONDS", 4 * 3600))
-RETRIES = {"retries": 2, "retry_delay_seconds": 2}
+RETRIES = {"retries": 2, "retry_delay_seconds": float(os.environ.get("DPRELEASE_TASK_RETRY_DELAY_SECONDS", 2))}
 
 
 def transient(task, task_run, state) -> bool:

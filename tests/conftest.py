@@ -13,6 +13,7 @@ import pytest
 from flows.settings import apply_defaults
 
 apply_defaults()  # the CLI's process settings, before prefect is imported
+os.environ.setdefault("DPRELEASE_TASK_RETRY_DELAY_SECONDS", "0")  # retries at once: the tests force failures
 
 SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 
