@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import hashlib
-import shutil
 import json
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -14,14 +14,15 @@ import pytest
 from data_contracts import ContractViolation
 from dpalgos import domain, leekifer, metrics
 from tasks.errors import BudgetExceeded, InputError
-from tasks.kinds.kmeans import postprocessing_seed, read_trajectory
+from tasks.kinds import kind_of
+from tasks.kinds.kmeans import postprocessing_seed
 from tasks.ledger import PrivacyLedger
 from tasks.spec import parse_spec
 from tests.conftest import blobs, budget, ledger, spec_dict, write_csv, write_parquet
 
 pytestmark = pytest.mark.usefixtures("prefect_api")
 
-RELEASE_FILES = {"manifest.json", "centroids.parquet", "centroids_original_units.parquet", "dpkm_centroids.parquet",
+RELEASE_FILES = {"manifest.json", "centroids.parquet", "dpkm_centroids.parquet",
                  "refinement.json", "measurements/trajectory.parquet", "measurements/measurements.json"}
 
 
@@ -65,35 +66,36 @@ def test_release_end_to_end(tmp_path, csv_data):
     manifest = json.loads((release / "manifest.json").read_text())
     assert manifest["privacy"]["epsilon"] == pytest.approx(1.0) and manifest["privacy"]["delta"] == 0.0
     assert manifest["randomness"]["mode"] == "production" and "OpenDP" in manifest["randomness"]["noise"]
-    assert {m["scale"] for m in manifest["privacy"]["mechanisms"]} == {10.0}
+    spec = parse_spec({**spec_dict(tmp_path, csv_data), "release_id": "blobs-r1"})
+    assert [m["scale"] for m in manifest["privacy"]["mechanisms"]] == [m.scale for m in kind_of(spec).plan(spec)]
     assert [m["distribution"] for m in manifest["privacy"]["mechanisms"]] == ["discrete_laplace", "opendp_laplace"]
     assert manifest["provenance"]["flow_run_id"] and manifest["provenance"]["deployment_id"] is None
     assert {"scikit-learn", "numba", "pyarrow", "opendp"} <= set(manifest["software"])
     for name, info in manifest["files"].items():
         assert _sha(release / name) == info["sha256"]
 
-    # the released centroids are Lee & Kifer's refinement, recomputed here from the published measurements
-    # alone; the last noisy iterate is released beside them; original units invert the public scaling
-    traj, _ = read_trajectory(release / "measurements", 10.0)
-    refined = leekifer.refine(traj, seed=postprocessing_seed(release / "measurements")).centroids
+    # the released centroids are what postprocessing derives from the published measurements alone: Lee &
+    # Kifer's refinement where the noisy trajectory calls for it, else the last noisy iterate (released beside)
+    traj = kind_of(spec).trajectory(spec, release / "measurements")
+    info = json.loads((release / "refinement.json").read_text())
+    assert info["refinement_expected_to_help"] == leekifer.refinement_expected_to_help(traj)
+    expected = (leekifer.refine(traj, seed=postprocessing_seed(release / "measurements")).centroids
+                if info["refinement_expected_to_help"] else traj.final_centroids)
     cents = pq.read_table(release / "centroids.parquet").to_pandas()[["x", "y"]].to_numpy()
-    assert np.allclose(cents, refined)
+    assert np.allclose(cents, expected)
     dpkm = pq.read_table(release / "dpkm_centroids.parquet").to_pandas()[["x", "y"]].to_numpy()
     assert np.allclose(dpkm, traj.final_centroids)
-    raw = pq.read_table(release / "centroids_original_units.parquet").to_pandas()
-    assert np.allclose(raw[["x", "y"]].to_numpy(), domain.unscale_from_unit_box(refined, [0, 0], [100, 100]))
-    info = json.loads((release / "refinement.json").read_text())
-    assert info["postprocess"] == ["consistency", "mcmc"] and info["mcmc"]["steps"] >= 30_000
 
-    # internal/: contracts of every stage passed; the evaluation's dask WCSS equals a direct computation
+    # internal/: contracts of every stage passed; the evaluation's dask WCSS (on the data scaled to [-1, 1] by the
+    # public bounds) equals a direct computation
     internal = run / "internal"
     for stage in ("ingested", "normalised", "measurements", "release"):
         assert json.loads((internal / "contracts" / f"{stage}.json").read_text())["success"]
-    P = domain.to_unit_l1_ball(blobs(3000), [0, 0], [100, 100])[0]
+    P = domain.scale_to_unit_box(blobs(3000), [0, 0], [100, 100])[0]
     ev = json.loads((internal / "evaluation" / "evaluation.json").read_text())
-    assert ev["wcss"] == pytest.approx(metrics.wcss(P, refined), rel=1e-9)
+    assert ev["wcss"] == pytest.approx(metrics.wcss(P, cents), rel=1e-9)
     assert (internal / "evaluation" / "wcss.png").stat().st_size > 0
-    assert (internal / "mcmc_chain.png").stat().st_size > 0  # chain diagnostics: internal, not released
+    assert (internal / "gx" / "uncommitted" / "data_docs" / "local_site" / "index.html").exists()
 
     assert [(r["release_id"], r["status"]) for r in ledger().releases("blobs")] == [("blobs-r1", "published")]
 
