@@ -169,7 +169,11 @@ def test_library_threads_times_dask_threads_stay_within_the_cores(client):
     assert library_threads(2, 2) == 1 and library_threads(8, 2) == 4 and library_threads(2, 6) == 1
     expected = library_threads(host_cores(), 2)
     inside = client.submit(threadpoolctl.threadpool_info, pure=False).result()
-    assert inside and all(pool["num_threads"] == expected for pool in inside)
+    # OpenMP's thread count is a per-thread setting (the plugin sets it in the thread it runs in, and
+    # OMP_NUM_THREADS for runtimes loaded later): another worker thread of an already loaded runtime may read its
+    # own default, so only the process-wide BLAS pools are checked here.
+    blas = [pool for pool in inside if pool["user_api"] == "blas"]
+    assert blas and all(pool["num_threads"] == expected for pool in blas)
     assert 1 <= int(os.environ["OPENBLAS_NUM_THREADS"]) <= expected  # for libraries loaded later
 
 
