@@ -240,7 +240,7 @@ class KMeansKind(ReleaseKind):
         if refined is not None:
             info.update(_refinement_info(refined, p))
             if refined.steps:
-                _plot_chain(refined, internal / "mcmc_chain.png")
+                _plot_chain(refined, internal / "mcmc_chain.png", "MCMC of " + _title(spec, traj.domain))
         (staging / REFINEMENT).write_text(json.dumps(info, indent=2))
         return files
 
@@ -280,7 +280,7 @@ class KMeansKind(ReleaseKind):
         out = run.internal / "evaluation"
         out.mkdir(parents=True, exist_ok=True)
         _plot(scaled["wcss_per_iteration"], scaled["kmeanspp_wcss"], scaled["wcss"], scaled["single_centroid_wcss"],
-              out / "wcss.png")
+              out / "wcss.png", _title(spec, traj.domain))
         return {"rows": prepared.rows, "domain": traj.domain, **scaled, **projected,
                 "reference": "sklearn KMeans k-means++ best of 10",
                 "headline": f"WCSS / k-means++ = {scaled['wcss_ratio_to_kmeanspp']:.3f} on the [-1, 1]-scaled data "
@@ -320,27 +320,42 @@ class KMeansKind(ReleaseKind):
                 "dpkm_wcss_projected_ratio_to_kmeanspp": ratio(traj.final_centroids)}
 
 
-def _plot(per_iteration: list[float], reference: float, released: float, single: float, path: Path) -> None:
+def _title(spec, domain_name: str) -> str:
+    p = spec.release
+    return f"{spec.dataset.id}: k = {p.k}, epsilon = {p.epsilon:g}, T = {p.iterations}, {domain_name}"
+
+
+def _plot(per_iteration: list[float], reference: float, released: float, single: float, path: Path,
+          title: str) -> None:
+    """WCSS of every DP iteration, and of the released centroids as a marker past the last iteration (it may lie
+    on a reference line), against k-means++ and the single centroid."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(5, 3.2))
-    ax.plot(range(1, len(per_iteration) + 1), per_iteration, "o-", label="DP k-means")
-    ax.axhline(released, color="C2", ls="-", label="released (refined) centroids")
-    ax.axhline(reference, color="k", ls="--", label="k-means++ (non-private)")
-    ax.axhline(single, color="C3", ls=":", label="single centroid (non-private)")
-    ax.set_xlabel("iteration")
-    ax.set_ylabel("WCSS on the [-1, 1]-scaled data")
-    ax.legend()
+    T = len(per_iteration)
+    fig, ax = plt.subplots(figsize=(6, 3.6))
+    ax.plot(range(1, T + 1), per_iteration, "o-", color="C0", label="DP k-means iterate")
+    ax.axhline(reference, color="k", ls="--", lw=1, label="k-means++ (non-private)")
+    ax.axhline(single, color="C3", ls=":", lw=1, label="single centroid (non-private)")
+    ax.plot([T + 0.5], [released], marker="*", ms=16, color="C2", ls="none", zorder=5,
+            label=f"released centroids ({released / reference:.3f} x k-means++)")
+    ax.set_xticks(range(1, T + 1))
+    ax.set_xlim(0.5, T + 1)
+    ax.set_yscale("log")  # the single centroid is often tens of times k-means++
+    ax.set_xlabel("DP k-means iteration (star: the released centroids)")
+    ax.set_ylabel("WCSS, data scaled to [-1, 1] (log)")
+    ax.set_title(title, fontsize=10)
+    ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
 
 
-def _plot_chain(r: leekifer.Refinement, path: Path) -> None:
-    """Log-likelihood trace and running acceptance rate of the MCMC (computed from measurements only)."""
+def _plot_chain(r: leekifer.Refinement, path: Path, title: str) -> None:
+    """Log-likelihood trace of the MCMC and its acceptance rate over each interval between trace points
+    (computed from measurements only)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -348,13 +363,18 @@ def _plot_chain(r: leekifer.Refinement, path: Path) -> None:
 
     path.parent.mkdir(parents=True, exist_ok=True)
     steps = np.linspace(r.steps / len(r.trace), r.steps, len(r.trace))
-    fig, (a, b) = plt.subplots(1, 2, figsize=(9, 3.2))
-    a.plot(steps, r.trace[:, 0])
-    a.set_xlabel("step")
+    accepted = np.diff(np.concatenate([[0.0], r.trace[:, 1]]))
+    fig, (a, b) = plt.subplots(1, 2, figsize=(9, 3.4))
+    a.plot(steps, r.trace[:, 0], color="C0", label="log-likelihood")
+    a.set_xlabel("MCMC step")
     a.set_ylabel("log-likelihood of the simulated dataset")
-    b.plot(steps, r.trace[:, 1] / steps)
-    b.set_xlabel("step")
-    b.set_ylabel("acceptance rate")
+    a.legend(fontsize=8)
+    b.plot(steps, accepted / np.diff(np.concatenate([[0.0], steps])), color="C1", label="per interval")
+    b.plot(steps, r.trace[:, 1] / steps, color="C2", ls="--", label="cumulative")
+    b.set_xlabel("MCMC step")
+    b.set_ylabel("acceptance rate (accepted / proposed)")
+    b.legend(fontsize=8)
+    fig.suptitle(title, fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
