@@ -2,16 +2,18 @@
 Expectation Suite (spec-derived values as suite parameters), a Validation Definition, a Checkpoint, the
 validation results and the Data Docs site (internal/gx/uncommitted/data_docs/local_site/index.html).
 
-The suites are built from the release's public parameters by data_contracts/suites.py (versioned with the
-code); here every literal bound, count or level set of an expectation becomes a `$PARAMETER`, so the stored
-suite is the stage's contract and the run's values are the parameters it was validated with (recorded with
-the result). The result format is BASIC with no row values: a failed result carries counts only, and stays in
+The suites are built from the release's public parameters by data_contracts/suites.py (the columns differ per
+dataset, so a suite is made per release, by versioned code: each stored suite names the package version and
+the hash of suites.py that built it); here every literal bound, count or level set of an expectation becomes a
+`$PARAMETER`, so the stored suite is the stage's contract and the run's values are the parameters it was
+validated with (recorded with the result). The result format is BASIC with no row values: a failed result carries counts only, and stays in
 internal/. Great-expectations is imported lazily (it costs seconds), by the contract step only.
 """
 
 from __future__ import annotations
 
 import functools
+import hashlib
 from pathlib import Path
 
 import pandas as pd
@@ -20,6 +22,15 @@ import pandas as pd
 #: schema and stay literal).
 PARAMETER_FIELDS = ("min_value", "max_value", "value", "value_set")
 RESULT_FORMAT = {"result_format": "BASIC", "partial_unexpected_count": 0, "include_unexpected_rows": False}
+
+
+@functools.lru_cache(maxsize=1)
+def contracts_version() -> dict:
+    """Which contract code built the suites: the package version and a hash of data_contracts/suites.py."""
+    from importlib.metadata import version
+
+    source = (Path(__file__).resolve().parent / "suites.py").read_bytes()
+    return {"dprelease": version("dprelease"), "suites_sha256": hashlib.sha256(source).hexdigest()[:16]}
 
 
 @functools.lru_cache(maxsize=8)
@@ -56,7 +67,8 @@ def run_checkpoint(project: Path, stage: str, expectations: list, frame: pd.Data
     asset = next((a for a in source.assets if a.name == stage), None) or source.add_dataframe_asset(stage)
     batch = next(iter(asset.batch_definitions), None) or asset.add_batch_definition_whole_dataframe("whole")
     parametrised, values = parametrise(stage, expectations)
-    suite = ctx.suites.add_or_update(gx.ExpectationSuite(name=stage, expectations=parametrised))
+    suite = ctx.suites.add_or_update(gx.ExpectationSuite(name=stage, expectations=parametrised,
+                                                         meta={"contracts": contracts_version()}))
     definition = ctx.validation_definitions.add_or_update(gx.ValidationDefinition(name=stage, data=batch, suite=suite))
     checkpoint = ctx.checkpoints.add_or_update(gx.Checkpoint(name=stage, validation_definitions=[definition],
                                                              result_format=RESULT_FORMAT))
