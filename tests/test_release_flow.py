@@ -95,7 +95,12 @@ def test_release_end_to_end(tmp_path, csv_data):
     ev = json.loads((internal / "evaluation" / "evaluation.json").read_text())
     assert ev["wcss"] == pytest.approx(metrics.wcss(P, cents), rel=1e-9)
     assert (internal / "evaluation" / "wcss.png").stat().st_size > 0
-    assert (internal / "gx" / "uncommitted" / "data_docs" / "local_site" / "index.html").exists()
+    gx_dir = internal / "gx"  # the run's great-expectations project: suite, definition, checkpoint per stage
+    assert (gx_dir / "uncommitted" / "data_docs" / "local_site" / "index.html").exists()
+    for stage in ("ingested", "normalised", "measurements", "release"):
+        assert (gx_dir / "checkpoints" / f"{stage}.json").exists()
+        assert (gx_dir / "validation_definitions" / f"{stage}.json").exists()
+    assert '"$PARAMETER"' in (gx_dir / "expectations" / "measurements.json").read_text()
 
     assert [(r["release_id"], r["status"]) for r in ledger().releases("blobs")] == [("blobs-r1", "published")]
 
