@@ -14,9 +14,9 @@ from data_contracts.suites import Contract
 
 @dataclass(frozen=True)
 class Failure:
-    """One failed expectation. `detail` (e.g. how many rows break it) is raw-derived: it goes to the internal
-    report only; the text of a failure, which reaches logs and Prefect states, names stage, column, expectation
-    and file. (A count would be a free counting query: a spec chooses the levels or bounds it checks.)"""
+    """One failed expectation. `file` and `detail` (e.g. how many rows break it) are raw-derived: they go to the
+    internal report only; the text of a failure, which reaches logs and Prefect states, names column and
+    expectation. (Files and counts would be a free query: a spec chooses the levels or bounds it checks.)"""
     stage: str
     file: str
     column: str | None
@@ -25,7 +25,7 @@ class Failure:
 
     def __str__(self) -> str:
         where = f"column '{self.column}'" if self.column else "table"
-        return f"{where}: {self.expectation} failed in {self.file} (details in the internal contract report)"
+        return f"{where}: {self.expectation} failed"
 
 
 class ContractViolation(Exception):
@@ -34,9 +34,11 @@ class ContractViolation(Exception):
     def __init__(self, stage: str, failures: list[Failure]):
         self.stage = stage
         self.failures = failures
-        shown = "\n  ".join(str(f) for f in failures[:10])
-        more = f"\n  ... and {len(failures) - 10} more" if len(failures) > 10 else ""
-        super().__init__(f"stage '{stage}' broke its data contract:\n  {shown}{more}")
+        # Which files and how many break an expectation stay in the internal report: a spec chooses the levels
+        # or bounds it checks, so where and how often they fail would be a free query on the data.
+        shown = "\n  ".join(dict.fromkeys(str(f) for f in failures))
+        super().__init__(f"stage '{stage}' broke its data contract (details in the internal contract report):"
+                         f"\n  {shown}")
 
 
 @functools.lru_cache(maxsize=1)

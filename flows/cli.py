@@ -88,13 +88,14 @@ def cmd_run(args) -> int:
     from flows.api import prefect_api
     from flows.logs import run_logging
     from flows.release import release
+    from tasks.retry import ours
 
     with run_logging(Path(spec.output_dir) / ".logs" / f"{spec.release_id}.log", debug=args.debug) as log_file, \
             prefect_api():
         try:
             summary = release(spec=spec)
         except Exception as exc:  # every failure, expected or not: one line here, the traceback in the log
-            message = (" ".join(str(exc).split()) if _is_ours(exc)
+            message = (" ".join(str(exc).split()) if ours(exc)
                        else f"{type(exc).__name__} (internal error; see the log)")
             if args.json:
                 print(json.dumps({"status": "failed", "release_id": spec.release_id, "error": message,
@@ -104,13 +105,6 @@ def cmd_run(args) -> int:
     summary["log"] = str(log_file)
     print(json.dumps(summary, indent=2) if args.json else format_summary(summary))
     return 0
-
-
-def _is_ours(exc: BaseException) -> bool:
-    """Errors whose text the pipeline wrote (and vetted for raw values); anything else prints its type only."""
-    from data_contracts import ContractViolation
-
-    return isinstance(exc, (ReleaseError, ContractViolation, TimeoutError))
 
 
 def _example_ledger(spec, quiet: bool = False) -> None:

@@ -1,6 +1,7 @@
 """Logging of one `dprelease run`: the terminal gets one line per record (tracebacks only with --debug), the
-run's log file gets everything, tracebacks included. The file sits in <output_dir>/.logs/, beside the run
-folders, never under release/."""
+run's log file gets everything, tracebacks included (third-party error texts may quote raw values: the file
+is internal, readable by its owner only). It sits in <output_dir>/.logs/, beside the run folders, never under
+release/."""
 
 from __future__ import annotations
 
@@ -30,7 +31,8 @@ def run_logging(log_file: Path, debug: bool = False) -> Iterator[Path]:
 
     setup_logging()
     root = logging.getLogger()
-    log_file.parent.mkdir(parents=True, exist_ok=True)
+    log_file.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    log_file.touch(mode=0o600)  # internal: tracebacks may quote raw values
     file_handler = logging.FileHandler(log_file)
     file_handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
     file_handler.setLevel(logging.INFO)

@@ -15,11 +15,11 @@ from prefect import flow, get_run_logger
 from prefect.client.orchestration import get_client
 from prefect.runtime import flow_run
 
-from data_contracts import ContractViolation, suites
+from data_contracts import suites
 from data_contracts.project import build_docs
 from tasks.artifacts import StageProgress, emit_failed, emit_if_budget_low, emit_published, publish_artifacts
 from tasks.contracts import check_contract
-from tasks.errors import ReleaseConflict, ReleaseError
+from tasks.errors import ReleaseConflict, ReleaseError, StageFailed
 from tasks.ingest import StageOutput, ingest
 from tasks.kinds import kind_of
 from tasks.ledger import PrivacyLedger, require_budget
@@ -27,6 +27,7 @@ from tasks.manifest import publish_release
 from tasks.partitions import dask_client
 from tasks.report import write_report
 from tasks.resume import forget, reusable, stage_key, stamp
+from tasks.retry import INTERNAL_LOG, ours
 from tasks.run import RunPaths, discard_failed, open_run, read_meta
 from tasks.spec import ReleaseSpec, load_spec, parse_spec
 from tasks.stages import evaluate, measure, postprocess, prepare
@@ -131,10 +132,12 @@ def release(spec: ReleaseSpec | None = None, spec_file: str | None = None, relea
     _tag_run(spec)
     try:
         return _release(spec, release_id, log)
-    except BaseException as exc:
-        emit_failed(release_id, spec.dataset.id, spec.release.kind,
-                    str(exc) if isinstance(exc, (ReleaseError, ContractViolation)) else type(exc).__name__)
-        raise
+    except Exception as exc:
+        if not ours(exc):  # a text the pipeline did not write may quote raw values: the internal log only
+            INTERNAL_LOG.error("release %s failed", release_id, exc_info=True)
+            exc = StageFailed(f"{type(exc).__name__} in the release flow (details in the run's internal log)")
+        emit_failed(release_id, spec.dataset.id, spec.release.kind, str(exc))
+        raise exc from None
 
 
 def _release(spec: ReleaseSpec, release_id: str, log) -> dict:

@@ -11,9 +11,11 @@ from prefect.cache_policies import NO_CACHE
 from data_contracts.suites import Contract
 from data_contracts.validate import ContractViolation, failure_report, validate_parquet
 from tasks.partitions import current_client
+from tasks.retry import sanitised
 
 
-@task(name="contract", task_run_name="contract-{stage}", cache_policy=NO_CACHE)
+@task(name="contract", task_run_name="contract-{stage}", cache_policy=NO_CACHE, persist_result=False)
+@sanitised
 def check_contract(stage: str, path: str | Path, contract: Contract, report_dir: Path,
                    recorded_as: str | Path | None = None) -> dict:
     """Validate `path` against `contract`, partitions on the dask workers, the table through the stage's

@@ -25,6 +25,12 @@ class ReleaseConflict(ReleaseError):
     """A release id is being reused with different parameters, or its stored state is inconsistent."""
 
 
+class StageFailed(Exception):
+    """A stage failed with an error the pipeline did not write (a library's, an I/O error): its text may quote
+    raw values, so this carries the type and the stage only; the traceback goes to the run's internal log.
+    Not a ReleaseError: it may be transient, and is retried."""
+
+
 def reason(exc: BaseException) -> str:
     """What went wrong reading an input, without the exception's text: parsers quote the offending value
     ("could not convert 'John Doe' to float"), and error messages reach logs and Prefect states."""

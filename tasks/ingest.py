@@ -17,7 +17,7 @@ from tasks.errors import InputError, reason
 from tasks.example_data import is_builtin, materialise
 from tasks.sets import ingest_sets, ingest_users
 from tasks.params import DatasetSpec
-from tasks.retry import SAFE
+from tasks.retry import SAFE, sanitised
 
 _NUMBER = re.compile(r"^[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?$|^[+-]?(nan|inf|infinity)$", re.IGNORECASE)
 _CSV_BLOCKSIZE = "64MB"
@@ -142,6 +142,7 @@ def _ingest_sets(dataset: DatasetSpec, source: Path, out_dir: Path, log) -> Stag
 
 
 @task(name="ingest", cache_policy=NO_CACHE, **SAFE)
+@sanitised
 def ingest(dataset: DatasetSpec, out_dir: Path) -> StageOutput:
     """Read the source with dask and write it as partitioned Parquet (float64 columns) to `out_dir`."""
     return ingest_dataset(dataset, out_dir, get_run_logger())

@@ -11,7 +11,7 @@ from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
 from tasks.ledger import PrivacyLedger
-from tasks.retry import SAFE
+from tasks.retry import SAFE, sanitised
 from tasks.run import RunPaths, publish, read_meta
 from tasks.spec import ReleaseSpec
 from tasks.stages import Measured
@@ -57,6 +57,7 @@ def _provenance() -> dict:
 
 
 @task(name="publish", cache_policy=NO_CACHE, **SAFE)
+@sanitised
 def publish_release(spec: ReleaseSpec, release_id: str, run: RunPaths, staging: Path, measured: Measured) -> dict:
     """Manifest: the privacy guarantee and its accounting, the mechanisms (the plan recorded with the
     measurements), the dataset's budget after this release, the public parameters, the randomness and a

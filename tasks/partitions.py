@@ -19,6 +19,10 @@ from dpalgos import domain
 from tasks.params import DaskSpec
 
 
+class OutsideLevels(ValueError):
+    """A categorical value outside the spec's public levels (the text names the column only)."""
+
+
 def current_client():
     """The dask client of the running release (imported lazily: distributed costs ~1 s to import, and the
     spec and CLI modules import the kinds)."""
@@ -79,7 +83,7 @@ def cell_partition(src: str, dst: str, columns: Sequence[str], levels: Sequence[
     for c, lv in zip(columns, levels):
         code = pd.Categorical(frame[c], categories=list(lv)).codes
         if (code < 0).any():
-            raise ValueError(f"column '{c}' holds values outside its public levels")
+            raise OutsideLevels(f"column '{c}' holds values outside its public levels")
         codes.append(code)
     cell = np.ravel_multi_index(codes, [len(lv) for lv in levels]).astype(np.int32) if len(frame) else \
         np.empty(0, dtype=np.int32)

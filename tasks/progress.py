@@ -1,5 +1,6 @@
 """Progress of long stages: text bars written through the run's logger (so they show on the CLI and in the
-Prefect UI's logs alike) and, inside a Prefect run, a progress artifact moved at the same ticks."""
+Prefect UI's logs alike) and, inside a Prefect run and where the total is not raw-derived, a progress
+artifact moved at the same ticks."""
 
 from __future__ import annotations
 
@@ -17,10 +18,12 @@ def _artifact(label: str):
 class Progress:
     """Logs `[#####-----]  50% label` each time another `step` fraction of `total` is done."""
 
-    def __init__(self, log, label: str, total: int, step: float = 0.1, width: int = 20):
+    def __init__(self, log, label: str, total: int, step: float = 0.1, width: int = 20, artifact: bool = False):
+        """`artifact`: also move a progress artifact in the UI; only where the total is public or a DP output
+        (an MCMC's length), not where it is raw-derived (the partitions of a CSV follow its size)."""
         self.log, self.label, self.total, self.step, self.width = log, label, max(int(total), 1), step, width
         self._next = step
-        self._artifact = _artifact(label)
+        self._artifact = _artifact(label) if artifact else None
 
     def update(self, done: int) -> None:
         frac = min(done / self.total, 1.0)

@@ -13,6 +13,7 @@ from tasks.artifacts import markdown_table
 from tasks.ledger import PrivacyLedger
 from tasks.run import RunPaths
 from tasks.spec import ReleaseSpec
+from tasks.retry import sanitised
 
 
 def _sensitivity(m: dict) -> str:
@@ -26,7 +27,8 @@ def _noise(m: dict) -> str:
     return f"{m['distribution']} {scale}{sampled}"
 
 
-@task(name="report", cache_policy=NO_CACHE)
+@task(name="report", cache_policy=NO_CACHE, persist_result=False)
+@sanitised
 def write_report(spec: ReleaseSpec, release_id: str, run: RunPaths, manifest: dict, evaluation: dict | None,
                  timings: dict) -> Path:
     """Spend and remaining budget of the dataset, contract results per stage, stage timings, evaluation and

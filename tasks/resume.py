@@ -4,8 +4,9 @@ A resumed release (a rerun of its id after a failure or a kill) reuses its commi
 validating the raw data again would be its most expensive part at call-detail-record scale. Each of the two
 stages leaves a stamp in internal/stages/<stage>.json once its output has passed its contract: the key it was
 made under and where it is. A rerun reuses the output when the key is the same. The key covers everything
-that determines the output: the spec (its fingerprint), the input files (path, size and modification time of
-every file), and the code (a hash of the package's sources). Anything else (a stamp missing, a changed input,
+that determines the output: the spec (its fingerprint and the dataset section, parse options included), the
+input files (path, size, modification and change times, inode of every file), and the code (a hash of the
+package's sources). Anything else (a stamp missing, a changed input,
 a new code revision, the output folder gone) makes the stage run again.
 """
 
@@ -41,14 +42,16 @@ def _files(path: str) -> list[list]:
         return []
     root = Path(path)
     files = sorted(p for p in root.rglob("*") if p.is_file()) if root.is_dir() else [root]
-    return [[str(p.relative_to(root)) if root.is_dir() else p.name, p.stat().st_size, p.stat().st_mtime_ns]
-            for p in files]
+    # ctime and inode too: a file replaced by `cp -p` or rsync keeps its size and mtime, not its ctime
+    return [[str(p.relative_to(root)) if root.is_dir() else p.name, st.st_size, st.st_mtime_ns, st.st_ctime_ns,
+             st.st_ino] for p in files for st in [p.stat()]]
 
 
 def stage_key(stage: str, spec, *parts: str) -> str:
     """The key of a stage's output: the stage, the spec's fingerprint, the input files, the code, and the keys
     of the stages it reads (`parts`)."""
-    basis = {"stage": stage, "spec": spec.fingerprint(), "inputs": _files(spec.dataset.path),
+    basis = {"stage": stage, "spec": spec.fingerprint(), "dataset": spec.dataset.model_dump(mode="json"),
+             "inputs": _files(spec.dataset.path),
              "public": {k: _files(v) for k in ("public_sample", "public_marginals")
                         if (v := getattr(spec.release, k, None))},
              "code": code_hash(), "after": list(parts)}

@@ -1,4 +1,4 @@
-"""When Prefect may retry a task, and how long a task may run.
+"""How a task may fail: when Prefect may retry it, how long it may run, and what its failure may say.
 
 Retried: failures that may pass on a second try (I/O, a busy ledger, a lost dask worker). Not retried: a
 refused input, spec or budget and a broken contract (they would fail again, and a retry would only repeat the
@@ -11,7 +11,18 @@ from __future__ import annotations
 
 import os
 
-from tasks.errors import ReleaseError
+import functools
+import logging
+
+from prefect.flow_engine import FlowRunTimeoutError
+from prefect.task_engine import TaskRunTimeoutError
+
+from data_contracts import ContractViolation
+from tasks.errors import ReleaseError, StageFailed
+
+#: Records of this logger reach the run's log file (the CLI's file handler on the root logger), never Prefect's
+#: API: Prefect sends only its flow- and task-run loggers.
+INTERNAL_LOG = logging.getLogger("dprelease.internal")
 
 #: The longest one stage may take (the operator's DPRELEASE_TASK_TIMEOUT_SECONDS, default 4 hours).
 TASK_TIMEOUT_SECONDS = float(os.environ.get("DPRELEASE_TASK_TIMEOUT_SECONDS", 4 * 3600))
@@ -19,16 +30,39 @@ RETRIES = {"retries": 2, "retry_delay_seconds": float(os.environ.get("DPRELEASE_
 
 
 def transient(task, task_run, state) -> bool:
-    from data_contracts import ContractViolation
-
     try:
         state.result()
     except (ReleaseError, ContractViolation, TimeoutError):
         return False
+    except StageFailed:
+        return True
     except Exception:
         return True
     return False
 
 
+def ours(exc: BaseException) -> bool:
+    """Errors whose text the pipeline (or Prefect's timeouts) wrote, vetted to carry no raw value."""
+    return isinstance(exc, (ReleaseError, ContractViolation, StageFailed, TaskRunTimeoutError, FlowRunTimeoutError))
+
+
+def sanitised(fn):
+    """Run a task body so that a failure leaves the process with a text the pipeline wrote: any other error
+    (whose text may quote a raw value, and which Prefect would log, send to its API and keep as the state
+    message) is logged with its traceback to the internal log only and replaced by StageFailed."""
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except Exception as exc:
+            if ours(exc):
+                raise
+            INTERNAL_LOG.error("stage '%s' failed", fn.__name__, exc_info=True)
+            raise StageFailed(f"{type(exc).__name__} in stage '{fn.__name__}' (details in the run's internal "
+                              f"log)") from None
+    return wrapper
+
+
 #: The options of every long, retry-safe task.
-SAFE = {**RETRIES, "retry_condition_fn": transient, "timeout_seconds": TASK_TIMEOUT_SECONDS}
+SAFE = {**RETRIES, "retry_condition_fn": transient, "timeout_seconds": TASK_TIMEOUT_SECONDS,
+        "persist_result": False}  # task results hold exact row counts: never written to result storage

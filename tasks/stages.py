@@ -29,7 +29,7 @@ from tasks.errors import ReleaseConflict
 from tasks.ingest import StageOutput
 from tasks.kinds import kind_of
 from tasks.ledger import PrivacyLedger
-from tasks.retry import SAFE
+from tasks.retry import SAFE, sanitised
 from tasks.run import META, RunPaths, commit_once, read_meta
 from tasks.spec import ReleaseSpec
 
@@ -55,12 +55,14 @@ def randomness(spec: ReleaseSpec):
 
 
 @task(name="prepare", cache_policy=NO_CACHE, **SAFE)
+@sanitised
 def prepare(spec: ReleaseSpec, ingested: StageOutput, run: RunPaths) -> StageOutput:
     """The kind's per-record transformation (normalise, bin, encode cells), partition by partition."""
     return kind_of(spec).prepare(spec, ingested, run, get_run_logger())
 
 
 @task(name="dp-measure", cache_policy=NO_CACHE, **SAFE)
+@sanitised
 def measure(spec: ReleaseSpec, release_id: str, run: RunPaths, prepared: StageOutput) -> Measured:
     """Charge the ledger with the kind's plan, then draw its DP measurements and commit them ONCE.
 
@@ -123,6 +125,7 @@ def _draw_and_commit(spec, release_id, run, prepared, plan, ledger, owner, log) 
 
 
 @task(name="postprocess", cache_policy=NO_CACHE, **SAFE)
+@sanitised
 def postprocess(spec: ReleaseSpec, measured: Measured, staging: Path, run: RunPaths) -> list[str]:
     """Release products from the measurements only; a copy of the measurements goes with them. A retry starts
     from an empty staging folder."""
@@ -136,6 +139,7 @@ def postprocess(spec: ReleaseSpec, measured: Measured, staging: Path, run: RunPa
 
 
 @task(name="evaluate", cache_policy=NO_CACHE, **SAFE)
+@sanitised
 def evaluate(spec: ReleaseSpec, run: RunPaths, prepared: StageOutput) -> dict:
     """Internal utility report (raw-derived) into internal/evaluation/."""
     log = get_run_logger()

@@ -13,7 +13,7 @@ import pytest
 
 from data_contracts import ContractViolation
 from dpalgos import domain, leekifer, metrics
-from tasks.errors import BudgetExceeded, InputError
+from tasks.errors import BudgetExceeded, InputError, StageFailed
 from tasks.kinds import kind_of
 from tasks.kinds.kmeans import postprocessing_seed
 from tasks.ledger import PrivacyLedger
@@ -212,7 +212,6 @@ BAD_INPUTS = {
     "non-numeric column": (_text_column, {}, InputError, "must be numeric"),
     "empty file": (lambda p: (p / "e.csv").write_text("") and None or p / "e.csv", {}, InputError, "is empty"),
     "header only": (lambda p: write_csv(p / "h.csv", np.empty((0, 2))), {}, InputError, "no data rows"),
-    "K > N": (lambda p: write_csv(p / "s.csv", blobs(4)), {"k": 5}, InputError, "fewer rows than clusters$"),
     "corrupt parquet": (lambda p: (p / "c.parquet").write_bytes(b"PAR1 not really") and p / "c.parquet", {},
                         InputError, "cannot read"),
     "missing file": (lambda p: p / "absent.csv", {}, InputError, "does not exist"),
@@ -256,7 +255,7 @@ def _texts(caplog, *extra) -> str:
     return "\n".join(runs + [str(e) for e in extra])
 
 
-def test_no_raw_value_reaches_logs_exceptions_or_flow_states(tmp_path, caplog):
+def test_no_raw_value_reaches_logs_exceptions_or_flow_states(tmp_path, caplog, monkeypatch):
     """Planted raw values (a categorical value outside the public levels, an exact row count, an outlier) never
     appear in a log record, an exception text or a flow-run state message, failing or succeeding."""
     import logging
@@ -288,6 +287,22 @@ def test_no_raw_value_reaches_logs_exceptions_or_flow_states(tmp_path, caplog):
     assert state.is_completed()
     texts = _texts(caplog, state.message, json.dumps(state.result()))
     assert "4321" not in texts and "123456" not in texts
+
+    # a library's error quoting a raw value: Prefect's logs, state and the failure keep its type only
+    caplog.clear()
+    import tasks.kinds.kmeans
+
+    def quoting(*args, **kwargs):
+        raise ValueError(f"could not convert {PLANTED!r} to float")
+    monkeypatch.setattr(tasks.kinds.kmeans.KIND, "postprocess", quoting)
+    state = release(spec=parse_spec({**spec_dict(tmp_path, ok), "release_id": "quoting"}), return_state=True)
+    assert state.is_failed()
+    with pytest.raises(StageFailed, match="ValueError in stage 'postprocess'") as failure:
+        state.result()
+    runs = [r for r in caplog.records if r.name.startswith(("prefect.flow_runs", "prefect.task_runs"))]
+    assert runs and PLANTED not in _texts(caplog, failure.value, state.message)
+    assert not any(PLANTED in str(r.exc_info) for r in runs if r.exc_info)
+    assert any(PLANTED in str(r.exc_info) for r in caplog.records if r.name == "dprelease.internal")
 
 
 def test_a_release_id_is_drawn_in_one_place_only(tmp_path, csv_data):
@@ -333,3 +348,11 @@ def test_scratch_folders_of_dead_runs_are_cleared_and_live_ones_kept(tmp_path):
     assert all(p.is_dir() for p in live + dead)
     run.clear_stale_staging()
     assert all(p.is_dir() for p in live) and not any(p.exists() for p in dead)
+
+
+def test_more_clusters_than_rows_is_released_not_refused(tmp_path):
+    """A refusal on K > N would be a free, uncharged answer to "is N < K?" (for any K a spec picks): the release
+    is made, charged, from noise alone where the clusters are empty."""
+    s = _run({**spec_dict(tmp_path, write_csv(tmp_path / "s.csv", blobs(4)), k=5, postprocess=[]),
+              "release_id": "k-gt-n", "evaluate": False})
+    assert s["status"] == "published" and [r["status"] for r in ledger().releases("blobs")] == ["published"]

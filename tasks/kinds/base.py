@@ -68,8 +68,10 @@ class ReleaseKind(ABC):
                 "numeric": "numeric columns without bounds (dataset.numeric: [columns])"}[self.shape]
 
     def check_feasible(self, spec, prepared: StageOutput) -> None:
-        """Refuse a release that cannot be made (e.g. K > N) before anything is charged. Its message must
-        not state any raw-derived number (it is published in logs and Prefect states)."""
+        """Refuse a release that cannot be made from its PUBLIC inputs (a missing public sample) before anything is
+        charged. Never on the data: a free refusal on, say, K > N would answer "is N < K?" for any K a spec
+        chooses (k-means with more clusters than records is a valid release: noisy counts below 1 keep their
+        centroid)."""
 
     @abstractmethod
     def plan(self, spec) -> Plan:

@@ -14,7 +14,7 @@ import pyarrow.parquet as pq
 from data_contracts.validate import parquet_files
 from tasks.errors import InputError
 from tasks.ingest import StageOutput
-from tasks.partitions import bin_partition, cell_partition, current_client, index_counts
+from tasks.partitions import OutsideLevels, bin_partition, cell_partition, current_client, index_counts
 from tasks.progress import Progress, gather
 from tasks.run import RunPaths
 
@@ -30,7 +30,7 @@ def encode(run: RunPaths, ingested: StageOutput, fn, log=None) -> StageOutput:
     try:
         futures = current_client().map(fn, [str(f) for f in files], [str(out / f.name) for f in files])
         capped = gather(current_client(), futures, Progress(log, "partitions encoded", len(files)) if log else None)
-    except ValueError as exc:
+    except OutsideLevels as exc:  # our own text (the column); any other error keeps its type only
         raise InputError(str(exc)) from None
     (run.internal / "weights.json").write_text(json.dumps({"rows_capped_at_max_weight": int(sum(capped))}))
     return StageOutput(str(out), ingested.rows, len(files))

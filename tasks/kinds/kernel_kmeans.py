@@ -166,8 +166,6 @@ class KernelKMeansKind(ReleaseKind):
 
     def check_feasible(self, spec, prepared):
         check_public_sample(spec)
-        if spec.release.k > prepared.rows:
-            raise InputError(f"k = {spec.release.k} clusters but fewer records than clusters")
 
     def plan(self, spec):
         p = spec.release

@@ -19,7 +19,6 @@ from pydantic import Field
 from data_contracts import suites
 from data_contracts.validate import parquet_files
 from dpalgos import domain, dpkmeans, leekifer, metrics
-from tasks.errors import InputError
 from tasks.ingest import StageOutput
 from tasks.kinds.base import Draw, ReleaseKind
 from tasks.params import ReleaseBase
@@ -157,10 +156,6 @@ class KMeansKind(ReleaseKind):
     def example(self):
         return {"kind": "kmeans", "k": 3, "iterations": 3, "epsilon": 1.0, "postprocess": ["consistency"]}
 
-    def check_feasible(self, spec, prepared):
-        if spec.release.k > prepared.rows:
-            raise InputError(f"k={spec.release.k} clusters requested but the dataset has fewer rows than clusters")
-
     def plan(self, spec):
         p = spec.release
         return dpkmeans.plan(epsilon=p.epsilon, iterations=p.iterations, k=p.k, d=len(spec.dataset.columns),
@@ -246,7 +241,7 @@ class KMeansKind(ReleaseKind):
 
     @staticmethod
     def _refine(traj, p, measurements, log) -> leekifer.Refinement:
-        bar = Progress(log, "MCMC steps", 1)
+        bar = Progress(log, "MCMC steps", 1, artifact=True)  # the chain's length follows the noisy counts
 
         def progress(done, total):
             bar.total = total
