@@ -15,7 +15,8 @@ from tasks.experiments import matrix_mechanism as exp_mm
 
 
 @pytest.mark.usefixtures("prefect_api")
-@pytest.mark.parametrize("name", ["kmeans", "contingency", "histogram", "matrix_mechanism", "mnist_clustering"])
+@pytest.mark.parametrize("name", [pytest.param("kmeans", marks=pytest.mark.slow), "contingency", "histogram",
+                                  "matrix_mechanism", pytest.param("mnist_clustering", marks=pytest.mark.slow)])
 def test_experiment_flow_writes_table_and_plots(tmp_path, shared_data, name):
     from flows.experiments import experiment
 

@@ -161,7 +161,7 @@ KILLS = {  # stage -> (log marker to kill at, ledger status right after the kill
 }
 
 
-@pytest.mark.parametrize("stage", list(KILLS))
+@pytest.mark.parametrize("stage", ["dp measurement", pytest.param("postprocess", marks=pytest.mark.slow)])
 def test_kill_9_mid_stage_then_rerun_publishes_with_the_right_charge(prefect_server, ops_data, tmp_path, stage):
     marker, status_after_kill, committed, attempts = KILLS[stage]
     rid = "killed-" + stage.replace(" ", "-")
@@ -201,6 +201,7 @@ def test_concurrent_releases_of_one_dataset_cannot_both_pass_the_budget(prefect_
     assert len(rows) == 1 and rows[0]["status"] == "published"
 
 
+@pytest.mark.slow
 def test_release_on_an_existing_dask_scheduler(prefect_server, ops_data, tmp_path):
     with dask_cluster(tmp_path) as address:
         spec = _spec(tmp_path, ops_data, dask={"address": address})
