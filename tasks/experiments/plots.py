@@ -17,6 +17,9 @@ def line_grid(frame: pd.DataFrame, *, x: str, y: str, path: Path, rows: str | No
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    # One colour per hue value across every panel, and a legend on every panel: a panel shows a subset of the
+    # methods, and colours assigned per panel would make the same colour mean two methods.
+    colours = {h: f"C{i}" for i, h in enumerate(sorted(frame[hue].unique(), key=str))}
     row_vals = sorted(frame[rows].unique()) if rows else [None]
     col_vals = sorted(frame[cols].unique()) if cols else [None]
     fig, axes = plt.subplots(len(row_vals), len(col_vals), figsize=(4.2 * len(col_vals), 3.2 * len(row_vals)),
@@ -33,16 +36,18 @@ def line_grid(frame: pd.DataFrame, *, x: str, y: str, path: Path, rows: str | No
                 stats = g.groupby(x)[y]
                 if band:
                     mid = stats.median()
-                    ax.fill_between(mid.index, stats.quantile(band[0]), stats.quantile(band[1]), alpha=0.2)
+                    ax.fill_between(mid.index, stats.quantile(band[0]), stats.quantile(band[1]), alpha=0.2,
+                                    color=colours[h])
                 else:
                     mid = stats.mean()
-                ax.plot(mid.index, mid.values, "o-", ms=3, label=str(h))
+                ax.plot(mid.index, mid.values, "o-", ms=3, label=str(h), color=colours[h])
             ax.set_xscale("log" if logx else "linear")
             ax.set_yscale("log" if logy else "linear")
             ax.set_xlabel(x)
             ax.set_ylabel(y)
             ax.set_title(" / ".join(str(v) for v in (rv, cv) if v is not None), fontsize=9)
-    axes[0][0].legend(fontsize=7)
+            if ax.lines:
+                ax.legend(fontsize=7)
     if title:
         fig.suptitle(title)
     fig.tight_layout()
