@@ -49,6 +49,13 @@ def contract_rows(contracts_dir: Path) -> list[dict]:
     return rows
 
 
+def privacy_lines(privacy: dict) -> list[str]:
+    """The guarantee of a release (and the test-mode warning), as the report and the UI's report state it."""
+    lines = ["## Privacy", "", f"This release: epsilon = {privacy['epsilon']:.6g}, delta = {privacy['delta']:.3g} "
+                                f"({privacy['accounting']}).", ""]
+    return lines + ([f"**{privacy['warning']}**", ""] if not privacy["private"] else [])
+
+
 def report_markdown(summary: dict, manifest: dict, contracts: list[dict], evaluation_headline: str | None) -> str:
     privacy = manifest["privacy"]
     budget = privacy.get("dataset_budget")
@@ -56,11 +63,7 @@ def report_markdown(summary: dict, manifest: dict, contracts: list[dict], evalua
              f"Kind `{summary['kind']}` on dataset `{summary['dataset_id']}`: **{summary['status']}** "
              f"at {manifest['created_at']}.", "",
              f"Published files: `{summary['release_dir']}`", "",
-             "## Privacy", "",
-             f"This release: epsilon = {privacy['epsilon']:.6g}, delta = {privacy['delta']:.3g} "
-             f"({privacy['accounting']}).", ""]
-    if not privacy["private"]:
-        lines += [f"**{privacy['warning']}**", ""]
+             *privacy_lines(privacy)]
     if budget:
         lines += [f"Dataset budget: spent epsilon = {budget['spent_epsilon']:.6g} of {budget['epsilon']:g}, "
                   f"remaining {budget['remaining_epsilon']:.6g} (delta budget {budget['delta']:g}).", ""]

@@ -9,7 +9,7 @@ from pathlib import Path
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
-from tasks.artifacts import markdown_table
+from tasks.artifacts import markdown_table, privacy_lines
 from tasks.ledger import PrivacyLedger
 from tasks.run import RunPaths
 from tasks.spec import ReleaseSpec
@@ -39,11 +39,7 @@ def write_report(spec: ReleaseSpec, release_id: str, run: RunPaths, manifest: di
              f"Kind `{spec.release.kind}` on dataset `{spec.dataset.id}`, published {manifest['created_at']}.",
              f"Published files: `{run.release}` (safe to publish). This report and everything under `internal/` "
              f"are derived from the raw data: do not publish them.", "",
-             "## Privacy", "",
-             f"This release: epsilon = {privacy['epsilon']:.6g}, delta = {privacy['delta']:.3g} "
-             f"({privacy['accounting']}).", ""]
-    if not privacy["private"]:
-        lines += [f"**{privacy['warning']}**", ""]
+             *privacy_lines(privacy)]
     lines += markdown_table(["mechanism", "query", "neighbours", "sensitivity", "noise", "repetitions"],
                     [[m["name"], m["query"], m["relation"], _sensitivity(m), _noise(m), m["repetitions"]]
                      for m in privacy["mechanisms"]])
