@@ -201,3 +201,15 @@ def test_set_valued_records_are_grouped_per_user_before_any_statistic(tmp_path):
     s = _run(d)
     ingested = Path(s["internal_dir"]) / "ingested"
     assert sum(pq.ParquetFile(f).metadata.num_rows for f in ingested.glob("*.parquet")) == 300
+
+
+def test_synthetic_release_with_more_clusters_than_records_is_made_not_refused(tmp_path):
+    """A refusal on k > N before the charge would answer "is N < k?" for free: the release is made, its empty
+    clusters from noise alone (seeded test mode here; the kind's path is the production one)."""
+    from tasks import generators
+
+    generators.generate(generators.CDR, tmp_path / "cdr", users=3, seed=2, partition_rows=3)
+    d = _base(tmp_path, {"id": "cdr", "path": str(tmp_path / "cdr"), "items_column": "towers", "item_count": 1303},
+              {"kind": "synthetic", "k": 5, "iterations": 2, "epsilon": 2.0, "delta": 1e-6, "features": 16,
+               "gamma": 0.05, "steps": 5, "q": 0.05, "hidden": [8], "queries": 20, "max_items": 30})
+    assert _run({**d, "evaluate": False})["status"] == "published"

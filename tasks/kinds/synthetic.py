@@ -30,7 +30,6 @@ from data_contracts import suites
 from data_contracts.validate import parquet_files
 from dpalgos import counting, dpgm
 from dpalgos import kernel_kmeans as kk
-from tasks.errors import InputError
 from tasks.kinds.base import Draw, ReleaseKind
 from tasks.kinds.kernel_kmeans import KernelKMeansParams, check_public_sample, cluster_records, write_clustering
 from tasks.partitions import Partitioned, current_client
@@ -154,8 +153,6 @@ class SyntheticKind(ReleaseKind):
 
     def check_feasible(self, spec, prepared):
         check_public_sample(spec)
-        if spec.release.k > prepared.rows:
-            raise InputError(f"k = {spec.release.k} clusters but fewer records than clusters")
 
     def plan(self, spec):
         p = spec.release
