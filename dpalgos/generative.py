@@ -14,6 +14,7 @@ in that order (`gradients`; the loss only on request, `loss`), and apply a DP gr
 
 from __future__ import annotations
 
+import numba
 import numpy as np
 import scipy.sparse as sp
 from scipy.special import expit
@@ -209,10 +210,86 @@ class RBM:
 
 def records_of_lengths(logits: np.ndarray, lengths: np.ndarray, rng: np.random.Generator) -> sp.csr_matrix:
     """Record i gets lengths[i] distinct items drawn without replacement with probabilities proportional to
-    exp(logits_ij) = p_ij / (1 - p_ij) (an exponential race: the lengths[i] items with the smallest E_j /
-    exp(logits_ij), E_j ~ Exp(1)). This is the model's independent Bernoulli items conditioned on the record's
-    length exactly for lengths 0 and 1, and successive sampling, its usual approximation, beyond."""
-    return race(logits - log_exponentials(logits.shape, rng), lengths)
+    exp(logits_ij) = p_ij / (1 - p_ij): successive sampling (each next item proportional to the odds of those
+    not yet drawn), the law of the exponential race `race` runs on fixed keys. This is the model's independent
+    Bernoulli items conditioned on the record's length exactly for lengths 0 and 1, and its usual
+    approximation beyond. Drawn one item at a time from the row's cumulative odds (`_successive`): O(m) per
+    record plus O(log m) per item, against the race's m exponential draws, logs and a partial sort."""
+    n, m = logits.shape
+    lengths = np.minimum(np.asarray(lengths, dtype=np.int64), m)
+    odds = logits - logits.max(axis=1, keepdims=True) if n else logits
+    np.exp(odds, out=odds)  # float32; an item 87 nats below its row's top underflows to odds 0
+    indptr = np.concatenate([[0], np.cumsum(lengths)])
+    indices = np.empty(int(indptr[-1]), dtype=np.int32)
+    _successive(odds, indptr, int(rng.integers(0, 2**32)), indices)
+    return sp.csr_matrix((np.ones(indices.size, dtype=np.float32), indices, indptr), shape=(n, m))
+
+
+_MISSES = 16  # redraws of items already drawn before a row switches to exact scans over the rest
+
+
+@numba.njit(cache=True, nogil=True)
+def _successive(odds, indptr, seed, indices):
+    """Successive sampling of each row's indptr[i+1] - indptr[i] items, written sorted to indices.
+
+    The next item is drawn from the row's cumulative odds by binary search; an item already drawn is drawn
+    again, which leaves the next distinct item proportional to the odds of those not drawn (rejection). After
+    `_MISSES` rejections in a row (drawn items holding most of the odds), the next items come from a scan
+    over the odds of the items not drawn. Odds that all underflowed leave the rest uniform."""
+    np.random.seed(seed)
+    n, m = odds.shape
+    cum = np.empty(m)
+    taken = np.zeros(m, dtype=np.bool_)
+    for i in range(n):
+        start, L = indptr[i], indptr[i + 1] - indptr[i]
+        if L == 0:
+            continue
+        total = 0.0
+        for j in range(m):
+            total += odds[i, j]
+            cum[j] = total
+        got, misses = 0, 0
+        while got < L:
+            if misses < _MISSES and total > 0.0:
+                j = min(np.searchsorted(cum, np.random.random() * total, side="right"), m - 1)
+                if taken[j]:
+                    misses += 1
+                    continue
+            else:
+                j = _scan_rest(odds[i], taken)
+            taken[j] = True
+            indices[start + got] = j
+            got += 1
+        row = indices[start:start + L]
+        row.sort()
+        for j in row:
+            taken[j] = False
+
+
+@numba.njit(cache=True, inline="always")
+def _scan_rest(odds, taken):
+    """An item not taken, with probability proportional to its odds (uniform if they are all 0)."""
+    rest, free = 0.0, 0
+    for j in range(odds.size):
+        if not taken[j]:
+            rest += odds[j]
+            free += 1
+    if rest > 0.0:
+        u, last = np.random.random() * rest, -1
+        for j in range(odds.size):
+            if not taken[j]:
+                last = j
+                u -= odds[j]
+                if u < 0.0:
+                    return j
+        return last
+    r = np.random.randint(0, free)
+    for j in range(odds.size):
+        if not taken[j]:
+            if r == 0:
+                return j
+            r -= 1
+    return -1
 
 
 def log_exponentials(shape, rng: np.random.Generator) -> np.ndarray:

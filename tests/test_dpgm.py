@@ -188,6 +188,31 @@ def test_records_of_lengths_have_their_lengths_and_single_items_follow_the_odds(
     np.testing.assert_allclose(single, np.array([1, 2, 4, 1, 0.5, 0.5]) / 9, atol=0.015)
 
 
+def _successive_law(w: np.ndarray, L: int) -> dict:
+    """P(the set drawn) under successive sampling of L of the weights w, by enumerating the orders."""
+    from itertools import permutations
+    law: dict = {}
+    for order in permutations(range(w.size), L):
+        p, rest = 1.0, w.sum()
+        for j in order:
+            p, rest = p * w[j] / rest, rest - w[j]
+        key = tuple(sorted(order))
+        law[key] = law.get(key, 0.0) + p
+    return law
+
+
+@pytest.mark.parametrize("odds", [[1.0, 2.0, 4.0, 1.0, 0.5, 0.5],       # draws by rejection
+                                  [200.0, 100.0, 1.0, 1.0, 0.5, 0.5]])  # most of the odds drawn: exact scans
+def test_records_of_lengths_draw_sets_with_the_successive_sampling_law(odds):
+    rng, w, n = np.random.default_rng(23), np.array(odds), 40_000
+    for L in (2, 3):
+        S = records_of_lengths(np.tile(np.log(w), (n, 1)).astype(np.float32), np.full(n, L), rng)
+        keys, counts = np.unique(S.indices.reshape(n, L), axis=0, return_counts=True)
+        seen = {tuple(k): c / n for k, c in zip(keys, counts)}
+        for key, p in _successive_law(w, L).items():
+            assert abs(seen.get(key, 0.0) - p) < 4 * np.sqrt(p * (1 - p) / n) + 1e-4, (L, key)
+
+
 def test_synthesis_keeps_empty_records_and_the_dp_lengths_and_matching_sets_the_item_frequencies():
     rng = np.random.default_rng(16)
     vae = VAE(40, rng, hidden=(24,))            # a random decoder: item probabilities depend on z
@@ -248,7 +273,8 @@ def test_counting_queries_buckets_and_answers():
     X = _records(300, 50, 0.05, 14)
     dense_q, dense_x = Q.toarray() > 0, X.toarray() > 0
     anyof = np.array([(dense_x[:, q]).any(axis=1).sum() for q in dense_q])
-    np.testing.assert_array_equal(counting.anyof_answers(X, Q, chunk=70), anyof)
+    np.testing.assert_array_equal(counting.anyof_answers(X, Q), anyof)
+    np.testing.assert_array_equal(counting.anyof_answers(X, Q, planes=3), anyof)  # flushed every 7 records
     linear = np.array([dense_x[:, q].sum() for q in dense_q])
     np.testing.assert_array_equal(counting.linear_answers(counting.item_counts(X), Q), linear)
     err = counting.relative_errors(np.array([0.0, 100.0]), np.array([0.2, 90.0]), 1000)
