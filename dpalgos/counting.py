@@ -19,6 +19,7 @@ import numpy as np
 import scipy.sparse as sp
 
 from dpalgos import baselines
+from dpalgos.arrays import distinct
 from dpalgos.mechanisms import laplace_mechanism
 
 BUCKETS = 5
@@ -182,5 +183,5 @@ def independent_from_stats(clipped_counts: np.ndarray, length_hist: np.ndarray, 
     L = rng.choice(np.arange(1, max_items + 1), size=n, p=p_len)
     rows = np.repeat(np.arange(n), L)
     cols = rng.choice(m, size=rows.size, p=p_item)
-    key = np.unique(rows.astype(np.int64) * m + cols)
+    key = distinct(rows.astype(np.int64) * m + cols)
     return sp.csr_matrix((np.ones(key.size, dtype=np.float32), (key // m, key % m)), shape=(n, m))

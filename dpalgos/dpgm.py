@@ -346,17 +346,23 @@ def synthesize_chunks(models: list, weights: np.ndarray, length_probs: np.ndarra
                       min_length: int, n: int, rng: np.random.Generator,
                       chunk: int = 50_000) -> Iterator[sp.csr_matrix]:
     """n synthetic records (§4.4) in chunks of at most `chunk`: model s draws a share weights_s / sum(weights)
-    of them, with lengths from its cluster's DP length distribution (`record_plan`), and a record's items
-    come from its model given its length (`generative.records_of_lengths`), then each model's items are raked
-    to its cluster's DP marginals (`rake_items`). Empty records (min_length 0) are kept: they are a length of
-    their own, and dropping them would shrink every count."""
+    of them, with lengths from its cluster's DP length distribution (`record_plan`), then `synthesize_part`.
+    Empty records (min_length 0) are kept: they are a length of their own, and dropping them would shrink
+    every count."""
     clusters, lengths = record_plan(weights, length_probs, min_length, n, rng)
     for start in range(0, n, chunk):
-        c, L = clusters[start:start + chunk], lengths[start:start + chunk]
-        rows = [np.flatnonzero(c == s) for s in range(len(models))]
-        parts = [rake_items(records_of_lengths(model.logits(r.size, rng), L[r], rng), p, rng)
-                 for model, r, p in zip(models, rows, marginals)]
-        yield sp.vstack(parts).tocsr()[np.argsort(np.concatenate(rows), kind="stable")]
+        yield synthesize_part(models, marginals, clusters[start:start + chunk], lengths[start:start + chunk], rng)
+
+
+def synthesize_part(models: list, marginals: np.ndarray, clusters: np.ndarray, lengths: np.ndarray,
+                    rng: np.random.Generator) -> sp.csr_matrix:
+    """The records of one slice of the record plan, in its order: a record's items come from its cluster's
+    model given its length (`generative.records_of_lengths`), then each model's items are raked to its
+    cluster's DP marginals (`rake_items`). Slices are independent given their generators (parallel parts)."""
+    rows = [np.flatnonzero(clusters == s) for s in range(len(models))]
+    parts = [rake_items(records_of_lengths(model.logits(r.size, rng), lengths[r], rng), p, rng)
+             for model, r, p in zip(models, rows, marginals)]
+    return sp.vstack(parts).tocsr()[np.argsort(np.concatenate(rows), kind="stable")]
 
 
 def synthesize(models: list, weights: np.ndarray, length_probs: np.ndarray, marginals: np.ndarray, min_length: int,

@@ -21,6 +21,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from dpalgos.arrays import distinct
+
 RASTER = 1024
 
 
@@ -103,7 +105,7 @@ def generate_partition(model: CityModel, raster: np.ndarray, first_user: int, us
     cell = np.clip((pts / side * RASTER).astype(np.int64), 0, RASTER - 1)
     item = raster[cell[:, 0], cell[:, 1]].astype(np.int64)
     # Distinct items per person: sort (person, item) keys and keep first occurrences.
-    key = np.unique(owner * model.items + item)
+    key = distinct(owner * model.items + item)
     person, items = key // model.items, (key % model.items).astype(np.int32)
     offsets = np.concatenate([[0], np.cumsum(np.bincount(person, minlength=users))]).astype(np.int32)
     return pa.table({"user_id": np.arange(first_user, first_user + users, dtype=np.int64),

@@ -14,6 +14,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import scipy.sparse as sp
 
+from dpalgos.arrays import distinct
 from tasks.errors import InputError, reason
 
 ROWS_PER_PART = 200_000
@@ -25,7 +26,7 @@ def _normalise(offsets: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.
     # Shift by the smallest id so that negative ids (refused by the contract) still decode correctly.
     low = min(int(values.min()), 0) if values.size else 0
     span = int(values.max()) - low + 1 if values.size else 1
-    key = np.unique(rows.astype(np.int64) * span + (values.astype(np.int64) - low))
+    key = distinct(rows.astype(np.int64) * span + (values.astype(np.int64) - low))
     row, item = key // span, (key % span + low).astype(np.int32)
     new_offsets = np.concatenate([[0], np.cumsum(np.bincount(row, minlength=offsets.size - 1))]).astype(np.int32)
     return new_offsets, item

@@ -14,6 +14,7 @@ import scipy.sparse as sp
 
 from dpalgos import accounting, counting, dpgm
 from dpalgos import kernel_kmeans as kk
+from dpalgos.arrays import distinct
 from dpalgos.mechanisms import laplace_mechanism
 from dpalgos.noise import simulated
 
@@ -107,7 +108,7 @@ def independent_with_empty(X: sp.csr_matrix, *, epsilon: float, max_items: int, 
     hist = np.bincount(np.minimum(np.diff(X.indptr), max_items), minlength=max_items + 1).astype(np.float64)
     hist = np.maximum(laplace_mechanism(hist, sensitivity=1.0, epsilon=epsilon / 2, rng=rng), 0.0)
     rows = np.repeat(np.arange(n), rng.choice(max_items + 1, size=n, p=hist / hist.sum()))
-    key = np.unique(rows.astype(np.int64) * m + rng.choice(m, size=rows.size, p=marg / marg.sum()))
+    key = distinct(rows.astype(np.int64) * m + rng.choice(m, size=rows.size, p=marg / marg.sum()))
     return sp.csr_matrix((np.ones(key.size, dtype=np.float32), (key // m, key % m)), shape=(n, m))
 
 

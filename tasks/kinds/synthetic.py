@@ -208,13 +208,8 @@ class SyntheticKind(ReleaseKind):
             dpgm.match_marginals(models, marginals, lengths, MIN_LENGTH, rng)
         out = staging / SYNTHETIC
         out.mkdir()
-        done = 0
-        chunks = dpgm.synthesize_chunks(models, weights, lengths, marginals, MIN_LENGTH, meta["records"], rng,
-                                        chunk=RECORDS_PER_PART)
-        for i, X in enumerate(chunks):
-            pq.write_table(set_table(spec.dataset.items_column, X.indptr, X.indices), out / f"part.{i}.parquet")
-            done += X.shape[0]
-            log.info("synthetic records: %d/%d", done, meta["records"])
+        done = write_synthetic(out, spec.dataset.items_column, models, marginals,
+                               dpgm.record_plan(weights, lengths, MIN_LENGTH, meta["records"], rng), rng, log)
         pq.write_table(pq.read_table(measurements / MIXTURE), staging / MIXTURE)
         (staging / "synthetic.json").write_text(json.dumps({
             "records": done, "format": f"Parquet, column '{spec.dataset.items_column}' list<int32> of item ids in "
@@ -229,6 +224,34 @@ class SyntheticKind(ReleaseKind):
         """Counting queries (§6.3) on raw vs synthetic records, with the MWEM (linear) and independent-items
         (any-of) baselines at the same epsilon; plot in internal/evaluation/."""
         return evaluate_counting(spec, run, prepared, log)
+
+
+def write_synthetic(out, column: str, models: list, marginals: np.ndarray, plan: tuple[np.ndarray, np.ndarray],
+                    rng: np.random.Generator, log) -> int:
+    """The record plan's slices of RECORDS_PER_PART synthesised and written as Parquet parts on the dask
+    workers, in parallel (each part its own generator, seeded from `rng`); returns the number of records."""
+    from distributed import as_completed
+
+    client, (clusters, lengths) = current_client(), plan
+    starts = range(0, clusters.size, RECORDS_PER_PART)
+    seeds = rng.integers(0, 2 ** 63 - 1, len(starts))
+    [mixture] = client.scatter([(models, marginals)], broadcast=True)
+    futures = client.map(write_synthetic_part, [str(out / f"part.{i}.parquet") for i in range(len(starts))],
+                         [clusters[a:a + RECORDS_PER_PART] for a in starts],
+                         [lengths[a:a + RECORDS_PER_PART] for a in starts], seeds, mixture=mixture, column=column)
+    done = 0
+    for future in as_completed(futures):
+        done += future.result()
+        log.info("synthetic records: %d/%d", done, clusters.size)
+    return done
+
+
+def write_synthetic_part(path: str, clusters: np.ndarray, lengths: np.ndarray, seed: int, mixture: tuple,
+                         column: str) -> int:
+    models, marginals = mixture
+    X = dpgm.synthesize_part(models, marginals, clusters, lengths, np.random.default_rng(seed))
+    pq.write_table(set_table(column, X.indptr, X.indices), path)
+    return X.shape[0]
 
 
 def load_models(measurements, meta) -> list:
