@@ -298,14 +298,35 @@ def log_exponentials(shape, rng: np.random.Generator) -> np.ndarray:
 
 
 def race(keys: np.ndarray, lengths: np.ndarray) -> sp.csr_matrix:
-    """Record i holds the items of its lengths[i] largest keys (n, m)."""
+    """Record i holds the items of its lengths[i] largest keys (n, m) (ties: the lower item)."""
     n, m = keys.shape
     lengths = np.minimum(np.asarray(lengths, dtype=np.int64), m)
-    rows, cols = [np.zeros(0, np.int64)], [np.zeros(0, np.int64)]
-    for L in np.unique(lengths[lengths > 0]):
-        sel = np.flatnonzero(lengths == L)
-        top = np.argpartition(-keys[sel], L - 1, axis=1)[:, :L] if L < m else np.tile(np.arange(m), (sel.size, 1))
-        rows.append(np.repeat(sel, L))
-        cols.append(top.ravel())
-    rows, cols = np.concatenate(rows), np.concatenate(cols)
-    return sp.csr_matrix((np.ones(rows.size, dtype=np.float32), (rows, cols)), shape=(n, m))
+    indptr = np.concatenate([[0], np.cumsum(lengths)])
+    indices = np.empty(int(indptr[-1]), dtype=np.int32)
+    _largest(keys, indptr, indices)
+    return sp.csr_matrix((np.ones(indices.size, dtype=np.float32), indices, indptr), shape=(n, m))
+
+
+@numba.njit(cache=True, nogil=True)
+def _largest(keys, indptr, indices):
+    """The items of each row's indptr[i+1] - indptr[i] largest keys, sorted, into indices: one pass per row
+    over a buffer of the largest so far, kept in decreasing order (a key enters only if it beats the last)."""
+    m = keys.shape[1]
+    best = np.empty(m, dtype=keys.dtype)
+    for i in range(keys.shape[0]):
+        start, L = indptr[i], indptr[i + 1] - indptr[i]
+        if L == 0:
+            continue
+        top = indices[start:start + L]
+        have = 0
+        for j in range(m):
+            v = keys[i, j]
+            if have == L and not v > best[L - 1]:
+                continue
+            pos = min(have, L - 1)
+            while pos > 0 and v > best[pos - 1]:
+                best[pos], top[pos] = best[pos - 1], top[pos - 1]
+                pos -= 1
+            best[pos], top[pos] = v, j
+            have = min(have + 1, L)
+        top.sort()

@@ -8,7 +8,7 @@ from dp_accounting import dp_event as dpe
 from dp_accounting.pld import PLDAccountant
 from dp_accounting.rdp import RdpAccountant
 
-from dpalgos import counting, dpgm, dpsgd
+from dpalgos import counting, dpgm, dpsgd, generative
 from dpalgos.generative import RBM, VAE, records_of_lengths
 from dpalgos.noise import Measure, SeededNoise
 
@@ -186,6 +186,16 @@ def test_records_of_lengths_have_their_lengths_and_single_items_follow_the_odds(
     single = np.asarray(S[lengths == 1].mean(axis=0)).ravel()
     # Given one item, the model's independent Bernoulli items pick item j with probability odds_j / sum(odds).
     np.testing.assert_allclose(single, np.array([1, 2, 4, 1, 0.5, 0.5]) / 9, atol=0.015)
+
+
+def test_race_keeps_each_records_largest_keys():
+    rng = np.random.default_rng(29)
+    keys = rng.normal(size=(500, 40)).astype(np.float32)
+    lengths = rng.integers(0, 41, 500)
+    S = generative.race(keys, lengths)
+    for i in range(500):
+        expected = np.sort(np.argsort(-keys[i])[:lengths[i]])
+        np.testing.assert_array_equal(S.indices[S.indptr[i]:S.indptr[i + 1]], expected)
 
 
 def _successive_law(w: np.ndarray, L: int) -> dict:
