@@ -19,6 +19,7 @@ privacy, the signal-to-noise of a model update is the same as Algorithm 1's unde
 
 from __future__ import annotations
 
+import os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Callable, Iterator, Literal
@@ -185,8 +186,11 @@ def make_model(config: SGDConfig, m: int, rng: np.random.Generator, marginals: n
     return model
 
 
-#: Draws the N(0, 1) gradient noise of a step while the main thread computes the step's gradients.
+#: Draws the N(0, 1) gradient noise of a step while the models' gradients are computed.
 _NOISE_THREAD = ThreadPoolExecutor(max_workers=1, thread_name_prefix="dpsgd-noise")
+#: The cluster models' gradients of a step, one model per thread (BLAS and numpy release the GIL; the
+#: release's library pools run one thread each, `tasks.threads`): the cores the process may use.
+_MODEL_THREADS = ThreadPoolExecutor(max_workers=len(os.sched_getaffinity(0)), thread_name_prefix="dpsgd-model")
 
 
 def train(models: list, batches: Callable[[int], list], expected_sizes: np.ndarray, config: SGDConfig,
@@ -195,25 +199,25 @@ def train(models: list, batches: Callable[[int], list], expected_sizes: np.ndarr
 
     batches(step) -> one batch (CSR, possibly empty) per cluster: a Poisson sample of rate q of its records.
     expected_sizes : PUBLIC (noisy) cluster sizes; a batch's gradient is divided by q * size.
-    Every step's noise, and the VAEs' latent draws, come from that step's secret generator: two independent
+    Every step's noise, and the VAEs' latent draws, come from that step's secret generator: independent
     streams spawned from it, one for the gradient noise of all models at once (drawn on another thread), one
-    for DPNorm's noise and the latents.
+    per model for its DPNorm noise, latents and update (the models' steps run in parallel).
     Returns the mean clipping bound C_s per step (a diagnostic of public values).
     """
     # The step's two Gaussian draws each have multiplier sqrt 2 x the entry's (see `plan`).
     sigma = measure.plan["sgd"].noise_multiplier * np.sqrt(2.0)
     bounds = np.cumsum([0] + [model.params.size for model in models])
     z, sums = np.empty(bounds[-1]), [np.empty(model.params.size) for model in models]
+    zs = [z[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
     expected = [max(config.q * size, 1.0) for size in expected_sizes]
     clips = []
     for step in range(config.steps):
-        rng, noise_rng = measure.step_generator("sgd").spawn(2)
+        noise_rng, *model_rngs = measure.step_generator("sgd").spawn(1 + len(models))
         noise = _NOISE_THREAD.submit(noise_rng.standard_normal, out=z)
-        step_clips = [_clipped_sum(model, batch, config, sigma, rng, out)
-                      for model, batch, out in zip(models, batches(step), sums)]
+        step_clips = list(_MODEL_THREADS.map(_clipped_sum, models, batches(step), [config] * len(models),
+                                             [sigma] * len(models), model_rngs, sums))
         noise.result()
-        for c, model in enumerate(models):
-            model.noisy_update(sums[c], z[bounds[c]:bounds[c + 1]], sigma * step_clips[c], expected[c], rng)
+        list(_MODEL_THREADS.map(_noisy_update, models, sums, zs, sigma * np.array(step_clips), expected, model_rngs))
         clips.append(float(np.mean(step_clips)))
         if progress is not None:
             progress(step + 1, config.steps)
@@ -225,6 +229,11 @@ def _clipped_sum(model, batch, config: SGDConfig, sigma: float, rng: np.random.G
     layers = model.gradients(batch, rng) if batch.shape[0] else _empty_layers(model)
     _, clip = dpsgd.clip_and_sum(layers, sigma_norm=sigma, c_max=config.c_max, bins=config.bins, rng=rng, out=out)
     return clip
+
+
+def _noisy_update(model, grad_sum: np.ndarray, z: np.ndarray, noise_scale: float, expected: float,
+                  rng: np.random.Generator) -> None:
+    model.noisy_update(grad_sum, z, noise_scale, expected, rng)
 
 
 def _empty_layers(model) -> list[dpsgd.LayerGrad]:

@@ -78,7 +78,7 @@ def test_a_training_step_adds_noise_sigma_times_the_bound_from_the_step_generato
     source, sigma, start = SeededNoise(22), plan["sgd"].noise_multiplier * np.sqrt(2.0), replica.params.copy()
     grads = []
     for s in range(cfg.steps):
-        g_rng, n_rng = source.step_generator().spawn(2)
+        n_rng, g_rng = source.step_generator().spawn(2)  # the noise stream, then one per model
         z = n_rng.standard_normal(start.size)
         replica.params[:] = _adam_reference(start, grads, cfg.lr)
         total, clip = dpsgd.clip_and_sum(replica.gradients(X[10 * s:10 * s + 30], g_rng), sigma_norm=sigma,
