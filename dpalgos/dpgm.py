@@ -26,6 +26,7 @@ from typing import Callable, Iterator, Literal
 
 import numpy as np
 import scipy.sparse as sp
+from threadpoolctl import threadpool_limits
 
 from dp_accounting import calibrate_dp_mechanism
 from dp_accounting.rdp import RdpAccountant
@@ -211,17 +212,24 @@ def train(models: list, batches: Callable[[int], list], expected_sizes: np.ndarr
     zs = [z[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
     expected = [max(config.q * size, 1.0) for size in expected_sizes]
     clips = []
-    for step in range(config.steps):
-        noise_rng, *model_rngs = measure.step_generator("sgd").spawn(1 + len(models))
-        noise = _NOISE_THREAD.submit(noise_rng.standard_normal, out=z)
-        step_clips = list(_MODEL_THREADS.map(_clipped_sum, models, batches(step), [config] * len(models),
-                                             [sigma] * len(models), model_rngs, sums))
-        noise.result()
-        list(_MODEL_THREADS.map(_noisy_update, models, sums, zs, sigma * np.array(step_clips), expected, model_rngs))
-        clips.append(float(np.mean(step_clips)))
-        if progress is not None:
-            progress(step + 1, config.steps)
+    with threadpool_limits(limits=1, user_api="blas"):  # one model per core, one BLAS thread per model
+        for step in range(config.steps):
+            clips.append(_step(models, batches(step), config, sigma, measure, z, zs, sums, expected))
+            if progress is not None:
+                progress(step + 1, config.steps)
     return clips
+
+
+def _step(models: list, batches: list, config: SGDConfig, sigma: float, measure: Measure, z: np.ndarray,
+          zs: list, sums: list, expected: list) -> float:
+    """One DP-SGD step of every model; returns its mean DPNorm bound."""
+    noise_rng, *model_rngs = measure.step_generator("sgd").spawn(1 + len(models))
+    noise = _NOISE_THREAD.submit(noise_rng.standard_normal, out=z)
+    clips = list(_MODEL_THREADS.map(_clipped_sum, models, batches, [config] * len(models), [sigma] * len(models),
+                                    model_rngs, sums))
+    noise.result()
+    list(_MODEL_THREADS.map(_noisy_update, models, sums, zs, sigma * np.array(clips), expected, model_rngs))
+    return float(np.mean(clips))
 
 
 def _clipped_sum(model, batch, config: SGDConfig, sigma: float, rng: np.random.Generator, out: np.ndarray) -> float:
