@@ -10,11 +10,15 @@ that need none of them: a spec naming a missing file fails in well under two sec
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
+import logging
+import os
 import secrets
 import sys
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import NoReturn
 
 from flows.preflight import spec_problems
 from flows.settings import apply_defaults
@@ -71,7 +75,6 @@ def load_run_spec(args):
 
 
 def _unwritable(output_dir: str) -> list[str]:
-    import os
 
     target = Path(output_dir)
     while not target.exists():
@@ -84,23 +87,29 @@ def cmd_run(args) -> int:
     if not args.json:
         print(f"release id: {spec.release_id}  (to resume after a failure: --release-id {spec.release_id})",
               flush=True)
-    from flows.api import prefect_api
+    from flows.api import prefect_api, start_api
     from flows.logs import run_logging
-    from flows.release import release
-    from tasks.retry import ours
 
-    with run_logging(Path(spec.output_dir) / ".logs" / f"{spec.release_id}.log", debug=args.debug) as log_file, \
-            prefect_api():
-        try:
-            summary = release(spec=spec)
-        except Exception as exc:  # every failure, expected or not: one line here, the traceback in the log
-            message = (" ".join(str(exc).split()) if ours(exc)
-                       else f"{type(exc).__name__} (internal error; see the log)")
-            if args.json:
-                print(json.dumps({"status": "failed", "release_id": spec.release_id, "error": message,
-                                  "log": str(log_file)}))
-            print(f"error: {message} (log: {log_file})", file=sys.stderr)
-            return 1
+    with run_logging(Path(spec.output_dir) / ".logs" / f"{spec.release_id}.log", debug=args.debug) as log_file:
+        starting = start_api()  # the server boots on the other core while the flow's modules are imported
+        from flows.release import release
+        from tasks.retry import ours
+
+        with prefect_api(starting):
+            return _run_release(release, ours, spec, args, log_file)
+
+
+def _run_release(release, ours, spec, args, log_file) -> int:
+    try:
+        summary = release(spec=spec)
+    except Exception as exc:  # every failure, expected or not: one line here, the traceback in the log
+        message = (" ".join(str(exc).split()) if ours(exc)
+                   else f"{type(exc).__name__} (internal error; see the log)")
+        if args.json:
+            print(json.dumps({"status": "failed", "release_id": spec.release_id, "error": message,
+                              "log": str(log_file)}))
+        print(f"error: {message} (log: {log_file})", file=sys.stderr)
+        return 1
     summary["log"] = str(log_file)
     print(json.dumps(summary, indent=2) if args.json else format_summary(summary))
     return 0
@@ -108,8 +117,6 @@ def cmd_run(args) -> int:
 
 def _example_ledger(spec, quiet: bool = False) -> None:
     """The example draws on its own ledger, beside its outputs, with a budget it registers itself."""
-    import os
-
     from tasks.ledger import LEDGER_ENV, PrivacyLedger
 
     path = (Path(spec.output_dir) / "example-privacy-ledger.sqlite").resolve()
@@ -392,5 +399,18 @@ def main(argv: list[str] | None = None) -> int:
         return 1
 
 
+def entry_point() -> NoReturn:
+    """The `dprelease` program: `main`, then an exit without the interpreter's teardown. After a release the
+    process holds Prefect, dask, great-expectations and their dependencies; tearing their modules down took
+    2.7 s on a 2-core machine after the last exit handler had run. Everything the teardown would finish is
+    finished here first: the exit handlers, the logs and the standard streams."""
+    code = main()
+    atexit._run_exitfuncs()
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    entry_point()
