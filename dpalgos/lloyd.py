@@ -52,15 +52,16 @@ def _clip(XT, m, bound, norms):
 
 
 @numba.njit(cache=True, nogil=True)
-def _select(j, cj, dots, m, best, arg):
-    # Running minimum over centres without branches (vectorises); strict < keeps the lowest index on ties.
+def _select(j, cj, dots, x_last, c_last, m, best, arg):
+    # The last coordinate's product, the score and the running minimum over centres in one loop without
+    # branches (vectorises); strict < keeps the lowest index on ties.
     if j == 0:
         for i in range(m):
-            best[i] = cj - 2.0 * dots[i]
+            best[i] = cj - 2.0 * (dots[i] + x_last[i] * c_last)
             arg[i] = 0
         return
     for i in range(m):
-        s = cj - 2.0 * dots[i]
+        s = cj - 2.0 * (dots[i] + x_last[i] * c_last)
         lower = s < best[i]
         arg[i] = j if lower else arg[i]
         best[i] = s if lower else best[i]
@@ -69,16 +70,21 @@ def _select(j, cj, dots, m, best, arg):
 @numba.njit(cache=True, nogil=True)
 def _score(XT, m, C, c2, dots, best, arg):
     # Centre by centre over the block: the inner loops run over points, independent lanes that vectorise
-    # without reassociating a sum (each dot product keeps its coordinate order).
+    # without reassociating a sum (each dot product keeps its coordinate order: the partial sum of the
+    # first d - 1 coordinates in `dots`, the last one added as the score is formed).
+    d = C.shape[1]
     for j in range(C.shape[0]):
-        c = C[j, 0]
-        for i in range(m):
-            dots[i] = XT[0, i] * c
-        for t in range(1, C.shape[1]):
-            c = C[j, t]
+        if d == 1:
+            dots[:m] = 0.0
+        else:
+            c = C[j, 0]
             for i in range(m):
-                dots[i] += XT[t, i] * c
-        _select(j, c2[j], dots, m, best, arg)
+                dots[i] = XT[0, i] * c
+            for t in range(1, d - 1):
+                c = C[j, t]
+                for i in range(m):
+                    dots[i] += XT[t, i] * c
+        _select(j, c2[j], dots, XT[d - 1], C[j, d - 1], m, best, arg)
 
 
 @numba.njit(cache=True, nogil=True)
