@@ -44,9 +44,8 @@ def _fail_early(problems: list[str], where: str = "") -> None:
 
 
 def load_run_spec(args):
-    """The spec of `dprelease run`, checked before Prefect starts: the file, its inputs, the schema, the budget."""
-    if not args.example:
-        _fail_early(spec_problems(args.spec))
+    """The spec of `dprelease run`, checked before the flow starts: the schema, the budget, the output folder
+    (the file and its inputs were checked by `spec_problems`)."""
     from tasks.spec import load_spec  # after the checks that need none of its imports
 
     overrides = {"release_id": args.release_id, "output_dir": args.output_dir}
@@ -83,19 +82,23 @@ def _unwritable(output_dir: str) -> list[str]:
 
 
 def cmd_run(args) -> int:
+    if not args.example:
+        _fail_early(spec_problems(args.spec))
+    from flows.api import TemporaryServer, prefect_api
+
+    server = TemporaryServer.launch()  # boots on the other core while the spec's and the flow's modules load
     spec = load_run_spec(args)
     if not args.json:
         print(f"release id: {spec.release_id}  (to resume after a failure: --release-id {spec.release_id})",
               flush=True)
-    from flows.api import prefect_api, start_api
     from flows.logs import run_logging
 
     with run_logging(Path(spec.output_dir) / ".logs" / f"{spec.release_id}.log", debug=args.debug) as log_file:
-        starting = start_api()  # the server boots on the other core while the flow's modules are imported
-        from flows.release import release
+        from flows.release import import_stage_libraries, release
         from tasks.retry import ours
 
-        with prefect_api(starting):
+        import_stage_libraries(spec.evaluate)
+        with prefect_api(server):
             return _run_release(release, ours, spec, args, log_file)
 
 

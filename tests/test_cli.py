@@ -28,11 +28,25 @@ def test_every_subcommand_has_help(words):
     assert out.returncode == 0 and "usage: dprelease" in out.stdout
 
 
-def test_invalid_spec_exits_2_with_the_field_named(tmp_path):
+def _api_servers() -> set[int]:
+    """PIDs of the Prefect API server processes on this machine (the CLI's temporary ones included)."""
+    out = subprocess.run(["ps", "-ww", "-eo", "pid=,args="], capture_output=True, text=True).stdout
+    return {int(line.split()[0]) for line in out.splitlines() if "prefect.server.api.server:create_app" in line}
+
+
+def test_invalid_spec_exits_2_with_the_field_named_and_stops_the_server_it_launched(tmp_path):
     d = spec_dict(tmp_path, write_csv(tmp_path / "x.csv", blobs(10)), epsilon=-1)
     (tmp_path / "s.yaml").write_text(yaml.safe_dump(d))
-    out = dprelease("run", str(tmp_path / "s.yaml"))
-    assert out.returncode == 2 and "release.epsilon" in out.stderr
+    before = _api_servers()
+    # The server is launched before the spec is loaded. Output to files, not pipes: the server and its guard
+    # inherit the CLI's streams, and reading pipes to their end would wait for them too.
+    with open(tmp_path / "out", "w") as stdout, open(tmp_path / "err", "w") as stderr:
+        cli = subprocess.Popen([sys.executable, "-m", "flows.cli", "run", str(tmp_path / "s.yaml")], stdout=stdout,
+                               stderr=stderr, env={**os.environ, "PREFECT_HOME": str(tmp_path / ".prefect-home")})
+        assert cli.wait(300) == 2
+    assert _api_servers() <= before  # stopped before the CLI exited
+    err = (tmp_path / "err").read_text()
+    assert "release.epsilon" in err and err.splitlines() == [l for l in err.splitlines() if l.startswith("error:")]
     out = dprelease("spec", "check", str(tmp_path / "s.yaml"))
     assert out.returncode == 2
 
