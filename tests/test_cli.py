@@ -52,7 +52,7 @@ def test_invalid_spec_exits_2_with_the_field_named_and_stops_the_server_it_launc
 
 
 def test_run_then_budget_show(tmp_path, operator_ledger):
-    """One real run of the CLI (its own ephemeral Prefect API), then a refused one, then the ledger."""
+    """One real run of the CLI (its own temporary Prefect API), then the ledger."""
     d = spec_dict(tmp_path, write_csv(tmp_path / "b.csv", blobs(2000)))
     ok = dprelease("budget", "set", "blobs", "--epsilon", "1.5", "--delta", "1e-6")
     assert ok.returncode == 0 and str(operator_ledger) in ok.stdout
@@ -64,13 +64,6 @@ def test_run_then_budget_show(tmp_path, operator_ledger):
     assert (tmp_path / "runs" / "cli-1" / "release" / "manifest.json").exists()
     assert "Traceback" not in (tmp_path / "runs" / ".logs" / "cli-1.log").read_text()
 
-    refused = dprelease("run", str(tmp_path / "s.yaml"), "--release-id", "cli-2", cwd=tmp_path)
-    errors = [line for line in refused.stderr.splitlines() if line.startswith("error:")]
-    assert refused.returncode == 1 and len(errors) == 1 and "would exceed the lifetime budget" in errors[0]
-    assert "Traceback" not in refused.stderr + refused.stdout  # tracebacks go to the run's log file only
-    assert "Traceback" in (tmp_path / "runs" / ".logs" / "cli-2.log").read_text()
-    assert not (tmp_path / "runs" / "cli-2").exists()
-
     ledger = str(operator_ledger)
     shown = dprelease("budget", "show", "blobs", "--json")  # the configured ledger
     assert shown.returncode == 0
@@ -79,6 +72,20 @@ def test_run_then_budget_show(tmp_path, operator_ledger):
     assert info["budget"]["epsilon"] == 1.5 and 0.99 < info["spent"]["epsilon"] <= 1.0 + 1e-9
     assert "cli-1" in dprelease("budget", "show", "blobs", "--ledger", ledger).stdout
     assert dprelease("budget", "show", "other", "--ledger", ledger).returncode == 1
+
+
+@pytest.mark.slow  # two CLI runs, ~45 s (pytest -m slow)
+def test_a_run_refused_at_run_time_prints_one_error_line_and_logs_the_traceback(tmp_path, operator_ledger):
+    d = spec_dict(tmp_path, write_csv(tmp_path / "b.csv", blobs(2000)))
+    assert dprelease("budget", "set", "blobs", "--epsilon", "1.5", "--delta", "1e-6").returncode == 0
+    (tmp_path / "s.yaml").write_text(yaml.safe_dump(d))
+    assert dprelease("run", str(tmp_path / "s.yaml"), "--release-id", "cli-1", cwd=tmp_path).returncode == 0
+    refused = dprelease("run", str(tmp_path / "s.yaml"), "--release-id", "cli-2", cwd=tmp_path)
+    errors = [line for line in refused.stderr.splitlines() if line.startswith("error:")]
+    assert refused.returncode == 1 and len(errors) == 1 and "would exceed the lifetime budget" in errors[0]
+    assert "Traceback" not in refused.stderr + refused.stdout  # tracebacks go to the run's log file only
+    assert "Traceback" in (tmp_path / "runs" / ".logs" / "cli-2.log").read_text()
+    assert not (tmp_path / "runs" / "cli-2").exists()
 
 
 def test_readme_kinds_table_is_the_registry():

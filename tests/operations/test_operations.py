@@ -71,6 +71,7 @@ def _api(env: dict, path: str, body: dict | None = None):
         return json.loads(r.read())
 
 
+@pytest.mark.slow  # 65-77 s: three flow runs through a real worker (pytest -m slow)
 def test_prefect_deployment_run_publishes_a_release(prefect_server, tmp_path):
     """A real server and worker: two backdated deployment runs of one period at once and a later manual rerun
     of that period publish one release, charged once. Through the REST API: the runs are named after the
