@@ -217,7 +217,9 @@ def records_of_lengths(logits: np.ndarray, lengths: np.ndarray, rng: np.random.G
     record plus O(log m) per item, against the race's m exponential draws, logs and a partial sort."""
     n, m = logits.shape
     lengths = np.minimum(np.asarray(lengths, dtype=np.int64), m)
-    odds = logits - logits.max(axis=1, keepdims=True) if n else logits
+    if n == 0:
+        return sp.csr_matrix((0, m), dtype=np.float32)
+    odds = logits - logits.max(axis=1, keepdims=True)
     np.exp(odds, out=odds)  # float32; an item 87 nats below its row's top underflows to odds 0
     indptr = np.concatenate([[0], np.cumsum(lengths)])
     indices = np.empty(int(indptr[-1]), dtype=np.int32)

@@ -34,6 +34,8 @@ def _free_port() -> int:
 
 
 class TemporaryServer:
+    """One temporary API server process and its guard; `stop` is idempotent and also runs at exit."""
+
     def __init__(self):
         self.process = self.guard = None
         self._start()

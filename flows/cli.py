@@ -74,7 +74,6 @@ def load_run_spec(args):
 
 
 def _unwritable(output_dir: str) -> list[str]:
-
     target = Path(output_dir)
     while not target.exists():
         target = target.parent
@@ -94,15 +93,17 @@ def cmd_run(args) -> int:
     from flows.logs import run_logging
 
     with run_logging(Path(spec.output_dir) / ".logs" / f"{spec.release_id}.log", debug=args.debug) as log_file:
-        from flows.release import import_stage_libraries, release
-        from tasks.retry import ours
+        from flows.release import import_stage_libraries
 
         import_stage_libraries(spec.evaluate)
         with prefect_api(server):
-            return _run_release(release, ours, spec, args, log_file)
+            return _run_release(spec, args, log_file)
 
 
-def _run_release(release, ours, spec, args, log_file) -> int:
+def _run_release(spec, args, log_file: Path) -> int:
+    from flows.release import release
+    from tasks.retry import ours
+
     try:
         summary = release(spec=spec)
     except Exception as exc:  # every failure, expected or not: one line here, the traceback in the log
