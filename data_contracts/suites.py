@@ -121,9 +121,10 @@ def kmeans_trajectory_columns(d: int) -> list[str]:
             + [f"centroid_{j}" for j in range(d)])
 
 
-def kmeans_measurements(k: int, iterations: int, d: int) -> Contract:
+def kmeans_measurements(k: int, iterations: int, d: int, seeds: int = 0) -> Contract:
     """DP k-means measurements: T*K rows, iterations 1..T, clusters 0..K-1, finite noisy statistics,
-    centroids in the unit L1 ball."""
+    centroids in the unit L1 ball; with `seeds` candidates, their seeding round first (iteration 0, `seeds`
+    rows, clusters 0..seeds-1)."""
     import great_expectations.expectations as gxe
 
     cols = kmeans_trajectory_columns(d)
@@ -131,10 +132,10 @@ def kmeans_measurements(k: int, iterations: int, d: int) -> Contract:
     return Contract("measurements", partitioned=False,
                     rows=[gxe.ExpectTableColumnsToMatchOrderedList(column_list=cols + [L1_NORM])]
                     + _finite(gxe, cols) + _in_unit_l1_ball(gxe, centroid_cols),
-                    table=[gxe.ExpectTableRowCountToEqual(value=k * iterations),
+                    table=[gxe.ExpectTableRowCountToEqual(value=k * iterations + seeds),
                            gxe.ExpectColumnDistinctValuesToEqualSet(column="iteration",
-                                                                     value_set=list(range(1, iterations + 1))),
-                           gxe.ExpectColumnDistinctValuesToEqualSet(column="cluster", value_set=list(range(k)))],
+                                                                     value_set=list(range(0 if seeds else 1, iterations + 1))),
+                           gxe.ExpectColumnDistinctValuesToEqualSet(column="cluster", value_set=list(range(max(k, seeds))))],
                     derive=_add_l1_norm(centroid_cols))
 
 

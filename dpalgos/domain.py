@@ -16,7 +16,7 @@ data would leak it), then each row is projected onto one of three domains:
 `default_domain` picks one from the dimension alone (public): the L2 ball for d <= 2, the box from d = 3 on.
 The L1 ball keeps a fraction 1/d! of the box undistorted, the L2 ball pi/4 at d = 2 but about half at d = 3
 and a third at d = 4, the box all of it at d times the L1 ball's noise. Measured with the released method
-(DP k-means, T = 5, refinement where expected to help), WCSS on the [-1, 1]-scaled data over k-means++'s,
+(DP k-means, T = 5, refinement where expected to help; before seeding), WCSS on the [-1, 1]-scaled data over k-means++'s,
 mean of 6-10 runs at epsilon = 0.05 / 0.1 / 0.25 / 0.5 / 1:
     S1 (d = 2)            l1_ball 7.6 6.0 4.9 4.6 3.9   box 4.0 3.7 2.1 2.1 2.5   l2_ball 3.6 2.9 2.2 2.1 2.1
     Gowalla-like (d = 2)  l1_ball 1.35 1.29 1.34 1.32 1.30   box 1.41 1.25 1.33 1.22 1.23

@@ -76,6 +76,17 @@ def test_measurements_contract(tmp_path):
            "expect_column_distinct_values_to_equal_set")
 
 
+def test_measurements_contract_with_a_seeding_round(tmp_path):
+    seeds = {name: np.concatenate([np.zeros(8, dtype=np.int32) if name == "iteration" else
+                                   np.arange(8, dtype=np.int32) if name == "cluster" else np.full(8, 0.2), v])
+             for name, v in _trajectory(T=2).items()}  # 8 candidates (iteration 0), then Algorithm 1's 2 iterations
+    validate_parquet(write_parquet(tmp_path / "ok.parquet", seeds), suites.kmeans_measurements(2, 2, 2, seeds=8))
+    _fails(write_parquet(tmp_path / "none.parquet", _trajectory(T=2)), suites.kmeans_measurements(2, 2, 2, seeds=8),
+           None, "expect_table_row_count_to_equal")
+    _fails(write_parquet(tmp_path / "unseeded.parquet", seeds), suites.kmeans_measurements(2, 2, 2),
+           None, "expect_table_row_count_to_equal")
+
+
 def test_release_contract(tmp_path):
     contract = suites.kmeans_release(k=3, columns=COLS)
     ok = {"cluster": np.arange(3, dtype=np.int32), "x": np.array([0.1, 0.2, -0.3]), "y": np.array([0.0, 0.5, 0.1])}

@@ -175,18 +175,23 @@ def test_initial_centroids_are_packed_inside_every_domain(name):
     assert gaps.min() >= min_dist > 0
 
 
-def _replayed_worst(name: str):
+def _replayed_worst(name: str, seeding: bool = False):
     """The conformance suite's sensitivity check (tests/conformance.py) on DP k-means itself: D, then D plus a
-    far corner of the box projected onto the domain, replaying D's noisy outputs."""
+    far corner of the box projected onto the domain, replaying D's noisy outputs (and, with `seeding`, the
+    seeding round's public candidates and k-means restarts)."""
     from tests import conformance as conf
 
     rng = np.random.default_rng(2)
     X = domain.project(rng.uniform(-0.6, 0.6, (300, 3)), name)
-    plan = dpkmeans.plan(epsilon=1.0, iterations=3, k=3, d=3, domain=name)
+    plan = dpkmeans.plan(epsilon=1.0, iterations=3, k=3, d=3, domain=name, seeding=seeding)
     C0 = dpkmeans.data_independent_centroids(3, 3, np.random.default_rng(3), domain=name)[0]
     base = conf.Recording()
-    run = lambda data, source: dpkmeans.dp_kmeans(dpkmeans.array_stats(data), C0, iterations=3,
-                                                  measure=Measure(plan, source), domain=name)
+
+    def run(data, source):
+        stats, measure = dpkmeans.array_stats(data), Measure(plan, source)
+        start = dpkmeans.oversampled_seeds(stats, 3, 3, np.random.default_rng(4), measure=measure,
+                                           domain=name).initial_centroids if seeding else C0
+        dpkmeans.dp_kmeans(stats, start, iterations=3 - seeding, measure=measure, domain=name)
     run(X, base)
     worst = conf.Worst()
     for corner in ([5.0, 5.0, 5.0], [-5.0, 5.0, -5.0]):
@@ -196,9 +201,10 @@ def _replayed_worst(name: str):
     return conf.sensitivity_violations(worst), worst
 
 
-@pytest.mark.parametrize("name", ["box", "l2_ball"])
-def test_box_and_l2_sensitivities_hold_under_replay(name):
-    violations, worst = _replayed_worst(name)
+@pytest.mark.parametrize("name, seeding", [("box", False), ("l2_ball", False), ("box", True), ("l2_ball", True),
+                                           ("l1_ball", True)])
+def test_box_and_l2_sensitivities_hold_under_replay(name, seeding):
+    violations, worst = _replayed_worst(name, seeding)
     assert violations == []
     # the corner moves the sums by the full claimed sensitivity: the claim is tight, not loose
     assert worst.change["sums"] == pytest.approx(worst.allowed["sums"])
@@ -237,3 +243,37 @@ def test_sum_share_is_even_on_the_l1_ball_and_minimises_the_centroid_error_elsew
         error = lambda f: d * delta ** 2 / f ** 2 + r2 / (1 - f) ** 2
         grid = np.linspace(0.01, 0.99, 9801)
         assert dpkmeans.sum_share(name, d) == pytest.approx(grid[np.argmin(error(grid))], abs=1e-3)
+
+
+def test_seeding_spends_the_first_of_the_T_rounds_on_four_times_K_candidates():
+    p = dpkmeans.plan(epsilon=0.8, iterations=5, k=3, d=2, domain="l2_ball", seeding=True)
+    assert p["seed_counts"].values == dpkmeans.SEED_MULTIPLE * 3 and p["seed_sums"].values == dpkmeans.SEED_MULTIPLE * 6
+    assert p["seed_counts"].repetitions == 1 and p["counts"].repetitions == 4
+    for name in ("counts", "sums"):  # every round has the unseeded plan's per-round scales
+        assert p["seed_" + name].scale == p[name].scale == dpkmeans.plan(
+            epsilon=0.8, iterations=5, k=3, d=2, domain="l2_ball")[name].scale
+    assert accounting.release_guarantee(p.event(), 1e-6).epsilon == pytest.approx(0.8, rel=1e-12)
+    with pytest.raises(ValueError, match="iterations must be >= 2 with seeding"):
+        dpkmeans.plan(epsilon=1.0, iterations=1, k=3, d=2, domain="l2_ball", seeding=True)
+
+
+def _start_ratio(X, k, seeding: bool, runs: int = 6) -> float:
+    """Mean WCSS / k-means++ of DP k-means at a budget where the noise is negligible (T = 3): what is left is
+    the local optimum its start leads to."""
+    from dpalgos import metrics
+    from tasks.experiments.kmeans import run_dpkm
+
+    ref, _ = metrics.kmeans_reference(X, k, seed=0)
+    rng = np.random.default_rng(5)
+    return float(np.mean([metrics.wcss(X, run_dpkm(dpkmeans.array_stats(X), k, 2, 1e6, 3, "l2_ball", rng,
+                                                   seeding).final_centroids) / ref for _ in range(runs)]))
+
+
+def test_seeding_escapes_the_local_optima_of_data_independent_starts():
+    # Nine tight clusters on a 3 x 3 grid with k = 9: Lloyd from a data-independent packing often merges two
+    # and splits another; the noisy means of 36 candidates cover every cluster, and weighted k-means finds them.
+    rng = np.random.default_rng(0)
+    centres = np.array([[x, y] for x in (-0.5, 0.0, 0.5) for y in (-0.5, 0.0, 0.5)])
+    X = domain.project(centres[rng.integers(9, size=2000)] + rng.normal(0, 0.03, (2000, 2)), "l2_ball")
+    seeded, unseeded = _start_ratio(X, 9, True), _start_ratio(X, 9, False)
+    assert seeded < 1.02 < 1.3 < unseeded

@@ -69,7 +69,9 @@ def test_release_end_to_end(tmp_path, csv_data):
     assert manifest["randomness"]["mode"] == "production" and "OpenDP" in manifest["randomness"]["noise"]
     spec = parse_spec({**spec_dict(tmp_path, csv_data), "release_id": "blobs-r1"})
     assert [m["scale"] for m in manifest["privacy"]["mechanisms"]] == [m.scale for m in kind_of(spec).plan(spec)]
-    assert [m["distribution"] for m in manifest["privacy"]["mechanisms"]] == ["discrete_laplace", "opendp_laplace"]
+    # the seeding round (the default at T >= 2), then Algorithm 1's iterations
+    assert [m["name"] for m in manifest["privacy"]["mechanisms"]] == ["seed_counts", "seed_sums", "counts", "sums"]
+    assert [m["distribution"] for m in manifest["privacy"]["mechanisms"]] == ["discrete_laplace", "opendp_laplace"] * 2
     assert manifest["provenance"]["flow_run_id"] and manifest["provenance"]["deployment_id"] is None
     assert {"scikit-learn", "numba", "pyarrow", "opendp"} <= set(manifest["software"])
     for name, info in manifest["files"].items():

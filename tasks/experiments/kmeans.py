@@ -47,9 +47,10 @@ def references(B: np.ndarray, P: np.ndarray, k: int) -> dict[str, float]:
 
 
 def wcss_table(name: str, X: np.ndarray, k: int, *, runs: int, seed: int, epsilons=EPSILONS, iterations: int = 5,
-               methods=METHODS, domain_name: str | None = None) -> pd.DataFrame:
+               methods=METHODS, domain_name: str | None = None, seeding: bool = False) -> pd.DataFrame:
     """One row per (epsilon, run, method): WCSS and WCSS / k-means++ on the scaled points (`wcss`, `ratio`)
-    and in the projected space (`wcss_projected`, `ratio_projected`), plus the single-centroid baseline."""
+    and in the projected space (`wcss_projected`, `ratio_projected`), plus the single-centroid baseline.
+    `seeding`: the first of the T rounds seeds (`dpkmeans.oversampled_seeds`); off, Lee & Kifer's setting."""
     B = scaled(np.asarray(X, dtype=np.float64))
     dom = domain_name or domain.default_domain(B.shape[1])
     P = domain.project(B, dom)
@@ -59,7 +60,7 @@ def wcss_table(name: str, X: np.ndarray, k: int, *, runs: int, seed: int, epsilo
     rows = []
     for eps in epsilons:
         for run in range(runs):
-            traj = run_dpkm(stats, k, P.shape[1], eps, iterations, dom, rng)
+            traj = run_dpkm(stats, k, P.shape[1], eps, iterations, dom, rng, seeding)
             centroids = method_centroids(traj, methods, int(rng.integers(2 ** 31)))
             row = {"dataset": name, "domain": dom, "epsilon": eps, "run": run}
             for m, C in centroids.items():
@@ -70,11 +71,16 @@ def wcss_table(name: str, X: np.ndarray, k: int, *, runs: int, seed: int, epsilo
     return pd.DataFrame(rows)
 
 
-def run_dpkm(stats, k: int, d: int, eps: float, iterations: int, dom: str, rng) -> dpkmeans.Trajectory:
-    """One DP k-means trajectory with simulated (seeded, not private) noise of the domain's plan."""
-    C0, _ = dpkmeans.data_independent_centroids(k, d, rng, domain=dom)
-    measure = simulated(dpkmeans.plan(epsilon=eps, iterations=iterations, k=k, d=d, domain=dom), rng)
-    return dpkmeans.dp_kmeans(stats, C0, iterations=iterations, measure=measure, domain=dom)
+def run_dpkm(stats, k: int, d: int, eps: float, iterations: int, dom: str, rng, seeding: bool = False
+             ) -> dpkmeans.Trajectory:
+    """One DP k-means trajectory (T rounds, the first seeding if `seeding`) with simulated (seeded, not
+    private) noise of the domain's plan."""
+    measure = simulated(dpkmeans.plan(epsilon=eps, iterations=iterations, k=k, d=d, domain=dom, seeding=seeding), rng)
+    if seeding:
+        C0 = dpkmeans.oversampled_seeds(stats, k, d, rng, measure=measure, domain=dom).initial_centroids
+    else:
+        C0, _ = dpkmeans.data_independent_centroids(k, d, rng, domain=dom)
+    return dpkmeans.dp_kmeans(stats, C0, iterations=iterations - seeding, measure=measure, domain=dom)
 
 
 def method_centroids(traj: dpkmeans.Trajectory, methods, seed: int) -> dict[str, np.ndarray]:

@@ -35,6 +35,11 @@ class KMeansParams(ReleaseBase):
         None, description="where the scaled rows are projected: l1_ball (the paper's; sum sensitivity 1), box "
                           "([-1, 1]^d, clipping only; sensitivity d; centroids in true units), l2_ball (sensitivity "
                           "sqrt(d)); default: l2_ball for d <= 2, box from d = 3 on")
+    seeding: Literal["oversampled", "none"] | None = Field(
+        None, description="oversampled: the first of the T rounds measures 4 x K data-independent candidates and "
+                          "weighted k-means on their noisy means gives the starting centroids (dpkmeans.oversampled_seeds); "
+                          "none: Algorithm 1 from data-independent centroids, as the paper; default: oversampled "
+                          "when T >= 2")
     min_centroid_distance: float | None = Field(
         None, gt=0, description="public pairwise minimum distance of the initial centroids; default: "
                                 "Su et al.'s shrinking sphere packing")
@@ -62,6 +67,13 @@ REFERENCE_MAX_ROWS = 200_000
 def domain_of(spec) -> str:
     """The spec's domain, or the default of its dimension (public)."""
     return spec.release.domain or domain.default_domain(len(spec.dataset.columns))
+
+
+def seeded(spec) -> bool:
+    """Whether the release spends its first round on oversampled seeding (the spec's choice, or the default
+    rule of the public T)."""
+    p = spec.release
+    return p.seeding == "oversampled" if p.seeding else dpkmeans.default_seeding(p.iterations)
 
 
 def postprocessing_seed(measurements: Path) -> int:
@@ -109,24 +121,32 @@ def _in_domain(contract: suites.Contract, domain_name: str, columns) -> suites.C
     return dataclasses.replace(contract, derive=derive)
 
 
-def write_trajectory(folder: Path, traj: dpkmeans.Trajectory) -> None:
+def write_trajectory(folder: Path, traj: dpkmeans.Trajectory, seeding: dpkmeans.Seeding | None = None) -> None:
+    """Every noisy measurement in one table: the seeding round as iteration 0 (its candidates' noisy counts,
+    sums and means), then Algorithm 1's iterations 1..T'."""
     T, K, d = traj.noisy_sums.shape
-    cols = {"iteration": np.repeat(np.arange(1, T + 1, dtype=np.int32), K),
-            "cluster": np.tile(np.arange(K, dtype=np.int32), T),
-            "noisy_count": traj.noisy_counts.reshape(-1)}
-    cols.update({f"noisy_sum_{j}": traj.noisy_sums[:, :, j].reshape(-1) for j in range(d)})
-    cols.update({f"centroid_{j}": traj.centroids[:, :, j].reshape(-1) for j in range(d)})
+    rounds = [(t + 1, traj.noisy_counts[t], traj.noisy_sums[t], traj.centroids[t]) for t in range(T)]
+    if seeding is not None:
+        rounds.insert(0, (0, seeding.noisy_counts, seeding.noisy_sums, seeding.means))
+    cat = lambda i: np.concatenate([r[i] for r in rounds])
+    sums, means = cat(2), cat(3)
+    cols = {"iteration": np.concatenate([np.full(len(r[1]), r[0], dtype=np.int32) for r in rounds]),
+            "cluster": np.concatenate([np.arange(len(r[1]), dtype=np.int32) for r in rounds]),
+            "noisy_count": cat(1)}
+    cols.update({f"noisy_sum_{j}": sums[:, j] for j in range(d)})
+    cols.update({f"centroid_{j}": means[:, j] for j in range(d)})
     pq.write_table(pa.table(cols), folder / TRAJECTORY)
 
 
 def read_trajectory(folder: str | Path, noise_scale: float, sum_noise_scale: float | None = None
                     ) -> tuple[dpkmeans.Trajectory, dict]:
-    """The DP k-means measurements stored in `folder` (drawn with the plan's Laplace scales: counts
-    `noise_scale`, sums `sum_noise_scale`, default the same), and their metadata (which names the domain;
-    measurements from before domains were the L1 ball's)."""
+    """Algorithm 1's measurements stored in `folder` (drawn with the plan's Laplace scales: counts
+    `noise_scale`, sums `sum_noise_scale`, default the same; the seeding round is not part of the trajectory),
+    and their metadata (which names the domain; measurements from before domains were the L1 ball's)."""
     meta = read_meta(folder)
     T, K, d = meta["iterations"], meta["k"], meta["d"]
-    table = pq.read_table(Path(folder) / TRAJECTORY).to_pandas().sort_values(["iteration", "cluster"])
+    table = pq.read_table(Path(folder) / TRAJECTORY).to_pandas()
+    table = table[table["iteration"] > 0].sort_values(["iteration", "cluster"])
     arr = lambda prefix: np.stack([table[f"{prefix}_{j}"].to_numpy() for j in range(d)], axis=-1).reshape(T, K, d)
     traj = dpkmeans.Trajectory(initial_centroids=np.asarray(meta["initial_centroids"], dtype=np.float64),
                                noisy_counts=table["noisy_count"].to_numpy().reshape(T, K),
@@ -159,7 +179,7 @@ class KMeansKind(ReleaseKind):
     def plan(self, spec):
         p = spec.release
         return dpkmeans.plan(epsilon=p.epsilon, iterations=p.iterations, k=p.k, d=len(spec.dataset.columns),
-                             domain=domain_of(spec))
+                             domain=domain_of(spec), seeding=seeded(spec))
 
     def prepare(self, spec, ingested, run, log):
         """Scale every attribute into [-1, 1] with the PUBLIC bounds and project each row onto the domain,
@@ -186,25 +206,32 @@ class KMeansKind(ReleaseKind):
 
     def draw(self, spec, prepared, measure, public_rng, log):
         p = spec.release
-        d, dom = len(spec.dataset.columns), domain_of(spec)
-        # Initial centroids depend only on (K, d, domain) and public randomness: data-independent, they cost nothing.
+        d, dom, seeds = len(spec.dataset.columns), domain_of(spec), seeded(spec)
+        # Data-independent centroids depend only on (K, d, domain) and public randomness: they cost nothing.
         initial, min_distance = dpkmeans.data_independent_centroids(p.k, d, public_rng, domain=dom,
                                                                     min_distance=p.min_centroid_distance)
         points = Partitioned.points(current_client(), parquet_files(prepared.path), spec.dataset.columns)
+        stats = lambda C: points.reduce(dpkmeans.cluster_stats, C)
         try:
-            traj = dpkmeans.dp_kmeans(lambda C: points.reduce(dpkmeans.cluster_stats, C), initial,
-                                      iterations=p.iterations, measure=measure, domain=dom,
-                                      on_iteration=lambda t, _: log.info("DP k-means iteration %d/%d", t, p.iterations))
+            seeding = dpkmeans.oversampled_seeds(stats, p.k, d, public_rng, measure=measure, domain=dom) if seeds else None
+            if seeding is not None:
+                log.info("DP k-means round 1/%d: seeding from %d candidates", p.iterations, len(seeding.candidates))
+                initial = seeding.initial_centroids
+            traj = dpkmeans.dp_kmeans(stats, initial, iterations=p.iterations - seeds, measure=measure, domain=dom,
+                                      on_iteration=lambda t, _: log.info("DP k-means round %d/%d", t + seeds,
+                                                                         p.iterations))
         finally:
             points.close()
         meta = {"columns": spec.dataset.columns, "min_centroid_distance": min_distance, "domain": dom,
-                "initial_centroids": traj.initial_centroids.tolist(), "iterations": p.iterations, "k": p.k, "d": d}
-        return Draw(write=lambda folder: write_trajectory(folder, traj), meta=meta)
+                "initial_centroids": traj.initial_centroids.tolist(), "iterations": traj.iterations, "k": p.k, "d": d,
+                "seed_candidates": [] if seeding is None else seeding.candidates.tolist()}
+        return Draw(write=lambda folder: write_trajectory(folder, traj, seeding), meta=meta)
 
     def measurements_contract(self, spec):
         p = spec.release
         d = len(spec.dataset.columns)
-        return TRAJECTORY, _in_domain(suites.kmeans_measurements(p.k, p.iterations, d), domain_of(spec),
+        seeds = dpkmeans.SEED_MULTIPLE * p.k if seeded(spec) else 0
+        return TRAJECTORY, _in_domain(suites.kmeans_measurements(p.k, p.iterations - bool(seeds), d, seeds), domain_of(spec),
                                       [f"centroid_{j}" for j in range(d)])
 
     def trajectory(self, spec, measurements: Path) -> dpkmeans.Trajectory:
@@ -317,7 +344,8 @@ class KMeansKind(ReleaseKind):
 
 def _title(spec, domain_name: str) -> str:
     p = spec.release
-    return f"{spec.dataset.id}: k = {p.k}, epsilon = {p.epsilon:g}, T = {p.iterations}, {domain_name}"
+    seeding = ", seeded" if seeded(spec) else ""
+    return f"{spec.dataset.id}: k = {p.k}, epsilon = {p.epsilon:g}, T = {p.iterations}{seeding}, {domain_name}"
 
 
 def _plot(per_iteration: list[float], reference: float, released: float, single: float, path: Path,

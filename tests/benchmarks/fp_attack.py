@@ -183,9 +183,10 @@ def _histogram(spec, run_dir: Path, mechanisms: list[dict]) -> tuple[list[dict],
     return rows, rows[1]
 
 
-def _kmeans_truth(spec, run_dir: Path, used: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Counts (T, K) and sums (T, K, d) of the points nearest to the centroids each iteration assigned with,
-    summed partition by partition in the pipeline's order (dask's reduce) so that the float sums match."""
+def _kmeans_truth(spec, run_dir: Path, used: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """Counts and sums (rows in the trajectory's order) of the points nearest to the centroids each round
+    assigned with (`used`, one (K_t, d) array per round), summed partition by partition in the pipeline's
+    order (dask's reduce) so that the float sums match."""
     from dpalgos.domain import to_unit_l1_ball
     from dpalgos.dpkmeans import cluster_stats
 
@@ -196,25 +197,32 @@ def _kmeans_truth(spec, run_dir: Path, used: np.ndarray) -> tuple[np.ndarray, np
         table = pq.read_table(part, columns=cols)
         X = np.column_stack([table.column(c).to_numpy().astype(np.float64) for c in cols])
         parts.append(to_unit_l1_ball(X, lower, upper)[0])
-    T, K, d = used.shape
-    counts, sums = np.zeros((T, K)), np.zeros((T, K, d))
-    for t in range(T):
+    counts, sums = [], []
+    for C in used:
+        n, s = np.zeros(len(C)), np.zeros(C.shape)
         for Y in parts:
-            s, n = cluster_stats(Y, used[t])
-            sums[t], counts[t] = sums[t] + s, counts[t] + n
-    return counts, sums
+            s_part, n_part = cluster_stats(Y, C)
+            s, n = s + s_part, n + n_part
+        counts.append(n)
+        sums.append(s)
+    return np.concatenate(counts), np.concatenate(sums)
 
 
 def _kmeans(spec, run_dir: Path, mechanisms: list[dict]) -> tuple[list[dict], dict]:
     folder = run_dir / "release" / "measurements"
     traj = pq.read_table(folder / "trajectory.parquet").to_pandas().sort_values(["iteration", "cluster"])
-    T, K, d = traj["iteration"].nunique(), traj["cluster"].nunique(), len(spec.dataset.columns)
-    cents = np.stack([traj[f"centroid_{j}"].to_numpy() for j in range(d)], axis=-1).reshape(T, K, d)
-    initial = np.asarray(json.loads((folder / "measurements.json").read_text())["initial_centroids"])
-    counts, sums = _kmeans_truth(spec, run_dir, np.concatenate([initial[None], cents[:-1]]))
-    rows = [_tally("noisy_count", traj["noisy_count"].to_numpy(np.float64), counts.reshape(-1),
-                   _entry(mechanisms, "count"))]
-    rows += [_tally(f"noisy_sum_{j}", traj[f"noisy_sum_{j}"].to_numpy(np.float64), sums[:, :, j].reshape(-1),
+    d = len(spec.dataset.columns)
+    meta = json.loads((folder / "measurements.json").read_text())
+    # Each round assigns with the previous round's centroids: the seeding round (iteration 0, if any) with its
+    # published candidates, iteration 1 with the initial centroids, iteration t with iteration t - 1's.
+    algo = traj[traj["iteration"] > 0]
+    cents = np.stack([algo[f"centroid_{j}"].to_numpy() for j in range(d)], axis=-1).reshape(-1, meta["k"], d)
+    used = [np.asarray(meta["initial_centroids"])] + list(cents[:-1])
+    if meta.get("seed_candidates"):
+        used.insert(0, np.asarray(meta["seed_candidates"]))
+    counts, sums = _kmeans_truth(spec, run_dir, used)
+    rows = [_tally("noisy_count", traj["noisy_count"].to_numpy(np.float64), counts, _entry(mechanisms, "count"))]
+    rows += [_tally(f"noisy_sum_{j}", traj[f"noisy_sum_{j}"].to_numpy(np.float64), sums[:, j],
                     _entry(mechanisms, "sum")) for j in range(d)]
     tested = [r for r in rows if r["tested"]]
     return rows, {"values": sum(r["values"] for r in tested), "distinguishable": sum(r["distinguishable"]

@@ -3,8 +3,8 @@
 10) on the same points, mean over runs, per epsilon; beside it the single-centroid baseline (the WCSS of the
 scaled points' one mean, non-private).
 
-`ours` is what the `kmeans` kind releases: DP k-means (T iterations, the default domain of the dimension or
---domain), then Lee & Kifer's refinement where `leekifer.refinement_expected_to_help` says so. Noise is
+`ours` is what the `kmeans` kind releases: DP k-means (T rounds, the first seeding as the kind's default, the
+default domain of the dimension or --domain), then Lee & Kifer's refinement where `leekifer.refinement_expected_to_help` says so. Noise is
 simulated (seeded numpy, as every benchmark; the privacy facts are the plan's). diffprivlib gets the same
 scaled points with bounds [-1, 1] and the same epsilon (its own iteration count and budget split); it runs in
 its own interpreter (--peer-python, a venv with diffprivlib; it needs scikit-learn < 1.7), the points and
@@ -69,7 +69,8 @@ def ours(B: np.ndarray, k: int, eps: float, runs: int, iterations: int, dom: str
     from tasks.experiments.kmeans import method_centroids, run_dpkm
 
     stats = dpkmeans.array_stats(domain.project(B, dom))
-    return [method_centroids(run_dpkm(stats, k, B.shape[1], eps, iterations, dom, rng), ("released",),
+    seeding = dpkmeans.default_seeding(iterations)
+    return [method_centroids(run_dpkm(stats, k, B.shape[1], eps, iterations, dom, rng, seeding), ("released",),
                              int(rng.integers(2 ** 31)))["released"] for _ in range(runs)]
 
 
