@@ -10,10 +10,10 @@ scale and the PUBLIC marginals, never the data):
     consistent_table      Algorithm 2: ADMM maximum likelihood (true L1), elastic net or L2, with A x = b, x >= 0
     max_entropy           the zero-budget baseline: the table of maximum entropy with the public marginals
                           (iterative proportional fitting; it ignores the measurement)
-    empirical_bayes_table the posterior mean of each cell under a negative-binomial prior centred on a
-                          log-linear model (the public max-entropy table, or one more order of interactions
-                          fitted to the L1 estimate, chosen by AIC on the noisy cells' marginal likelihood),
-                          raked onto the public marginals
+    empirical_bayes_table posterior means of the cells under priors centred on a log-linear model (the public
+                          max-entropy table, or one more order of interactions fitted to the L1 estimate):
+                          prior only (the max-entropy table itself), negative binomial, gamma; each tilted onto
+                          the public marginals, averaged with Akaike weights from the noisy cells' likelihood
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ import numba
 import numpy as np
 import scipy.sparse as sp
 from scipy.optimize import minimize_scalar
-from scipy.special import gammaln, logsumexp
+from scipy.special import gammainc, gammaincc, gammaln, logsumexp
 from threadpoolctl import threadpool_limits
 
 from dpalgos import admm
@@ -147,41 +147,88 @@ def max_entropy(A: sp.csr_matrix, b: np.ndarray) -> np.ndarray:
     return ipf(A, b, np.ones(A.shape[1]))
 
 
-#: The posterior grids hold cells x (max_count + 1) doubles: beyond this many (512 MB) use the ADMM estimator.
+#: The posterior grids hold cells x support points doubles: beyond this many (512 MB) use the ADMM estimator.
 MAX_GRID = 1 << 26
+#: The gamma prior's support: 0, then steps of GAMMA_STEP * max(1, sqrt(x)), finer than its standard deviation
+#: sqrt(phi x) wherever phi > GAMMA_STEP^2 (smaller phi is the prior-only candidate in all but name).
+GAMMA_STEP = 0.05
+
+
+def _laplace_loglik(residual: np.ndarray, scale: float) -> np.ndarray:
+    """log of the Laplace(scale) density (also the discrete Laplace's on integers, up to a constant)."""
+    return -np.abs(residual) / scale - math.log(2.0 * scale)
+
+
+class NegativeBinomial:
+    """x ~ NegativeBinomial(mean m, shape r) on the integers: Var x = m + m^2 / r, at least Poisson's."""
+    name, bounds = "negative binomial", (-6.0, 12.0)  # log r: from r = 0.0025 to Poisson in all but name
+
+    @staticmethod
+    def support(max_count: int) -> np.ndarray:
+        return np.arange(max_count + 1, dtype=np.float64)
+
+    @staticmethod
+    def log_prior(m: np.ndarray, k: np.ndarray, log_r: float) -> np.ndarray:
+        r = math.exp(log_r)
+        return gammaln(k + r) - gammaln(r) - gammaln(k + 1) + r * np.log(r / (r + m)) + k * np.log(m / (r + m))
+
+
+class Gamma:
+    """x ~ Gamma(shape m / phi, scale phi), continuous: Var x = phi m, below Poisson's for phi < 1 and a point mass
+    at m as phi -> 0. Discretised as its probability of the bin around each support point (0 is a point)."""
+    name, bounds = "gamma", (-8.0, 4.0)  # log phi
+
+    @staticmethod
+    def support(max_count: int) -> np.ndarray:
+        points = [0.0]
+        while points[-1] < max_count:
+            points.append(points[-1] + GAMMA_STEP * max(1.0, math.sqrt(points[-1])))
+        return np.array(points)
+
+    @staticmethod
+    def log_prior(m: np.ndarray, k: np.ndarray, log_phi: float) -> np.ndarray:
+        phi = math.exp(log_phi)
+        edges = np.concatenate([[0.0], (k[1:] + k[:-1]) / 2.0, [np.inf]]) / phi
+        a = m / phi
+        # Bins above the mean differ upper tails, the others lower ones: a difference of two numbers near 1 would
+        # leave rounding noise of 1e-16 where the likelihood may favour a far tail.
+        lower, upper = gammainc(a, edges), gammaincc(a, edges)
+        mass = np.where(edges[:-1] > a, upper[:, :-1] - upper[:, 1:], lower[:, 1:] - lower[:, :-1])
+        with np.errstate(divide="ignore"):
+            return np.log(np.maximum(mass, 0.0))
+
+
+FAMILIES = (NegativeBinomial, Gamma)
 
 
 def nb_posterior_mean(noisy: np.ndarray, prior_mean: np.ndarray, noise_scale: float,
                       max_count: int) -> tuple[np.ndarray, float, float]:
     """Cell by cell, the posterior mean of x_i in {0..max_count} given noisy_i = x_i + Laplace(noise_scale) and
     the prior x_i ~ NegativeBinomial(mean m_i, shape r), r chosen by maximum marginal likelihood of the noisy
-    cells (empirical Bayes). The Laplace density is also the discrete Laplace's, up to a constant.
-    Returns (posterior means, log marginal likelihood at r, r). Cells with m_i = 0 are 0."""
-    post = _Posterior(noisy, prior_mean, noise_scale, max_count)
-    return post.means(), post.loglik, post.r
+    cells (empirical Bayes). Returns (posterior means, log marginal likelihood at r, r). Cells with m_i = 0 are 0."""
+    post = _Posterior(noisy, prior_mean, noise_scale, max_count, NegativeBinomial)
+    return post.means(), post.loglik, post.dispersion
 
 
 class _Posterior:
-    """The cells' log posteriors (up to a constant per cell) on the grid k = 0..max_count under the
-    negative-binomial prior of `nb_posterior_mean`, its shape r fitted by marginal likelihood."""
+    """The cells' log posteriors (up to a constant per cell) on the support of a prior `family` with means
+    prior_mean and one dispersion parameter fitted by maximum marginal likelihood of the noisy cells."""
 
-    def __init__(self, noisy, prior_mean, noise_scale, max_count):
-        self.k = np.arange(max_count + 1, dtype=np.float64)
+    def __init__(self, noisy, prior_mean, noise_scale, max_count, family):
+        self.family, self.k = family, family.support(max_count)
         self.on = np.flatnonzero(prior_mean > 0)
         if self.on.size * self.k.size > MAX_GRID:
             raise ValueError(f"the empirical-Bayes grid ({self.on.size} cells x {self.k.size} counts) is too large: "
                              f"use the admm estimator")
         self.size = noisy.size
         m, k = prior_mean[self.on, None], self.k
-        lik = -np.abs(noisy[self.on, None] - k) / noise_scale - math.log(2.0 * noise_scale)
-
-        def terms(log_r):
-            r = math.exp(log_r)
-            return gammaln(k + r) - gammaln(r) - gammaln(k + 1) + r * np.log(r / (r + m)) + k * np.log(m / (r + m)) + lik
-
-        best = minimize_scalar(lambda t: -logsumexp(terms(t), axis=1).sum(), bounds=(-6.0, 12.0), method="bounded",
-                               options={"xatol": 1e-3})
-        self.r, self.loglik, self.terms = math.exp(best.x), float(-best.fun), terms(best.x)
+        lik = _laplace_loglik(noisy[self.on, None] - k, noise_scale)
+        best = minimize_scalar(lambda t: -logsumexp(family.log_prior(m, k, t) + lik, axis=1).sum(),
+                               bounds=family.bounds, method="bounded", options={"xatol": 1e-2})
+        self.dispersion, self.terms = math.exp(best.x), family.log_prior(m, k, best.x) + lik
+        # A cell whose prior mean is 0 is 0, but its noisy count still has a density: priors with different zero
+        # cells are only comparable with it included.
+        self.loglik = float(-best.fun) + float(_laplace_loglik(np.delete(noisy, self.on), noise_scale).sum())
 
     def means(self, terms: np.ndarray | None = None) -> np.ndarray:
         t = self.terms if terms is None else terms
@@ -222,46 +269,93 @@ class _Posterior:
 
 @dataclass
 class BayesEstimate:
-    """x: the table; prior: the log-linear model chosen ('public' or 'order h'); dispersion: the prior's
-    negative-binomial shape r; aic_gain: log-likelihood gain of the richer model minus its extra parameters."""
+    """x: the table; per candidate prior ('public' or 'order h', then its family): aic, its log marginal
+    likelihood minus the parameters fitted to the noisy cells; weight, its Akaike weight in x; dispersion, its
+    fitted r or phi (0 for prior only)."""
     x: np.ndarray
-    prior: str
-    dispersion: float
-    aic_gain: float
+    aic: dict[str, float]
+    weight: dict[str, float]
+    dispersion: dict[str, float]
+
+    @property
+    def prior(self) -> str:
+        """The mean model of the heaviest candidate."""
+        return max(self.weight, key=self.weight.get).split(", ")[0]
+
+
+#: Candidates whose Akaike weight is below this are left out of the average (their tilt is not computed).
+MIN_WEIGHT = 1e-3
 
 
 def empirical_bayes_table(noisy: np.ndarray, table: Table, marginals: Sequence[Mapping[str, str]], b: np.ndarray,
                           *, noise_scale: float) -> BayesEstimate:
     """The empirical-Bayes table (post-processing of the noisy cells and the PUBLIC marginals only).
 
-    Prior means: (a) the maximum-entropy table of the public marginals (uniform at the L1 estimate's total
-    without any); (b) the log-linear model of the next order h+1 (h the public marginals' order) fitted to
-    the L1 estimate's order-(h+1) marginals and raked onto the public ones. (b) is kept when its marginal
-    likelihood exceeds (a)'s by more than its number of extra parameters (AIC). The released cells are the
-    means of the cells' posterior under that prior, tilted to satisfy the public marginals (`_Posterior.
-    tilted_means`: measured lower MSE than raking the posterior means by IPF in most cells of the paper's table).
+    Prior means m: (a) the maximum-entropy table of the public marginals (uniform at the L1 estimate's total
+    without any); (b) the log-linear model of the next order h+1 (h the public marginals' order) fitted to the L1
+    estimate's order-(h+1) marginals and raked onto the public ones. Prior families, cells independent, with
+    noisy_i = x_i + Laplace(noise_scale):
+        prior only         x = m: the candidate table is m itself (for (a), the max-entropy table)
+        negative binomial  x_i ~ NB(m_i, r) on the integers, Var = m_i + m_i^2 / r (overdispersed)
+        gamma              x_i ~ Gamma(m_i / phi, phi), Var = phi m_i (underdispersed for phi < 1; prior only
+                           as phi -> 0)
+    r and phi maximise the marginal likelihood L = prod_i sum_x p(x | m_i, r) Laplace(noisy_i - x) of the noisy
+    cells. Around (b), whose means were fitted to the same noisy cells and so absorb part of their noise, only the
+    negative binomial: an underdispersed fit there would mistake that absorption for a tight prior (measured on
+    the Czech table with 2-way marginals public: MSE up to 1.7x). Each candidate's table is its posterior's means tilted to satisfy the
+    public marginals (`_Posterior.tilted_means`: measured lower MSE than raking the posterior means by IPF on the
+    paper's tables). x is their average with Akaike weights w_c ~ exp(AIC_c), AIC_c = log L_c minus the
+    parameters fitted to the noisy cells (the dispersion; the free parameters (b) adds): the table moves to the
+    max-entropy one when the noisy cells say less than the public marginals, without the jumps of picking one
+    candidate (measured with tests/benchmarks/contingency_peers.py on Edwards' table, 10 runs per cell: 24/30
+    (marginals, epsilon) cells below every peer averaged, 18/30 picking the best candidate).
     """
     noisy = np.asarray(noisy, dtype=np.float64)
     A = table.constraint_matrix(list(marginals))
     b = np.asarray(b, dtype=np.float64)
-    l1 = consistent_table(noisy, A, b, noise_scale=noise_scale, penalty="l1").x
-    h = marginal_order(marginals)
-    public = max_entropy(A, b) if A.shape[0] else np.full(table.size, l1.sum() / table.size)
+    fits = _candidates(noisy, table, marginals, A, b, noise_scale)
+    top = max(aic for aic, _ in fits.values())
+    weight = {c: math.exp(aic - top) for c, (aic, _) in fits.items()}
+    kept = {c: w for c, w in weight.items() if w >= MIN_WEIGHT}
+    total = sum(kept.values())
+    x = sum(w / total * _candidate_table(fits[c][1], A, b) for c, w in kept.items())
+    return BayesEstimate(x, {c: aic for c, (aic, _) in fits.items()}, {c: kept.get(c, 0.0) / total for c in fits},
+                         {c: 0.0 if isinstance(f, np.ndarray) else f.dispersion for c, (_, f) in fits.items()})
+
+
+def _candidates(noisy, table, marginals, A, b, noise_scale) -> dict[str, tuple[float, "np.ndarray | _Posterior"]]:
+    """Every candidate prior as name -> (AIC, its means for prior only or its fitted posterior)."""
     max_count = int(math.ceil(max(float(noisy.max()), 0.0) + 40.0 * noise_scale))
-    if A.shape[0] and h == 0:
+    if A.shape[0] and marginal_order(marginals) == 0:
         max_count = min(max_count, int(math.ceil(b.max())))
-    post, prior, gain = _Posterior(noisy, public, noise_scale, max_count), "public", -math.inf
-    h = max(h, 0)  # without public marginals, the uniform table against the main effects
+    out = {}
+    for prior, mean, extra in _prior_means(noisy, table, marginals, A, b, noise_scale):
+        if prior == "public":
+            out[f"{prior}, prior only"] = float(_laplace_loglik(noisy - mean, noise_scale).sum()) - extra, mean
+        for family in FAMILIES if prior == "public" else (NegativeBinomial,):
+            post = _Posterior(noisy, mean, noise_scale, max_count, family)
+            out[f"{prior}, {family.name}"] = post.loglik - extra - 1, post
+    return out
+
+
+def _candidate_table(fit, A, b) -> np.ndarray:
+    if isinstance(fit, np.ndarray):
+        return fit
+    return fit.tilted_means(A, b) if A.shape[0] else fit.means()
+
+
+def _prior_means(noisy, table, marginals, A, b, noise_scale):
+    """The candidate prior means as (name, means, parameters fitted to the noisy cells)."""
+    l1 = consistent_table(noisy, A, b, noise_scale=noise_scale, penalty="l1").x
+    public = max_entropy(A, b) if A.shape[0] else np.full(table.size, l1.sum() / table.size)
+    out = [("public", public, 0 if A.shape[0] else 1)]
+    h = max(marginal_order(marginals), 0)  # without public marginals, the uniform table against the main effects
     if h + 1 <= len(table.names):
         A1 = table.constraint_matrix(table.marginals(h + 1))
         richer = ipf(A1, A1 @ l1, np.ones(table.size))
         richer = ipf(A, b, richer) if A.shape[0] else richer
-        post1 = _Posterior(noisy, richer, noise_scale, max_count)
-        gain = post1.loglik - post.loglik - _extra_parameters(A, A1)
-        if gain > 0:
-            post, prior = post1, f"order {h + 1}"
-    x = post.tilted_means(A, b) if A.shape[0] else post.means()
-    return BayesEstimate(x, prior, post.r, gain)
+        out.append((f"order {h + 1}", richer, out[0][2] + _extra_parameters(A, A1)))
+    return out
 
 
 def _extra_parameters(A: sp.csr_matrix, A1: sp.csr_matrix) -> int:

@@ -65,14 +65,19 @@ def plan(noise: NoisePlan, *, kmeans_iterations: int, q: float, steps: int, max_
     (one Gaussian), DP-SGD (one Poisson-subsampled Gaussian per step)."""
     clustering = kk.plan(iterations=kmeans_iterations, sigma=noise.sigma_kmeans, k=k, features=features)
     bins = max_items - min_length + 1
+    a = TOTAL_WEIGHT
     return Plan(clustering.mechanisms + (
         Mechanism("marginals", f"per-cluster item counts (records weighted to at most {max_items} items), sizes "
                                f"and histograms of record lengths {min_length}..{max_items} (longer records in the "
-                               f"last bin)", "gaussian", float(np.sqrt(max_items + 2)),
+                               f"last bin), and two rows of the same over all records (`cluster_counts`)",
+                  "gaussian", float(np.sqrt((1 + a ** 2) * (max_items + 2))),
                   f"one record is in one cluster's row only: it adds its weights w_i = min(1, {max_items}/|x|) to "
                   f"its |x| items (L2 norm sqrt(|x|) w <= sqrt({max_items})), 1 to the size and 1 to one length "
-                  f"bin: L2 sensitivity sqrt({max_items} + 2)", noise.sigma_marginals, relation=ADD_REMOVE_USER,
-                  values=None if k is None or items is None else k * (items + 1 + bins)),
+                  f"bin: L2 norm sqrt({max_items} + 2); to the rows of all records it adds the same times {a:g}, "
+                  f"or, when they hold present/absent counts, 1 to m item cells, the size and one length bin times "
+                  f"{a:g} sqrt((bins + 1) / (m + 2)), L2 norm {a:g} sqrt(bins + 1) <= {a:g} sqrt({max_items} + 2): "
+                  f"L2 sensitivity sqrt((1 + {a:g}^2) ({max_items} + 2))", noise.sigma_marginals,
+                  relation=ADD_REMOVE_USER, values=None if k is None or items is None else (k + 2) * (items + 1 + bins)),
         Mechanism("sgd", "DP-SGD step: histogram of per-example gradient norms (DPNorm) and the clipped gradient "
                          "sum of every cluster's model, on a Poisson sample", "gaussian", None,
                   "one record is in one cluster's batch with probability q; it adds 1 to one bin of the norm "
@@ -131,26 +136,106 @@ calibrate = _quiet_rdp(calibrate)
 
 
 def cluster_counts(X: sp.csr_matrix, labels: np.ndarray, k: int, max_items: int, min_length: int = 1) -> np.ndarray:
-    """(k, m + 1 + bins) table: per cluster, its item counts with every record weighted by min(1, max_items /
-    |record|), its number of records, and its number of records of every length min_length .. max_items
-    (bins = max_items - min_length + 1; longer records in the last bin, shorter ones in the first).
+    """(k + 2, m + 1 + bins) table. Rows 0..k-1, per cluster: its item counts with every record weighted by
+    min(1, max_items / |record|), its number of records, and its number of records of every length min_length ..
+    max_items (bins = max_items - min_length + 1; longer records in the last bin, shorter ones in the first).
+    Rows k and k + 1: the same over all records (row k + 1 zero), scaled by `total_scale`; `reconciled` combines
+    them with the sum of the cluster rows. Under `present_absent`, row k counts every item unweighted and row
+    k + 1 holds its absences (n - count; size and length cells zero): no clipping bias, two measurements of
+    every count.
 
-    One record adds to one row only: at most sqrt(min(|x|, max_items)) <= sqrt(max_items) in L2 to the item
-    counts, 1 to the record count and 1 to one length bin, so the table has L2 sensitivity sqrt(max_items + 2)."""
+    One record adds to one cluster row only: at most sqrt(min(|x|, max_items)) <= sqrt(max_items) in L2 to the
+    item counts, 1 to the record count and 1 to one length bin, L2 norm sqrt(max_items + 2); to rows k, k + 1
+    the same times a = TOTAL_WEIGHT, or (present/absent) 1 to each of m item cells, to the size and to one length
+    bin times a = TOTAL_WEIGHT sqrt((bins + 1) / (m + 2)), L2 norm TOTAL_WEIGHT sqrt(bins + 1). The table has L2
+    sensitivity sqrt((1 + TOTAL_WEIGHT^2) (max_items + 2))."""
     X = X.tocsr()
-    m = X.shape[1]
+    m, bins = X.shape[1], max_items - min_length + 1
     member = sp.csr_matrix((counting.record_weights(X, max_items), (labels, np.arange(X.shape[0]))), shape=(k, X.shape[0]))
-    table = np.zeros((k, m + 1 + max_items - min_length + 1))
-    table[:, :m] = (member @ X).toarray()
-    table[:, m] = np.bincount(labels, minlength=k)
+    table = np.zeros((k + 2, m + 1 + bins))
+    table[:k, :m] = (member @ X).toarray()
+    table[:k, m] = np.bincount(labels, minlength=k)
     lengths = np.clip(np.diff(X.indptr), min_length, max_items) - min_length
     np.add.at(table, (labels, m + 1 + lengths), 1.0)
+    table[k] = table[:k].sum(axis=0)
+    if present_absent(m, bins):
+        table[k, :m] = counting.item_counts(X)
+        table[k + 1, :m] = X.shape[0] - table[k, :m]
+    table[k:] *= total_scale(m, bins)
     return table
 
 
+#: Weight a of the rows of all records in the marginals table against the cluster rows: the item totals (all
+#: that linear queries see) get variance (1 + a^2) / (1/k + a^2) of one cluster row's instead of k times it,
+#: each cluster row (1 + a^2) times. 2 chosen once on BMS1 (64 items, epsilon 1.74, k = 4): see
+#: tests/benchmarks/dpgm_counting.py.
+TOTAL_WEIGHT = 2.0
+
+
+def present_absent(items: int, bins: int) -> bool:
+    """Whether the rows of all records hold present/absent counts (a rule of public sizes): when the items are
+    few against the clip, m + 2 <= 4 (bins + 1), an item's count is then measured twice at variance
+    (m + 2) / (bins + 1) / a^2 each, at most 2 x the variance of a weighted count, and without clipping bias."""
+    return items + 2 <= 4 * (bins + 1)
+
+
+def total_scale(items: int, bins: int) -> float:
+    """The factor a of the rows of all records (see `cluster_counts`)."""
+    return TOTAL_WEIGHT * (float(np.sqrt((bins + 1) / (items + 2))) if present_absent(items, bins) else 1.0)
+
+
+def reconciled(noisy_table: np.ndarray, items: int) -> np.ndarray:
+    """A noisy `cluster_counts` table whose cluster rows are made consistent with its rows of all records
+    (post-processing): every column's total `column_totals` is shared among the clusters in proportion to their
+    nonnegative parts (items: in proportion to the cluster's rate per record, its row projected onto the
+    nonnegative vectors of its noisy total (`project_simplex`) over its size and at most 1, times its
+    reconciled size). Least squares would add the same amount to every cluster, and a cluster of few records
+    would take items it has no records to hold. The item totals then have about the variance of the rows of
+    all records, not k times a cluster row's, and hold the long records the cluster rows weight down."""
+    k = noisy_table.shape[0] - 2
+    C, total = noisy_table[:k], column_totals(noisy_table, items)
+    out = noisy_table.copy()
+    out[:k] = total * _shares(np.maximum(C, 0.0))
+    rates = np.array([project_simplex(row, row.sum()) if row.sum() > 0 else np.zeros(items) for row in C[:, :items]])
+    out[:k, :items] = total[:items] * _shares(np.minimum(rates / np.maximum(C[:, items], 1.0)[:, None], 1.0)
+                                              * out[:k, items, None])
+    return out
+
+
+def _shares(weights: np.ndarray) -> np.ndarray:
+    """Every column of weights (k, w) over its sum; equal shares where a column is all zero."""
+    weights = weights.copy()
+    weights[:, weights.sum(axis=0) == 0] = 1.0
+    return weights / weights.sum(axis=0)
+
+
+def column_totals(noisy_table: np.ndarray, items: int) -> np.ndarray:
+    """Least-squares totals of the columns of a noisy `cluster_counts` table over its k clusters. Every cell
+    carries the same noise: a cluster cell has variance 1, the total G of its column (row k over a) variance
+    V = 1 / a^2, and T = sum_s c_s + k (G - sum_s c_s) / (k + V). Present/absent rows (u present, v absent,
+    g the size, over a): n solves min sum_j (u_j - c_j)^2 + (v_j - n + c_j)^2 + (g - n)^2, so
+    n = (sum_j (u_j + v_j) / 2 + g) / (m / 2 + 1), and G_j = (u_j + n - v_j) / 2 has V = 1 / (2 a^2). The items'
+    T are projected onto the nonnegative vectors of their sum (clipping would add the positive half of the
+    noise of every absent item, as in `marginals_and_sizes`)."""
+    k, bins = noisy_table.shape[0] - 2, noisy_table.shape[1] - items - 1
+    a = total_scale(items, bins)
+    C = noisy_table[:k].sum(axis=0)
+    G, V = noisy_table[k] / a, np.full(noisy_table.shape[1], 1.0 / a ** 2)
+    if present_absent(items, bins):
+        u, v = G[:items], noisy_table[k + 1, :items] / a
+        n = (0.5 * (u + v).sum() + G[items]) / (items / 2 + 1)
+        G[:items], G[items] = 0.5 * (u + n - v), n
+        V[:items], V[items] = 1.0 / (2 * a ** 2), 1.0 / (a ** 2 * (items / 2 + 1))
+    total = C + k * (G - C) / (k + V)
+    items_total = total[:items].sum()
+    total[:items] = project_simplex(total[:items], items_total) if items_total > 0 else 0.0
+    return total
+
+
 def split_table(table: np.ndarray, items: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(item counts (k, m), sizes (k,), length histograms (k, bins)) of a `cluster_counts` table."""
-    return table[:, :items], table[:, items], table[:, items + 1:]
+    """(item counts (k, m), sizes (k,), length histograms (k, bins)) of the cluster rows of a `cluster_counts`
+    table."""
+    return table[:-2, :items], table[:-2, items], table[:-2, items + 1:]
 
 
 def project_simplex(v: np.ndarray, total: float) -> np.ndarray:
@@ -167,7 +252,7 @@ def marginals_and_sizes(noisy_table: np.ndarray, items: int) -> tuple[np.ndarray
     Clipping negative noisy counts at zero would add the positive half of the noise of every rare item and
     inflate the expected record length many times over when items are many and records few; instead every
     row of counts is projected onto the nonnegative vectors with the row's noisy total (which is unbiased)."""
-    counts, sizes, _ = split_table(noisy_table, items)
+    counts, sizes, _ = split_table(reconciled(noisy_table, items), items)
     sizes = np.maximum(sizes, 1.0)
     counts = np.array([project_simplex(row, max(row.sum(), 1.0)) for row in counts])
     return np.clip(counts / sizes[:, None], 1e-4, 1 - 1e-4), sizes
@@ -261,7 +346,7 @@ def length_distributions(noisy_table: np.ndarray, items: int, min_length: int) -
     empty) records projects into a spurious tail of long records (CDR, 200k: total items 0.67 % high)."""
     from scipy.optimize import nnls
 
-    counts, sizes, hist = split_table(noisy_table, items)
+    counts, sizes, hist = split_table(reconciled(noisy_table, items), items)
     bins, tie = hist.shape[1], 1e3
     values = np.arange(min_length, min_length + bins, dtype=np.float64)
     A = np.vstack([np.eye(bins), tie * np.ones(bins), tie * values])

@@ -143,8 +143,11 @@ def test_length_estimate_fits_the_item_total_so_the_noise_of_empty_bins_adds_no_
     noisy = np.zeros(31)
     noisy[0] = 18_000                             # a cluster of empty records
     noisy += rng.normal(0, scale, 31)
-    table = np.concatenate([rng.normal(0, scale, 64), [18_000 + rng.normal(0, scale)], noisy])
-    mean_length = dpgm.length_distributions(table[None], 64, 0)[0] @ np.arange(31)
+    cluster = np.concatenate([rng.normal(0, scale, 64), [18_000 + rng.normal(0, scale)], noisy])
+    a = dpgm.total_scale(64, 31)                  # the rows of all records: present/absent counts
+    top = a * np.concatenate([np.zeros(64), [18_000], noisy * 0 + np.eye(31)[0] * 18_000]) + rng.normal(0, scale, 96)
+    bottom = a * np.concatenate([np.full(64, 18_000.0), np.zeros(32)]) + rng.normal(0, scale, 96)
+    mean_length = dpgm.length_distributions(np.vstack([cluster, top, bottom]), 64, 0)[0] @ np.arange(31)
     simplex = dpgm.project_simplex(noisy, noisy.sum())
     assert mean_length < 0.005 < 0.01 < simplex @ np.arange(31) / simplex.sum()
 
@@ -160,9 +163,32 @@ def test_cluster_table_has_l2_sensitivity_sqrt_max_items_plus_two():
                               shape=(1, 40))
         more = dpgm.cluster_counts(sp.vstack([X, extra]).tocsr(), np.append(labels, 1), 3, max_items=5)
         worst = max(worst, np.linalg.norm(more - base))
-    assert worst == pytest.approx(np.sqrt(7), rel=1e-12)  # the bound sqrt(5 + 2) is attained at length 5
+    bound = np.sqrt(7 * (1 + dpgm.TOTAL_WEIGHT ** 2))
+    assert worst == pytest.approx(bound, rel=1e-12)  # the bound sqrt((1 + a^2)(5 + 2)) is attained at length 5
     assert dpgm.plan(dpgm.NoisePlan(1.0, 1.0, 1.0), kmeans_iterations=1, q=0.1, steps=1,
-                     max_items=5)["marginals"].sensitivity == pytest.approx(np.sqrt(7))
+                     max_items=5)["marginals"].sensitivity == pytest.approx(bound)
+
+
+def test_present_absent_rows_stay_within_the_sensitivity_and_reconciling_shrinks_the_item_totals_error():
+    rng = np.random.default_rng(30)
+    X, k, max_items = _records(3000, 20, 0.1, 31), 4, 5   # 20 items, clip 5: present/absent rows
+    labels = rng.integers(0, k, 3000)
+    assert dpgm.present_absent(20, max_items + 1)
+    base = dpgm.cluster_counts(X, labels, k, max_items, 0)
+    bound = np.sqrt((1 + dpgm.TOTAL_WEIGHT ** 2) * (max_items + 2))
+    for length in (0, 1, 5, 20):
+        extra = sp.csr_matrix((np.ones(length, np.float32), (np.zeros(length, int), rng.choice(20, length, False))),
+                              shape=(1, 20))
+        more = dpgm.cluster_counts(sp.vstack([X, extra]).tocsr(), np.append(labels, 0), k, max_items, 0)
+        assert np.linalg.norm(more - base) <= bound * (1 + 1e-12)
+    true = counting.item_counts(X)
+    plain, joint = [], []
+    for seed in range(20):
+        noisy = base + np.random.default_rng(seed).normal(0, 10.0, base.shape)
+        plain.append(noisy[:k, :20].sum(axis=0) - true)
+        joint.append(dpgm.reconciled(noisy, 20)[:k, :20].sum(axis=0) - true)
+    # k cluster rows summed: variance 4 x 100; the rows of all records: about 100 / (2 a^2) (a = 2 sqrt(7/22)).
+    assert np.std(joint) < 0.5 * np.std(plain)
 
 
 def test_marginal_initialisation_starts_every_model_at_the_independent_items_model():

@@ -23,8 +23,9 @@ class ContingencyParams(ConsistencyBase):
     kind: Literal["contingency"] = "contingency"
     estimator: Literal["admm", "empirical_bayes"] = Field(
         "admm", description="admm: maximum likelihood (penalty, alpha, rho); empirical_bayes: posterior mean of "
-                            "each cell under a log-linear prior fitted to the noisy cells and the public marginals "
-                            "(lower cell MSE on the paper's tables; post-processing like ADMM)")
+                            "each cell under log-linear priors fitted to the noisy cells and the public marginals, "
+                            "averaged by their likelihood, down to the max-entropy table itself (lower cell MSE on "
+                            "the paper's tables; post-processing like ADMM)")
     public_marginals: str | None = Field(
         None, description="CSV of public marginal counts: one column per attribute (empty = summed out) and "
                           "`count`; e.g. M0 is one row of empty attributes and the total")
@@ -171,8 +172,9 @@ def _estimate(p, table, noisy, marginals, values, A, scale) -> tuple[np.ndarray,
     """The released table from the noisy cells, the public marginals and the plan's noise scale only."""
     if p.estimator == "empirical_bayes":
         est = contingency.empirical_bayes_table(noisy, table, marginals, values, noise_scale=scale)
-        return est.x, {"method": "empirical Bayes (negative-binomial prior on a log-linear model, raked by IPF)",
-                       "prior": est.prior, "dispersion": est.dispersion, "aic_gain": est.aic_gain}
+        return est.x, {"method": "empirical Bayes (posterior means under prior-only, negative-binomial and gamma "
+                                 "priors on log-linear models, tilted onto the public marginals, Akaike-weighted)",
+                       "weight": est.weight, "aic": est.aic, "dispersion": est.dispersion}
     res = contingency.consistent_table(noisy, A, values, noise_scale=scale, penalty=p.penalty, alpha=p.alpha, rho=p.rho)
     return res.x, {"method": "admm (Lee, Wang & Kifer Algorithm 2)", "penalty": p.penalty, "alpha": p.alpha,
                    "rho": p.rho, "iterations": res.iterations, "converged": res.converged}
