@@ -52,9 +52,11 @@ SEED_MULTIPLE = 4
 
 @dataclass(frozen=True)
 class Seeding:
-    """The seeding round: its data-independent candidates (K', d), their noisy counts (K',) and sums (K', d),
-    the candidates' noisy means (K', d) and the K starting centroids clustered from them."""
+    """The seeding round: its data-independent candidates (K', d) at pairwise distance >= min_distance, their
+    noisy counts (K',) and sums (K', d), the candidates' noisy means (K', d) and the K starting centroids
+    clustered from them."""
     candidates: np.ndarray
+    min_distance: float
     noisy_counts: np.ndarray
     noisy_sums: np.ndarray
     means: np.ndarray
@@ -122,21 +124,47 @@ def array_stats(X: np.ndarray) -> Stats:
 
 
 def update_centroids(noisy_sums: np.ndarray, noisy_counts: np.ndarray, previous: np.ndarray,
-                     domain: str = "l1_ball") -> np.ndarray:
+                     domain: str = "l1_ball", sum_scale: float | None = None) -> np.ndarray:
     """c_j = s~_j / n~_j, with the rule for small noisy counts.
 
     A noisy count below MIN_NOISY_COUNT (in particular n~_j <= 0) carries no usable estimate of the
     cluster's size, and dividing by it would throw the centroid arbitrarily far: such a cluster keeps its
-    previous centroid. Every other centroid is projected onto the domain, where the true mean of its
-    points must lie (every domain is convex). The rule reads only noisy values and public constants, so it
-    is postprocessing and costs no privacy.
+    previous centroid. Every other centroid is brought into the domain, where the true mean of its points
+    must lie (every domain is convex): in the box, given the sums' Laplace scale `sum_scale`, by its posterior
+    mean under the uniform prior on the box (`box_posterior_mean`); otherwise by projection. The rule reads
+    only noisy values and public constants, so it is postprocessing and costs no privacy.
     """
     counts = np.asarray(noisy_counts, dtype=np.float64)
     ok = counts >= MIN_NOISY_COUNT
     out = np.array(previous, dtype=np.float64, copy=True)
     if np.any(ok):
-        out[ok] = domains.project(noisy_sums[ok] / counts[ok, None], domain)
+        means = noisy_sums[ok] / counts[ok, None]
+        out[ok] = (box_posterior_mean(means, sum_scale / counts[ok, None])
+                   if domain == "box" and sum_scale is not None else domains.project(means, domain))
     return out
+
+
+def box_posterior_mean(y: np.ndarray, beta) -> np.ndarray:
+    """E[mu | y] per coordinate for y = mu + Laplace(beta), mu uniform on [-1, 1] (the box's public prior; ours).
+
+    A cluster mean measured as s~/n~ has coordinate noise Laplace(b_S / n) (the count's own noise ignored).
+    Projection (clipping) sends a coordinate whose noise dwarfs the box to a face, at squared distance about
+    1 + x^2 from a point x; the posterior mean shrinks it toward the centre as the noise grows (0 in the limit,
+    distance x^2) and is clip(y) as beta -> 0. The posterior is a Laplace density truncated to [-1, 1]; with
+    c = clip(y, -1, 1), its parts left and right of c are exponentials on [-1, c] and [c, 1] of rate 1/beta,
+    of masses beta (1 - e^(-a)), beta (1 - e^(-b)), a = (c + 1)/beta, b = (1 - c)/beta, and means
+    c - beta + (c + 1)/(e^a - 1) and c + beta - (1 - c)/(e^b - 1) (the mean of an exponential truncated to an
+    interval). Checked against numerical integration in tests/test_dpkmeans.py."""
+    y = np.asarray(y, dtype=np.float64)
+    beta = np.broadcast_to(np.asarray(beta, dtype=np.float64), y.shape)
+    c = np.clip(y, -1.0, 1.0)
+    a, b = (c + 1.0) / beta, (1.0 - c) / beta
+    left, right = -np.expm1(-a), -np.expm1(-b)
+    with np.errstate(over="ignore", divide="ignore", invalid="ignore"):
+        # (c + 1)/(e^a - 1) -> beta as a -> 0, and -> 0 once e^a overflows
+        mean_left = c - beta + np.where(a > 0, (c + 1.0) / np.expm1(a), beta)
+        mean_right = c + beta - np.where(b > 0, (1.0 - c) / np.expm1(b), beta)
+    return (left * mean_left + right * mean_right) / (left + right)
 
 
 def plan(*, epsilon: float, iterations: int, k: int | None = None, d: int | None = None,
@@ -212,7 +240,7 @@ def dp_kmeans(stats: Stats, initial_centroids: np.ndarray, *, iterations: int, m
         sums, counts = stats(C)
         counts_t[t] = measure("counts", counts)
         sums_t[t] = measure("sums", sums)
-        C = update_centroids(sums_t[t], counts_t[t], C, domain)
+        C = update_centroids(sums_t[t], counts_t[t], C, domain, measure.plan["sums"].scale)
         cents_t[t] = C
         if on_iteration is not None:
             on_iteration(t + 1, C)
@@ -235,16 +263,18 @@ def oversampled_seeds(stats: Stats, k: int, d: int, rng: np.random.Generator, *,
     count clipped at 0. Everything after the measurement is post-processing; `rng` is public randomness."""
     from sklearn.cluster import KMeans
 
-    candidates, _ = data_independent_centroids(SEED_MULTIPLE * k, d, rng, domain=domain)
+    if measure.plan["seed_sums"].sensitivity != domains.sum_sensitivity(domain, d):
+        raise ValueError(f"the plan's seed sum sensitivity {measure.plan['seed_sums'].sensitivity} is not the {domain}'s")
+    candidates, min_distance = data_independent_centroids(SEED_MULTIPLE * k, d, rng, domain=domain)
     sums, counts = stats(candidates)
     noisy_counts, noisy_sums = measure("seed_counts", counts), measure("seed_sums", sums)
-    means = update_centroids(noisy_sums, noisy_counts, candidates, domain)
+    means = update_centroids(noisy_sums, noisy_counts, candidates, domain, measure.plan["seed_sums"].scale)
     # A tiny floor keeps every candidate selectable when fewer than K have positive noisy counts.
     weights = np.clip(noisy_counts, 0.0, None) + 1e-9
     km = KMeans(n_clusters=k, init="k-means++", n_init=10, random_state=int(rng.integers(2 ** 31)))
     with threadpool_limits(1):  # a few hundred points: thread start-up would cost 40x the fit
         initial = domains.project(km.fit(means, sample_weight=weights).cluster_centers_, domain)
-    return Seeding(candidates, noisy_counts, noisy_sums, means, initial)
+    return Seeding(candidates, min_distance, noisy_counts, noisy_sums, means, initial)
 
 
 def data_independent_centroids(k: int, d: int, rng: np.random.Generator, *,

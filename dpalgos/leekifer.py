@@ -121,7 +121,7 @@ def consistent_centroids(stats: ConsistentStatistics, traj: Trajectory) -> np.nd
     from dpalgos.dpkmeans import update_centroids
 
     return update_centroids(stats.sums[-1], stats.counts[-1], traj.centroids[-2] if traj.iterations > 1
-                            else traj.initial_centroids, traj.domain)
+                            else traj.initial_centroids, traj.domain, traj.sum_scale)
 
 
 @numba.njit(cache=True, inline="always")

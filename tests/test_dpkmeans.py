@@ -277,3 +277,24 @@ def test_seeding_escapes_the_local_optima_of_data_independent_starts():
     X = domain.project(centres[rng.integers(9, size=2000)] + rng.normal(0, 0.03, (2000, 2)), "l2_ball")
     seeded, unseeded = _start_ratio(X, 9, True), _start_ratio(X, 9, False)
     assert seeded < 1.02 < 1.3 < unseeded
+
+
+@pytest.mark.parametrize("y, beta", [(0.3, 0.01), (0.3, 100.0), (5.0, 0.01), (5.0, 1.0), (-3.0, 0.5), (0.99, 0.2),
+                                     (-1.0, 1e-9), (1e6, 1e4)])
+def test_box_posterior_mean_is_the_truncated_laplace_mean(y, beta):
+    mu = np.linspace(-1.0, 1.0, 400_001)
+    log_w = -np.abs(mu - y) / beta
+    w = np.exp(log_w - log_w.max())
+    expected = (mu * w).sum() / w.sum()
+    assert dpkmeans.box_posterior_mean(np.array([y]), beta)[0] == pytest.approx(expected, abs=2e-5)
+
+
+def test_box_update_shrinks_noisy_centroids_to_the_centre_and_keeps_precise_ones():
+    prev = np.zeros((2, 3))
+    counts = np.array([100.0, 100.0])
+    sums = np.array([[50.0, -30.0, 250.0], [5e5, -5e5, 0.0]])  # a precise mean, and one the noise threw far out
+    precise = dpkmeans.update_centroids(sums, counts, prev, "box", sum_scale=1e-3)
+    assert np.allclose(precise[0], [0.5, -0.3, 1.0], atol=1e-4)
+    noisy = dpkmeans.update_centroids(sums, counts, prev, "box", sum_scale=1e6)  # noise 1e4 per coordinate
+    assert np.all(np.abs(noisy) < 0.01)  # projection would put them on the faces (+-1)
+    assert np.allclose(dpkmeans.update_centroids(sums, counts, prev, "box")[1], [1.0, -1.0, 0.0])

@@ -24,6 +24,8 @@ def _spec(tmp_path, **changes):
     ({"release.epsilon": float("inf")}, "epsilon must be finite"),
     ({"release.epsilon": 1e308}, "at most 100"),
     ({"release.k": 0}, "release.k"),
+    ({"release.seeding": "oversampled", "release.iterations": 1}, "needs iterations >= 2"),
+    ({"release.seeding": "oversampled", "release.min_centroid_distance": 0.2}, "needs seeding: none"),
     ({"dataset.bounds": {}}, "bounds are missing"),
     ({"dataset.bounds": ...}, "bounds are missing"),
     ({"dataset.bounds": {"x": [5, 5]}}, "need lower < upper"),
@@ -59,6 +61,15 @@ def test_seed_accepted_in_test_mode_and_fingerprint_tracks_parameters(tmp_path):
     b = parse_spec(_spec(tmp_path, **{"release.epsilon": 0.5}))
     assert a.seed == 3 and a.fingerprint() != b.fingerprint()
     assert parse_spec(_spec(tmp_path)).fingerprint() == parse_spec(_spec(tmp_path)).fingerprint()
+
+
+def test_kmeans_seeding_default_is_a_rule_of_public_parameters(tmp_path):
+    from tasks.kinds.kmeans import seeded
+
+    assert seeded(parse_spec(_spec(tmp_path, **{"release.iterations": 2})))
+    assert not seeded(parse_spec(_spec(tmp_path, **{"release.iterations": 1})))
+    assert not seeded(parse_spec(_spec(tmp_path, **{"release.min_centroid_distance": 0.2})))
+    assert not seeded(parse_spec(_spec(tmp_path, **{"release.seeding": "none"})))
 
 
 def test_load_spec_from_yaml_with_overrides(tmp_path):

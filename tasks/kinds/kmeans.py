@@ -14,7 +14,7 @@ from typing import Literal
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from data_contracts import suites
 from data_contracts.validate import parquet_files
@@ -41,8 +41,8 @@ class KMeansParams(ReleaseBase):
                           "none: Algorithm 1 from data-independent centroids, as the paper; default: oversampled "
                           "when T >= 2")
     min_centroid_distance: float | None = Field(
-        None, gt=0, description="public pairwise minimum distance of the initial centroids; default: "
-                                "Su et al.'s shrinking sphere packing")
+        None, gt=0, description="public pairwise minimum distance of data-independent initial centroids (seeding: "
+                                "none, the default when it is set); default: Su et al.'s shrinking sphere packing")
     postprocess: list[Literal["consistency", "mcmc"]] = Field(
         ["consistency", "mcmc"], description="Lee & Kifer postprocessing of the trajectory: consistency (§3.2) "
                                             "and MCMC refinement (§3.3), released when the noisy trajectory says it "
@@ -50,6 +50,14 @@ class KMeansParams(ReleaseBase):
     mcmc_steps: int | None = Field(None, ge=1, description="chain length; default max(30000, 30 x dataset size)")
     mcmc_temperature: float = Field(1.0 / 64, gt=0, description="the chain targets pi^(1/temperature)")
     mcmc_delta: tuple[float, float] = Field((0.001, 0.01), description="range of the proposal variances")
+
+    @model_validator(mode="after")
+    def _seeding_fits(self):
+        if self.seeding == "oversampled" and self.iterations < 2:
+            raise ValueError("seeding: oversampled spends the first of the T rounds: it needs iterations >= 2")
+        if self.seeding == "oversampled" and self.min_centroid_distance is not None:
+            raise ValueError("min_centroid_distance spaces data-independent starts: it needs seeding: none")
+        return self
 
 
 TRAJECTORY = "trajectory.parquet"
@@ -73,7 +81,9 @@ def seeded(spec) -> bool:
     """Whether the release spends its first round on oversampled seeding (the spec's choice, or the default
     rule of the public T)."""
     p = spec.release
-    return p.seeding == "oversampled" if p.seeding else dpkmeans.default_seeding(p.iterations)
+    if p.seeding:
+        return p.seeding == "oversampled"
+    return dpkmeans.default_seeding(p.iterations) and p.min_centroid_distance is None
 
 
 def postprocessing_seed(measurements: Path) -> int:
@@ -207,16 +217,18 @@ class KMeansKind(ReleaseKind):
     def draw(self, spec, prepared, measure, public_rng, log):
         p = spec.release
         d, dom, seeds = len(spec.dataset.columns), domain_of(spec), seeded(spec)
-        # Data-independent centroids depend only on (K, d, domain) and public randomness: they cost nothing.
-        initial, min_distance = dpkmeans.data_independent_centroids(p.k, d, public_rng, domain=dom,
-                                                                    min_distance=p.min_centroid_distance)
         points = Partitioned.points(current_client(), parquet_files(prepared.path), spec.dataset.columns)
         stats = lambda C: points.reduce(dpkmeans.cluster_stats, C)
         try:
-            seeding = dpkmeans.oversampled_seeds(stats, p.k, d, public_rng, measure=measure, domain=dom) if seeds else None
-            if seeding is not None:
+            if seeds:
+                seeding = dpkmeans.oversampled_seeds(stats, p.k, d, public_rng, measure=measure, domain=dom)
                 log.info("DP k-means round 1/%d: seeding from %d candidates", p.iterations, len(seeding.candidates))
-                initial = seeding.initial_centroids
+                initial, min_distance = seeding.initial_centroids, seeding.min_distance
+            else:
+                # Data-independent centroids depend only on (K, d, domain) and public randomness: they cost nothing.
+                seeding = None
+                initial, min_distance = dpkmeans.data_independent_centroids(p.k, d, public_rng, domain=dom,
+                                                                            min_distance=p.min_centroid_distance)
             traj = dpkmeans.dp_kmeans(stats, initial, iterations=p.iterations - seeds, measure=measure, domain=dom,
                                       on_iteration=lambda t, _: log.info("DP k-means round %d/%d", t + seeds,
                                                                          p.iterations))
