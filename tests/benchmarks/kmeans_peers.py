@@ -15,6 +15,7 @@ points are sampled from it). Lines:
     python tests/benchmarks/kmeans_peers.py --data ../shared/data/kmeans/s1.txt --k 15 --runs 10
     python tests/benchmarks/kmeans_peers.py --data ../shared/data/kmeans/adult_numeric.csv --k 5 --runs 10
     python tests/benchmarks/kmeans_peers.py --data ../shared/data/spatial/checkin_256_256.npy --k 5 --runs 10
+    python tests/benchmarks/kmeans_peers.py --data sklearn:wine --k 3 --runs 10     # also iris 3, breast_cancer 2, digits 10
 """
 
 from __future__ import annotations
@@ -56,11 +57,17 @@ def run_peer(python: str, B: np.ndarray, k: int, epsilons: list[float], runs: in
 
 
 def load(path: str) -> np.ndarray:
+    """A numeric CSV, a .npy check-in histogram (Gowalla-like points), or `sklearn:NAME`, one of scikit-learn's
+    bundled datasets (iris, wine, breast_cancer, digits: small held-out sets)."""
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from _data import load_numeric_csv
 
     from tasks.experiments.points import gowalla_like
 
+    if path.startswith("sklearn:"):
+        from sklearn import datasets
+
+        return getattr(datasets, "load_" + path.split(":", 1)[1])().data.astype(np.float64)
     return gowalla_like(path) if path.endswith(".npy") else load_numeric_csv(path)
 
 
@@ -76,7 +83,7 @@ def ours(B: np.ndarray, k: int, eps: float, runs: int, iterations: int, dom: str
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--data", help="CSV of numeric columns, or a .npy check-in histogram")
+    ap.add_argument("--data", help="CSV of numeric columns, a .npy check-in histogram, or sklearn:NAME")
     ap.add_argument("--k", type=int, required=True)
     ap.add_argument("--runs", type=int, default=10)
     ap.add_argument("--eps", default=EPSILONS)
