@@ -69,14 +69,16 @@ def plan(noise: NoisePlan, *, kmeans_iterations: int, q: float, steps: int, max_
     return Plan(clustering.mechanisms + (
         Mechanism("marginals", f"per-cluster item counts (records weighted to at most {max_items} items), sizes "
                                f"and histograms of record lengths {min_length}..{max_items} (longer records in the "
-                               f"last bin), and two rows of the same over all records (`cluster_counts`)",
-                  "gaussian", float(np.sqrt((1 + a ** 2) * (max_items + 2))),
+                               f"last bin), and, for few items, two rows of present/absent counts, size and "
+                               f"length histogram over all records (`cluster_counts`)",
+                  "gaussian", marginals_sensitivity(max_items, items, bins),
                   f"one record is in one cluster's row only: it adds its weights w_i = min(1, {max_items}/|x|) to "
                   f"its |x| items (L2 norm sqrt(|x|) w <= sqrt({max_items})), 1 to the size and 1 to one length "
-                  f"bin: L2 norm sqrt({max_items} + 2); to the rows of all records it adds the same times {a:g}, "
-                  f"or, when they hold present/absent counts, 1 to m item cells, the size and one length bin times "
-                  f"{a:g} sqrt((bins + 1) / (m + 2)), L2 norm {a:g} sqrt(bins + 1) <= {a:g} sqrt({max_items} + 2): "
-                  f"L2 sensitivity sqrt((1 + {a:g}^2) ({max_items} + 2))", noise.sigma_marginals,
+                  f"bin: L2 norm sqrt({max_items} + 2); when m + 2 <= 4 (bins + 1) (`present_absent`; assumed "
+                  f"when m is unknown) it adds to the rows of all records 1 to m item cells (present or absent), "
+                  f"the size and one length bin times {a:g} sqrt((bins + 1) / (m + 2)), L2 norm {a:g} "
+                  f"sqrt(bins + 1) <= {a:g} sqrt({max_items} + 2): L2 sensitivity sqrt((1 + {a:g}^2) ({max_items} "
+                  f"+ 2)), otherwise (rows of all records zero) sqrt({max_items} + 2)", noise.sigma_marginals,
                   relation=ADD_REMOVE_USER, values=None if k is None or items is None else (k + 2) * (items + 1 + bins)),
         Mechanism("sgd", "DP-SGD step: histogram of per-example gradient norms (DPNorm) and the clipped gradient "
                          "sum of every cluster's model, on a Poisson sample", "gaussian", None,
@@ -139,16 +141,17 @@ def cluster_counts(X: sp.csr_matrix, labels: np.ndarray, k: int, max_items: int,
     """(k + 2, m + 1 + bins) table. Rows 0..k-1, per cluster: its item counts with every record weighted by
     min(1, max_items / |record|), its number of records, and its number of records of every length min_length ..
     max_items (bins = max_items - min_length + 1; longer records in the last bin, shorter ones in the first).
-    Rows k and k + 1: the same over all records (row k + 1 zero), scaled by `total_scale`; `reconciled` combines
-    them with the sum of the cluster rows. Under `present_absent`, row k counts every item unweighted and row
-    k + 1 holds its absences (n - count; size and length cells zero): no clipping bias, two measurements of
-    every count.
+    Rows k and k + 1, under `present_absent` (few items), over all records scaled by a = `total_scale`: row k
+    every item's count unweighted, the number of records and its length histogram, row k + 1 every item's
+    absences (n - count); `reconciled` combines them with the sum of the cluster rows: no clipping bias, two
+    measurements of every count. Otherwise rows k and k + 1 are zero.
 
     One record adds to one cluster row only: at most sqrt(min(|x|, max_items)) <= sqrt(max_items) in L2 to the
     item counts, 1 to the record count and 1 to one length bin, L2 norm sqrt(max_items + 2); to rows k, k + 1
-    the same times a = TOTAL_WEIGHT, or (present/absent) 1 to each of m item cells, to the size and to one length
-    bin times a = TOTAL_WEIGHT sqrt((bins + 1) / (m + 2)), L2 norm TOTAL_WEIGHT sqrt(bins + 1). The table has L2
-    sensitivity sqrt((1 + TOTAL_WEIGHT^2) (max_items + 2))."""
+    (present/absent) 1 to each of m item cells, to the size and to one length bin times a = TOTAL_WEIGHT
+    sqrt((bins + 1) / (m + 2)), L2 norm TOTAL_WEIGHT sqrt(bins + 1) <= TOTAL_WEIGHT sqrt(max_items + 2). The
+    table has L2 sensitivity sqrt((1 + TOTAL_WEIGHT^2) (max_items + 2)) under present/absent, sqrt(max_items + 2)
+    otherwise (`marginals_sensitivity`)."""
     X = X.tocsr()
     m, bins = X.shape[1], max_items - min_length + 1
     member = sp.csr_matrix((counting.record_weights(X, max_items), (labels, np.arange(X.shape[0]))), shape=(k, X.shape[0]))
@@ -157,31 +160,41 @@ def cluster_counts(X: sp.csr_matrix, labels: np.ndarray, k: int, max_items: int,
     table[:k, m] = np.bincount(labels, minlength=k)
     lengths = np.clip(np.diff(X.indptr), min_length, max_items) - min_length
     np.add.at(table, (labels, m + 1 + lengths), 1.0)
-    table[k] = table[:k].sum(axis=0)
     if present_absent(m, bins):
+        table[k] = table[:k].sum(axis=0)   # the size and length histogram of all records
         table[k, :m] = counting.item_counts(X)
         table[k + 1, :m] = X.shape[0] - table[k, :m]
-    table[k:] *= total_scale(m, bins)
+        table[k:] *= total_scale(m, bins)
     return table
 
 
-#: Weight a of the rows of all records in the marginals table against the cluster rows: the item totals (all
-#: that linear queries see) get variance (1 + a^2) / (1/k + a^2) of one cluster row's instead of k times it,
-#: each cluster row (1 + a^2) times. 2 chosen once on BMS1 (64 items, epsilon 1.74, k = 4): see
-#: tests/benchmarks/dpgm_counting.py.
+#: Weight of the rows of all records in the marginals table against the cluster rows: the item totals (all
+#: that linear queries see) get variance about (1 + a^2) / (1/k + 2 a^2 (bins + 1) / (m + 2)) of one cluster
+#: row's instead of k times it, each cluster row (1 + a^2) times. 2 chosen once on BMS1 (64 items, epsilon
+#: 1.74, k = 4): see tests/benchmarks/dpgm_counting.py.
 TOTAL_WEIGHT = 2.0
 
 
 def present_absent(items: int, bins: int) -> bool:
-    """Whether the rows of all records hold present/absent counts (a rule of public sizes): when the items are
-    few against the clip, m + 2 <= 4 (bins + 1), an item's count is then measured twice at variance
-    (m + 2) / (bins + 1) / a^2 each, at most 2 x the variance of a weighted count, and without clipping bias."""
+    """Whether the table has rows of all records, holding present/absent counts (a rule of public sizes): when
+    the items are few against the clip, m + 2 <= 4 (bins + 1), an item's count is then measured twice at
+    variance (m + 2) / (bins + 1) / a^2 each, at most 2 x the variance of a weighted count, and without
+    clipping bias. With many items the rows' (1 + a^2) x noise on every cluster row costs the per-cluster
+    structure more than the item totals gain (CDR, 1M users, 1,303 towers, k = 10, with weighted rows of all
+    records at a = 2: any-of error 0.00196 -> 0.00265 averaged over the buckets, linear 0.00075 -> 0.00047)."""
     return items + 2 <= 4 * (bins + 1)
 
 
 def total_scale(items: int, bins: int) -> float:
-    """The factor a of the rows of all records (see `cluster_counts`)."""
-    return TOTAL_WEIGHT * (float(np.sqrt((bins + 1) / (items + 2))) if present_absent(items, bins) else 1.0)
+    """The factor a of the rows of all records (see `cluster_counts`); 0 without them."""
+    return TOTAL_WEIGHT * float(np.sqrt((bins + 1) / (items + 2))) if present_absent(items, bins) else 0.0
+
+
+def marginals_sensitivity(max_items: int, items: int | None, bins: int) -> float:
+    """L2 sensitivity of `cluster_counts` (see there); for unknown items, the larger one with rows of all
+    records."""
+    a = TOTAL_WEIGHT if items is None or present_absent(items, bins) else 0.0
+    return float(np.sqrt((1 + a ** 2) * (max_items + 2)))
 
 
 def reconciled(noisy_table: np.ndarray, items: int) -> np.ndarray:
@@ -191,8 +204,11 @@ def reconciled(noisy_table: np.ndarray, items: int) -> np.ndarray:
     nonnegative vectors of its noisy total (`project_simplex`) over its size and at most 1, times its
     reconciled size). Least squares would add the same amount to every cluster, and a cluster of few records
     would take items it has no records to hold. The item totals then have about the variance of the rows of
-    all records, not k times a cluster row's, and hold the long records the cluster rows weight down."""
+    all records, not k times a cluster row's, and hold the long records the cluster rows weight down. A table
+    without rows of all records (not `present_absent`) is returned as it is."""
     k = noisy_table.shape[0] - 2
+    if not present_absent(items, noisy_table.shape[1] - items - 1):
+        return noisy_table.copy()
     C, total = noisy_table[:k], column_totals(noisy_table, items)
     out = noisy_table.copy()
     out[:k] = total * _shares(np.maximum(C, 0.0))
@@ -210,22 +226,22 @@ def _shares(weights: np.ndarray) -> np.ndarray:
 
 
 def column_totals(noisy_table: np.ndarray, items: int) -> np.ndarray:
-    """Least-squares totals of the columns of a noisy `cluster_counts` table over its k clusters. Every cell
-    carries the same noise: a cluster cell has variance 1, the total G of its column (row k over a) variance
-    V = 1 / a^2, and T = sum_s c_s + k (G - sum_s c_s) / (k + V). Present/absent rows (u present, v absent,
-    g the size, over a): n solves min sum_j (u_j - c_j)^2 + (v_j - n + c_j)^2 + (g - n)^2, so
-    n = (sum_j (u_j + v_j) / 2 + g) / (m / 2 + 1), and G_j = (u_j + n - v_j) / 2 has V = 1 / (2 a^2). The items'
+    """Least-squares totals of the columns of a noisy `cluster_counts` table with present/absent rows over its k
+    clusters. Every cell carries the same noise: a cluster cell has variance 1, the total G of its column from
+    the rows of all records (over a) variance V, and T = sum_s c_s + k (G - sum_s c_s) / (k + V). With u the
+    present, v the absent counts and g the size of row k, over a: n solves min sum_j (u_j - c_j)^2 +
+    (v_j - n + c_j)^2 + (g - n)^2, so n = (sum_j (u_j + v_j) / 2 + g) / (m / 2 + 1) (V = 1 / (a^2 (m / 2 + 1))),
+    an item's G_j = (u_j + n - v_j) / 2 (V = 1 / (2 a^2)), a length bin's G its cell (V = 1 / a^2). The items'
     T are projected onto the nonnegative vectors of their sum (clipping would add the positive half of the
     noise of every absent item, as in `marginals_and_sizes`)."""
     k, bins = noisy_table.shape[0] - 2, noisy_table.shape[1] - items - 1
     a = total_scale(items, bins)
     C = noisy_table[:k].sum(axis=0)
     G, V = noisy_table[k] / a, np.full(noisy_table.shape[1], 1.0 / a ** 2)
-    if present_absent(items, bins):
-        u, v = G[:items], noisy_table[k + 1, :items] / a
-        n = (0.5 * (u + v).sum() + G[items]) / (items / 2 + 1)
-        G[:items], G[items] = 0.5 * (u + n - v), n
-        V[:items], V[items] = 1.0 / (2 * a ** 2), 1.0 / (a ** 2 * (items / 2 + 1))
+    u, v = G[:items], noisy_table[k + 1, :items] / a
+    n = (0.5 * (u + v).sum() + G[items]) / (items / 2 + 1)
+    G[:items], G[items] = 0.5 * (u + n - v), n
+    V[:items], V[items] = 1.0 / (2 * a ** 2), 1.0 / (a ** 2 * (items / 2 + 1))
     total = C + k * (G - C) / (k + V)
     items_total = total[:items].sum()
     total[:items] = project_simplex(total[:items], items_total) if items_total > 0 else 0.0
@@ -398,14 +414,38 @@ def rounded(x: np.ndarray, total: int) -> np.ndarray:
     return out
 
 
+def length_counts(probs: np.ndarray, count: int, min_length: int) -> np.ndarray:
+    """Records of every length min_length .. min_length + bins - 1 for `count` records of the distribution
+    probs: the `rounded` shares n_l of count, whose items sum_l l n_l may miss the target round(count sum_l l
+    p_l) by up to the longest length per bin (a record of length 30 rounded up is 30 items); records are then
+    moved to a neighbouring length, one item at a time, from the bin rounded up most to the one rounded down
+    most, until sum_l l n_l is the target. Synthesis then holds the items the length distribution was fitted to
+    (`length_distributions`: the reconciled item total) and not the rounding's error."""
+    share = count * probs / probs.sum()
+    out = rounded(probs, count)
+    values = np.arange(min_length, min_length + probs.size)
+    gap = int(round(share @ values)) - int(out @ values)
+    while gap and probs.size > 1:
+        step = 1 if gap > 0 else -1
+        src = np.arange(probs.size - 1) if step > 0 else np.arange(1, probs.size)
+        surplus = out - share
+        score = np.where(out[src] > 0, surplus[src] - surplus[src + step], -np.inf)
+        i = src[int(np.argmax(score))]
+        out[i] -= 1
+        out[i + step] += 1
+        gap -= step
+    return out
+
+
 def record_plan(weights: np.ndarray, length_probs: np.ndarray, min_length: int, n: int,
                 rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
-    """(cluster, length) of each of n records in random order: the clusters' shares of n and every cluster's
-    share of each length rounded to integers (no sampling noise on the cluster sizes and record lengths)."""
+    """(cluster, length) of each of n records in random order: the clusters' shares of n rounded to integers,
+    and every cluster's records of each length by `length_counts` (no sampling noise on the cluster sizes,
+    record lengths and item totals)."""
     sizes = rounded(weights, n)
     clusters = np.repeat(np.arange(sizes.size), sizes)
     bins = np.arange(min_length, min_length + length_probs.shape[1])
-    lengths = np.concatenate([np.repeat(bins, rounded(p, int(c))) if c else np.zeros(0, np.int64)
+    lengths = np.concatenate([np.repeat(bins, length_counts(p, int(c), min_length)) if c else np.zeros(0, np.int64)
                               for c, p in zip(sizes, length_probs)])
     order = rng.permutation(n)
     return clusters[order], lengths[order]

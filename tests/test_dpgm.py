@@ -152,21 +152,26 @@ def test_length_estimate_fits_the_item_total_so_the_noise_of_empty_bins_adds_no_
     assert mean_length < 0.005 < 0.01 < simplex @ np.arange(31) / simplex.sum()
 
 
-def test_cluster_table_has_l2_sensitivity_sqrt_max_items_plus_two():
+def test_cluster_table_of_many_items_has_l2_sensitivity_sqrt_max_items_plus_two_and_no_rows_of_all_records():
     rng = np.random.default_rng(8)
-    X = _records(200, 40, 0.3, 9)
+    X = _records(200, 40, 0.3, 9)                 # 40 items against a clip of 5: many items
     labels = rng.integers(0, 3, 200)
+    assert not dpgm.present_absent(40, 5)
     base = dpgm.cluster_counts(X, labels, 3, max_items=5)
+    assert not base[3:].any()
     worst = 0.0
     for length in (1, 3, 5, 9, 40):
         extra = sp.csr_matrix((np.ones(length, np.float32), (np.zeros(length, int), rng.choice(40, length, False))),
                               shape=(1, 40))
         more = dpgm.cluster_counts(sp.vstack([X, extra]).tocsr(), np.append(labels, 1), 3, max_items=5)
         worst = max(worst, np.linalg.norm(more - base))
-    bound = np.sqrt(7 * (1 + dpgm.TOTAL_WEIGHT ** 2))
-    assert worst == pytest.approx(bound, rel=1e-12)  # the bound sqrt((1 + a^2)(5 + 2)) is attained at length 5
-    assert dpgm.plan(dpgm.NoisePlan(1.0, 1.0, 1.0), kmeans_iterations=1, q=0.1, steps=1,
-                     max_items=5)["marginals"].sensitivity == pytest.approx(bound)
+    assert worst == pytest.approx(np.sqrt(7), rel=1e-12)  # the bound sqrt(5 + 2) is attained at length 5
+    sensitivity = lambda items: dpgm.plan(dpgm.NoisePlan(1.0, 1.0, 1.0), kmeans_iterations=1, q=0.1, steps=1,
+                                          max_items=5, items=items)["marginals"].sensitivity
+    assert sensitivity(40) == pytest.approx(np.sqrt(7))
+    assert sensitivity(None) == pytest.approx(np.sqrt(7 * (1 + dpgm.TOTAL_WEIGHT ** 2)))  # m unknown: the larger
+    noisy = base + rng.normal(0, 1.0, base.shape)
+    np.testing.assert_array_equal(dpgm.reconciled(noisy, 40), noisy)
 
 
 def test_present_absent_rows_stay_within_the_sensitivity_and_reconciling_shrinks_the_item_totals_error():
@@ -181,6 +186,8 @@ def test_present_absent_rows_stay_within_the_sensitivity_and_reconciling_shrinks
                               shape=(1, 20))
         more = dpgm.cluster_counts(sp.vstack([X, extra]).tocsr(), np.append(labels, 0), k, max_items, 0)
         assert np.linalg.norm(more - base) <= bound * (1 + 1e-12)
+    assert dpgm.plan(dpgm.NoisePlan(1.0, 1.0, 1.0), kmeans_iterations=1, q=0.1, steps=1, max_items=max_items,
+                     items=20, min_length=0)["marginals"].sensitivity == pytest.approx(bound)
     true = counting.item_counts(X)
     plain, joint = [], []
     for seed in range(20):
@@ -260,6 +267,20 @@ def test_synthesis_keeps_empty_records_and_the_dp_lengths_and_matching_sets_the_
     np.testing.assert_allclose(np.bincount(np.diff(S.indptr)) / 40_000, probs, atol=0.01)
     freq = np.asarray(S.mean(axis=0)).ravel()
     assert np.abs(freq - p).mean() < 0.1 * p.mean()
+
+
+def test_record_plan_holds_every_clusters_item_total_which_rounding_the_lengths_alone_misses():
+    rng = np.random.default_rng(40)
+    probs = np.vstack([np.full(31, 1 / 31), rng.random(31) ** 4, np.eye(31)[0] * 0.9 + 0.1 / 31])
+    weights = np.array([7.0, 5_000.0, 300.0])
+    clusters, lengths = dpgm.record_plan(weights, probs, 0, 5_307, rng)
+    for c, p in enumerate(probs):
+        n = int(np.sum(clusters == c))
+        share, target = n * p / p.sum(), round(n * p / p.sum() @ np.arange(31))
+        assert lengths[clusters == c].sum() == target
+        assert np.abs(np.bincount(lengths[clusters == c], minlength=31) - share).max() < 3
+    # 7 records over 31 equally likely lengths: the largest remainders alone give lengths 0..6, 21 items of 105.
+    assert dpgm.rounded(probs[0], 7) @ np.arange(31) == 21
 
 
 def test_raking_moves_item_counts_to_the_marginals_and_keeps_lengths_and_distinct_items():

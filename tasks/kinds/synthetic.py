@@ -50,7 +50,7 @@ class SyntheticParams(KernelKMeansParams):
     lr: float | None = Field(None, gt=0, description="learning rate; default Adam 0.001 (VAE), 0.01 (RBM, the "
                                                      "paper's)")
     max_items: int = Field(30, ge=1, description="per-cluster item marginals: records weighted to at most this "
-                                                 "many items (L2 sensitivity sqrt(max_items + 1))")
+                                                 "many items (the marginals table's L2 sensitivity is sqrt(max_items + 2), sqrt(5 (max_items + 2)) with the all-records rows of small item sets: dpgm.marginals_sensitivity)")
     c_max: float = Field(10.0, gt=0, description="DPNorm range (0, c_max] of per-example gradient norms")
     norm_bins: int = Field(100, ge=2, description="DPNorm histogram bins")
     budget_shares: tuple[float, float, float] = Field(
