@@ -157,7 +157,7 @@ def _kill_at(args: list[str], env: dict, log: Path, marker: str, timeout: float 
 KILLS = {  # stage -> (log marker to kill at, ledger status right after the kill, measurements committed?, attempts)
     # (a kill before the charge is the bad-input case: nothing charged, nothing kept; tests/test_release_flow.py)
     # noise was drawn and lost with the process: the rerun is a second run of the mechanism, charged again
-    "dp measurement": (f"DP k-means iteration 2/{T}", "drawing", False, 2),
+    "dp measurement": (f"DP k-means round 2/{T}", "drawing", False, 2),
     "postprocess": ("20% MCMC steps", "measured", True, 1),
 }
 
