@@ -38,25 +38,24 @@ def test_a_cell_whose_prior_mean_is_zero_still_counts_its_noise_density():
     assert both.loglik == pytest.approx(one.loglik - 7.0 / s - math.log(2 * s))
 
 
-def test_under_overwhelming_noise_the_table_is_the_max_entropy_one():
-    rng = np.random.default_rng(0)
+def _estimate(seed: int, order: int, scale: float):
+    """A table, its public marginals' matrix A and the empirical-Bayes estimate from Laplace(scale) cells."""
+    rng = np.random.default_rng(seed)
     t = _table()
     x = _counts(rng)
-    marginals = t.marginals(2)
+    marginals = t.marginals(order)
     A = t.constraint_matrix(marginals)
-    noisy = x + rng.laplace(0.0, 300.0, x.size)
-    est = contingency.empirical_bayes_table(noisy, t, marginals, A @ x, noise_scale=300.0)
+    noisy = x + rng.laplace(0.0, scale, x.size)
+    return x, A, contingency.empirical_bayes_table(noisy, t, marginals, A @ x, noise_scale=scale)
+
+
+def test_under_overwhelming_noise_the_table_is_the_max_entropy_one():
+    x, A, est = _estimate(0, 2, 300.0)
     assert np.abs(est.x - contingency.max_entropy(A, A @ x)).max() < 0.02 * x.max()
 
 
 def test_under_small_noise_the_table_follows_the_noisy_cells_and_honours_the_marginals():
-    rng = np.random.default_rng(1)
-    t = _table()
-    x = _counts(rng)
-    marginals = t.marginals(1)
-    A = t.constraint_matrix(marginals)
-    noisy = x + rng.laplace(0.0, 0.05, x.size)
-    est = contingency.empirical_bayes_table(noisy, t, marginals, A @ x, noise_scale=0.05)
+    x, A, est = _estimate(1, 1, 0.05)
     assert est.weight["public, prior only"] == 0.0 and sum(est.weight.values()) == pytest.approx(1.0)
     assert np.abs(est.x - x).max() < 0.1
     assert est.x.min() >= 0.0 and np.abs(A @ est.x - A @ x).max() < 1e-6 * x.sum()
