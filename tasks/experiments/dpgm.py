@@ -14,8 +14,6 @@ import scipy.sparse as sp
 
 from dpalgos import accounting, counting, dpgm
 from dpalgos import kernel_kmeans as kk
-from dpalgos.arrays import distinct
-from dpalgos.mechanisms import laplace_mechanism
 from dpalgos.noise import simulated
 
 
@@ -89,27 +87,13 @@ def evaluate(X: sp.csr_matrix, synthetic: sp.csr_matrix, settings: DPGMSettings,
     clipped = counting.item_counts(counting.clip_records(X, max_items, rng))
     mwem = counting.mwem_linear(clipped, Q, epsilon=settings.epsilon, max_items=max_items, rounds=mwem_rounds, rng=rng)
     out["mwem"] = counting.by_bucket(counting.relative_errors(true_lin, counting.linear_answers(mwem, Q), n), buckets)
-    baseline = independent_with_empty if settings.empty_records else counting.independent_records
-    indep = baseline(X, epsilon=settings.epsilon, max_items=max_items, n=n, rng=rng)
+    # With empty records (a restriction of the items) the length histogram keeps them as a length of their own,
+    # as DPGM does.
+    indep = counting.independent_records(X, epsilon=settings.epsilon, max_items=max_items, n=n, rng=rng,
+                                         min_length=0 if settings.empty_records else 1)
     out["independent_anyof"] = counting.by_bucket(counting.relative_errors(true_any, counting.anyof_answers(indep, Q),
                                                                            n), buckets)
     return out
-
-
-def independent_with_empty(X: sp.csr_matrix, *, epsilon: float, max_items: int, n: int,
-                           rng: np.random.Generator) -> sp.csr_matrix:
-    """`counting.independent_records` when records can be empty: its length histogram has a bin for length 0
-    (still one bin per record), so the baseline keeps its empty records as DPGM does."""
-    m = X.shape[1]
-    # One record adds at most max_items (weighted) items to the counts: L1 sensitivity max_items.
-    marg = np.maximum(laplace_mechanism(counting.weighted_item_counts(X, max_items), sensitivity=max_items,
-                                        epsilon=epsilon / 2, rng=rng), 0.0)
-    # One record is in one length bin 0..max_items: L1 sensitivity 1.
-    hist = np.bincount(np.minimum(np.diff(X.indptr), max_items), minlength=max_items + 1).astype(np.float64)
-    hist = np.maximum(laplace_mechanism(hist, sensitivity=1.0, epsilon=epsilon / 2, rng=rng), 0.0)
-    rows = np.repeat(np.arange(n), rng.choice(max_items + 1, size=n, p=hist / hist.sum()))
-    key = distinct(rows.astype(np.int64) * m + rng.choice(m, size=rows.size, p=marg / marg.sum()))
-    return sp.csr_matrix((np.ones(key.size, dtype=np.float32), (key // m, key % m)), shape=(n, m))
 
 
 def restrict_items(X: sp.csr_matrix, items: int) -> sp.csr_matrix:
