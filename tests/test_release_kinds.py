@@ -11,7 +11,7 @@ import pytest
 
 from dpalgos import contingency
 from dpalgos.hierarchy import Tree
-from tasks.errors import InputError
+from tasks.errors import InputError, ReleaseConflict
 from tasks.kinds.contingency import write_marginals
 from tasks.spec import parse_spec
 from tests.conftest import write_csv, write_parquet
@@ -174,6 +174,13 @@ def test_synthetic_release_end_to_end_on_generated_cdr(tmp_path):
         KIND.postprocess(parse_spec(d), rel / "measurements", again, tmp_path, logging.getLogger("test"))
     Y = sp_vstack([read_sets(str(f), "towers", 1303) for f in sorted((again / SYNTHETIC).glob("*.parquet"))])
     assert (X != Y).nnz == 0
+    # Measurements of the layout before the rows of all records (k rows) are refused, not misread.
+    import shutil
+    from tasks.kinds.synthetic import TABLE
+    old = shutil.copytree(rel / "measurements", tmp_path / "old")
+    np.save(old / TABLE, np.load(old / TABLE)[:-2])
+    with pytest.raises(ReleaseConflict, match="drawn by another version"):
+        KIND.postprocess(parse_spec(d), old, tmp_path / "never", tmp_path, logging.getLogger("test"))
     errors = json.loads(Path(s["evaluation"]).read_text())["relative_error_by_length_bucket"]
     assert set(errors) == {"dpgm_linear", "mwem_linear", "dpgm_anyof", "independent_anyof"}
     assert np.mean(errors["dpgm_linear"]) < np.mean(errors["mwem_linear"])

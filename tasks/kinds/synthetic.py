@@ -30,6 +30,7 @@ from data_contracts import suites
 from data_contracts.validate import parquet_files
 from dpalgos import counting, dpgm
 from dpalgos import kernel_kmeans as kk
+from tasks.errors import ReleaseConflict
 from tasks.kinds.base import Draw, ReleaseKind
 from tasks.kinds.kernel_kmeans import KernelKMeansParams, check_public_sample, cluster_records, write_clustering
 from tasks.partitions import Partitioned, current_client
@@ -201,7 +202,7 @@ class SyntheticKind(ReleaseKind):
         models = load_models(measurements, meta)
         weights = pq.read_table(measurements / MIXTURE).column("noisy_size").to_numpy()
         rng = np.random.default_rng(meta["synthesis_seed"])
-        table, items = np.load(measurements / TABLE), meta["item_count"]
+        table, items = stored_table(measurements, meta, spec.release.max_items), meta["item_count"]
         lengths = dpgm.length_distributions(table, items, MIN_LENGTH)
         marginals = dpgm.marginals_and_sizes(table, items)[0]
         if spec.release.match_marginals:
@@ -252,6 +253,18 @@ def write_synthetic_part(path: str, clusters: np.ndarray, lengths: np.ndarray, s
     X = dpgm.synthesize_part(models, marginals, clusters, lengths, np.random.default_rng(seed))
     pq.write_table(set_table(column, X.indptr, X.indices), path)
     return X.shape[0]
+
+
+def stored_table(measurements, meta, max_items: int) -> np.ndarray:
+    """The noisy marginals table, refused when its layout is not the one this version writes (`cluster_counts`:
+    measurements drawn by an older version, before the rows of all records, would be misread, not redrawn)."""
+    table = np.load(measurements / TABLE)
+    expected = (meta["k"] + 2, meta["item_count"] + 1 + max_items - MIN_LENGTH + 1)
+    if table.shape != expected:
+        raise ReleaseConflict(f"the stored marginals table is {table.shape[0]} x {table.shape[1]} where this version "
+                              f"reads {expected[0]} x {expected[1]}: the measurements were drawn by another version "
+                              f"of the pipeline; postprocess them with that version")
+    return table
 
 
 def load_models(measurements, meta) -> list:
