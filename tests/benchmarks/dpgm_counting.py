@@ -4,7 +4,8 @@ independent items from DP marginals and a DP length histogram (any-of class) and
 queries in 5 length buckets; the same (epsilon, delta) for every method. Last line:
     RESULT epsilon=<e> dpgm_rel_err=<mean over buckets> mst_rel_err=<...> mwem_rel_err=<...>
            dpgm_anyof_rel_err=<...> independent_anyof_rel_err=<...>
-(dpgm_* for the first --model; other models, and the per-bucket errors, are printed above it.)
+(dpgm_* for the first --model; other models, and the per-bucket errors, are printed above it.) With --runs R the
+figures are means over seeds seed..seed+R-1, each run's figures and the standard errors printed above.
 
 --items N restricts the records to their N most frequent items (MST's domain is one binary attribute per item):
 records may then be empty, which DPGM's length histogram and the independent baseline keep as a length of
@@ -44,13 +45,13 @@ def fmt(values) -> str:
     return ",".join(f"{v:.4g}" for v in values)
 
 
-def run_mst(X: sp.csr_matrix, args, delta: float) -> sp.csr_matrix:
+def run_mst(X: sp.csr_matrix, args, delta: float, seed: int) -> sp.csr_matrix:
     """MST's synthetic records of X, fitted in the peer interpreter (data through temporary .npy files)."""
     with tempfile.TemporaryDirectory() as tmp:
         src, dst = Path(tmp) / "in.npy", Path(tmp) / "out.npy"
         np.save(src, X.toarray().astype(np.uint8))
         subprocess.run([args.mst_python, str(PEER), str(src), str(dst), str(args.epsilon), str(delta),
-                        str(args.seed), str(args.mst_iterations)], check=True)
+                        str(seed), str(args.mst_iterations)], check=True)
         return sp.csr_matrix(np.load(dst).astype(np.float32))
 
 
@@ -83,8 +84,46 @@ def parse() -> argparse.Namespace:
     ap.add_argument("--shares", default="0.15,0.8,0.05",
                     help="starting split of epsilon: clustering, marginals (and length histograms), SGD")
     ap.add_argument("--no-match-marginals", action="store_true", help="skip matching the VAE to the DP marginals")
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--seed", type=int, default=0, help="first seed (DP noise of the simulated release, queries)")
+    ap.add_argument("--runs", type=int, default=1,
+                    help="runs at seeds seed..seed+runs-1; RESULT gives their means (one run's error is mostly the "
+                         "draw of the noise on the item totals: BMS1/64 linear error 0.0019-0.0043 over 10 seeds)")
     return ap.parse_args()
+
+
+def run_once(X: sp.csr_matrix, args, delta: float, seed: int) -> dict[str, float]:
+    """One run at `seed` (DP noise and queries): prints its per-bucket errors, returns the RESULT figures."""
+    results = {}
+    for model in args.model.split(","):
+        rng = np.random.default_rng(seed)
+        settings = E.DPGMSettings(epsilon=args.epsilon, delta=delta, k=args.k, kmeans_iterations=args.iterations,
+                                  max_items=args.max_items,
+                                  shares=tuple(float(x) for x in args.shares.split(",")),
+                                  match_marginals=not args.no_match_marginals, empty_records=bool(args.items),
+                                  sgd=dpgm.SGDConfig(model=model, steps=args.steps, q=args.q, lr=args.lr))
+        t0 = time.perf_counter()
+        synthetic, guarantee, diag = E.run(X, settings, rng)
+        train_s = time.perf_counter() - t0
+        ev = E.evaluate(X, synthetic, settings, np.random.default_rng(seed + 1))
+        results[model] = (guarantee, ev)
+        print(f"seed {seed} {model}: ({guarantee.epsilon:.3f}, {delta:.2g})-DP by {guarantee.method}; trained and "
+              f"sampled in {train_s:.1f}s; {synthetic.shape[0]} synthetic records ({X.shape[0]} real), "
+              f"{synthetic.nnz / synthetic.shape[0]:.2f} items per record, "
+              f"{(np.diff(synthetic.indptr) == 0).mean():.1%} empty; {diag['plan']}")
+        for name, v in ev.items():
+            print(f"  {name:18s} {fmt(v)}", flush=True)
+    guarantee, ev = results[args.model.split(",")[0]]
+    mst = np.full(counting.BUCKETS, np.nan)
+    if "mst" in args.peers.split(","):
+        t0 = time.perf_counter()
+        S = run_mst(X, args, delta, seed)
+        mst = linear_errors(X, S, np.random.default_rng(seed + 1))
+        print(f"seed {seed} mst: ({args.epsilon:g}, {delta:.2g})-DP (zCDP conversion of dpmm); {S.shape[0]} "
+              f"synthetic records, {S.nnz / max(S.shape[0], 1):.2f} items per record, in "
+              f"{time.perf_counter() - t0:.0f}s\n  {'mst':18s} {fmt(mst)}", flush=True)
+    return {"epsilon": guarantee.epsilon, "dpgm_rel_err": ev["dpgm"].mean(), "mst_rel_err": mst.mean(),
+            "mwem_rel_err": ev["mwem"].mean(), "dpgm_anyof_rel_err": ev["dpgm_anyof"].mean(),
+            "independent_anyof_rel_err": ev["independent_anyof"].mean()}
 
 
 def main() -> None:
@@ -97,38 +136,21 @@ def main() -> None:
     print(f"{X.shape[0]} records, {X.shape[1]} items, {lengths.mean():.2f} items per record, "
           f"{(lengths == 0).mean():.1%} empty (loaded in {time.perf_counter() - t0:.1f}s)", flush=True)
     delta = args.delta or 1.0 / X.shape[0]
-    results = {}
-    for model in args.model.split(","):
-        rng = np.random.default_rng(args.seed)
-        settings = E.DPGMSettings(epsilon=args.epsilon, delta=delta, k=args.k, kmeans_iterations=args.iterations,
-                                  max_items=args.max_items,
-                                  shares=tuple(float(x) for x in args.shares.split(",")),
-                                  match_marginals=not args.no_match_marginals, empty_records=bool(args.items),
-                                  sgd=dpgm.SGDConfig(model=model, steps=args.steps, q=args.q, lr=args.lr))
-        t0 = time.perf_counter()
-        synthetic, guarantee, diag = E.run(X, settings, rng)
-        train_s = time.perf_counter() - t0
-        query_rng = np.random.default_rng(args.seed + 1)
-        ev = E.evaluate(X, synthetic, settings, query_rng)
-        results[model] = (guarantee, ev)
-        print(f"{model}: ({guarantee.epsilon:.3f}, {delta:.2g})-DP by {guarantee.method}; trained and sampled in "
-              f"{train_s:.1f}s; {synthetic.shape[0]} synthetic records ({X.shape[0]} real), "
-              f"{synthetic.nnz / synthetic.shape[0]:.2f} items per record, "
-              f"{(np.diff(synthetic.indptr) == 0).mean():.1%} empty; {diag['plan']}")
-        for name, v in ev.items():
-            print(f"  {name:18s} {fmt(v)}", flush=True)
-    guarantee, ev = results[args.model.split(",")[0]]
-    mst = np.full(counting.BUCKETS, np.nan)
-    if "mst" in args.peers.split(","):
-        t0 = time.perf_counter()
-        S = run_mst(X, args, delta)
-        mst = linear_errors(X, S, np.random.default_rng(args.seed + 1))
-        print(f"mst: ({args.epsilon:g}, {delta:.2g})-DP (zCDP conversion of dpmm); {S.shape[0]} synthetic records, "
-              f"{S.nnz / max(S.shape[0], 1):.2f} items per record, in {time.perf_counter() - t0:.0f}s\n"
-              f"  {'mst':18s} {fmt(mst)}", flush=True)
-    print(f"RESULT epsilon={guarantee.epsilon:.4g} dpgm_rel_err={ev['dpgm'].mean():.4g} mst_rel_err={mst.mean():.4g} "
-          f"mwem_rel_err={ev['mwem'].mean():.4g} dpgm_anyof_rel_err={ev['dpgm_anyof'].mean():.4g} "
-          f"independent_anyof_rel_err={ev['independent_anyof'].mean():.4g}")
+    runs = [run_once(X, args, delta, seed) for seed in range(args.seed, args.seed + args.runs)]
+    names = [n for n in runs[0] if n != "epsilon"]
+    if args.runs > 1:
+        for run, seed in zip(runs, range(args.seed, args.seed + args.runs)):
+            print(f"run seed={seed} " + " ".join(f"{n}={run[n]:.4g}" for n in names))
+        col = {n: np.array([run[n] for run in runs]) for n in names}
+        print("standard errors of the means: "
+              + " ".join(f"{n}={v.std(ddof=1) / np.sqrt(args.runs):.2g}" for n, v in col.items()))
+        if "mst" in args.peers.split(","):
+            print(f"dpgm linear below mst in {(col['dpgm_rel_err'] < col['mst_rel_err']).sum()}/{args.runs} runs")
+        print(f"dpgm any-of below independent items in "
+              f"{(col['dpgm_anyof_rel_err'] < col['independent_anyof_rel_err']).sum()}/{args.runs} runs")
+    means = {n: float(np.mean([run[n] for run in runs])) for n in names}
+    print(f"RESULT epsilon={runs[0]['epsilon']:.4g} " + " ".join(f"{n}={means[n]:.4g}" for n in names)
+          + (f" runs={args.runs}" if args.runs > 1 else ""))
 
 
 if __name__ == "__main__":
