@@ -15,8 +15,9 @@ Peers:
                      a graphical model over those cliques with the public marginals (exact)
 mbi runs in its own interpreter (--mbi-python, a venv with `pip install mbi`), one process for all runs,
 exchanging JSON files. LM and the four tables of ours share each run's noisy cells.
-A cell is won when empirical_bayes's mean MSE over the runs is below every peer's. Last line:
-    RESULT wins=<cells won>/<cells>
+A cell is won when empirical_bayes's mean MSE over the runs is below every peer's; diff_se is the standard error
+of its paired (same noisy cells, run by run) difference from the best peer. Last line:
+    RESULT wins=<cells won>/<cells> losses_beyond_2se=<cells lost by more than 2 diff_se>
 
     python tests/benchmarks/contingency_peers.py --data ../shared/data/contingency/edwards_mildew.csv --runs 10
 """
@@ -167,15 +168,23 @@ def main() -> None:
 
 
 def report(frame) -> None:
-    means = frame.groupby(["dataset", "known", "epsilon", "method"])["mse"].mean().unstack("method")
+    """The mean MSE table, and per cell the paired difference from the best peer over the runs (the runs share
+    their noisy cells): a loss more than two standard errors above zero is one the runs' noise does not explain."""
+    keys = ["dataset", "known", "epsilon"]
+    runs = frame.set_index(keys + ["run", "method"])["mse"].unstack("method")
+    means = runs.groupby(level=keys).mean()
     peers = [p for p in PEERS if p in means.columns]
     means = means[[m for m in OURS + PEERS if m in means.columns]]
-    best_peer = means[peers].min(axis=1)
-    means["best_peer"] = means[peers].idxmin(axis=1)
-    means["won"] = means[COUNTED] < best_peer
+    best = means[peers].idxmin(axis=1)
+    diff = runs[COUNTED] - runs[peers].to_numpy()[np.arange(len(runs)), [peers.index(best[i[:3]]) for i in runs.index]]
+    grouped = diff.groupby(level=keys)
+    means["best_peer"] = best
+    means["won"] = means[COUNTED] < means[peers].min(axis=1)
+    means["diff_se"] = grouped.std(ddof=1) / np.sqrt(grouped.count())
+    clear = (~means["won"]) & (means[COUNTED] - means[peers].min(axis=1) > 2 * means["diff_se"])
     with __import__("pandas").option_context("display.width", 250, "display.max_rows", 500):
         print(means.to_string(float_format=lambda v: f"{v:.4g}"))
-    print(f"RESULT wins={int(means['won'].sum())}/{len(means)}")
+    print(f"RESULT wins={int(means['won'].sum())}/{len(means)} losses_beyond_2se={int(clear.sum())}")
 
 
 if __name__ == "__main__":
