@@ -37,7 +37,9 @@ def test_noise_scale_is_2T_over_epsilon():
     # Discrete Laplace of scale b: P(k) proportional to exp(-|k|/b); its mean |k| is 2 e^(-1/b) / (1 - e^(-2/b)).
     assert np.mean(np.abs(counts)) == pytest.approx(2 * np.exp(-1 / b) / (1 - np.exp(-2 / b)), rel=0.05)
     sums = np.ravel(sum_noise)
-    assert stats.kstest(sums, stats.laplace(scale=b).cdf).pvalue > 1e-3
+    # OS randomness: a threshold of 1e-3 failed about one suite run in a thousand (p = 0.00085 seen); at n = 9000
+    # a Gaussian of the same variance gives p ~ 1e-36 and scale 1.3 b p ~ 1e-20, so 1e-6 still catches them.
+    assert stats.kstest(sums, stats.laplace(scale=b).cdf).pvalue > 1e-6
     assert np.mean(np.abs(sums)) == pytest.approx(b, rel=0.05)  # E|Lap(b)| = b
 
 
