@@ -231,6 +231,7 @@ def _alive(pid: int) -> bool:
     return not (stat.exists() and stat.read_text().split(") ")[1].startswith("Z"))  # a zombie is gone
 
 
+@pytest.mark.slow  # 18-20 s: a CLI run killed, then its server's exit awaited (pytest -m slow)
 def test_kill_9_of_the_cli_alone_leaves_no_prefect_server(tmp_path):
     """The OOM killer takes the CLI process only (not its group): its temporary Prefect server and the server's
     guard must not outlive it."""
