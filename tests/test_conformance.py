@@ -5,8 +5,8 @@ of these; the machinery and its arguments are in tests/conformance.py."""
 from __future__ import annotations
 
 import filecmp
-import math
 import json
+import math
 import shutil
 from pathlib import Path
 

@@ -176,8 +176,8 @@ def report(frame) -> None:
     peers = [p for p in PEERS if p in means.columns]
     means = means[[m for m in OURS + PEERS if m in means.columns]]
     best = means[peers].idxmin(axis=1)
-    diff = runs[COUNTED] - runs[peers].to_numpy()[np.arange(len(runs)), [peers.index(best[i[:3]]) for i in runs.index]]
-    grouped = diff.groupby(level=keys)
+    best_of_run = [row[best[key[:3]]] for key, row in runs.iterrows()]  # the cell's best peer, in each run
+    grouped = (runs[COUNTED] - best_of_run).groupby(level=keys)
     means["best_peer"] = best
     means["won"] = means[COUNTED] < means[peers].min(axis=1)
     means["diff_se"] = grouped.std(ddof=1) / np.sqrt(grouped.count())
