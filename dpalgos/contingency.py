@@ -11,9 +11,10 @@ scale and the PUBLIC marginals, never the data):
     max_entropy           the zero-budget baseline: the table of maximum entropy with the public marginals
                           (iterative proportional fitting; it ignores the measurement)
     empirical_bayes_table posterior means of the cells under priors centred on a log-linear model (the public
-                          max-entropy table, or one more order of interactions fitted to the L1 estimate):
-                          prior only (the max-entropy table itself), negative binomial, gamma; each tilted onto
-                          the public marginals, averaged with Akaike weights from the noisy cells' likelihood
+                          max-entropy table; one more order of interactions fitted to the L1 estimate; the same
+                          interactions shrunk by empirical Bayes, `shrunk_interactions`): prior only (the
+                          max-entropy table itself), negative binomial, gamma; each tilted onto the public
+                          marginals, averaged with Akaike weights from the noisy cells' likelihood
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from typing import Mapping, Sequence
 import numba
 import numpy as np
 import scipy.sparse as sp
+from scipy.linalg import null_space
 from scipy.optimize import minimize_scalar
 from scipy.special import gammainc, gammaincc, gammaln, logsumexp
 from threadpoolctl import threadpool_limits
@@ -293,19 +295,22 @@ def empirical_bayes_table(noisy: np.ndarray, table: Table, marginals: Sequence[M
 
     Prior means m: (a) the maximum-entropy table of the public marginals (uniform at the L1 estimate's total
     without any); (b) the log-linear model of the next order h+1 (h the public marginals' order) fitted to the L1
-    estimate's order-(h+1) marginals and raked onto the public ones. Prior families, cells independent, with
+    estimate's order-(h+1) marginals and raked onto the public ones; (c) the order-(h+1) interactions shrunk
+    direction by direction by how much the noisy cells support them (`shrunk_interactions`; absent when they
+    support none). Prior families, cells independent, with
     noisy_i = x_i + Laplace(noise_scale):
         prior only         x = m: the candidate table is m itself (for (a), the max-entropy table)
         negative binomial  x_i ~ NB(m_i, r) on the integers, Var = m_i + m_i^2 / r (overdispersed)
         gamma              x_i ~ Gamma(m_i / phi, phi), Var = phi m_i (underdispersed for phi < 1; prior only
                            as phi -> 0)
     r and phi maximise the marginal likelihood L = prod_i sum_x p(x | m_i, r) Laplace(noisy_i - x) of the noisy
-    cells. Around (b), whose means were fitted to the same noisy cells and so absorb part of their noise, only the
-    negative binomial: an underdispersed fit there would mistake that absorption for a tight prior (measured on
-    the Czech table with 2-way marginals public: MSE up to 1.7x). Each candidate's table is its posterior's means tilted to satisfy the
-    public marginals (`_Posterior.tilted_means`: measured lower MSE than raking the posterior means by IPF on the
-    paper's tables). x is their average with Akaike weights w_c ~ exp(AIC_c), AIC_c = log L_c minus the
-    parameters fitted to the noisy cells (the dispersion; the free parameters (b) adds): the table moves to the
+    cells. Around (b) and (c), whose means were fitted to the same noisy cells and so absorb part of their noise,
+    only the negative binomial: an underdispersed fit there would mistake that absorption for a tight prior
+    (measured on the Czech table with 2-way marginals public: MSE up to 1.7x). Each candidate's table is its
+    posterior's means tilted to satisfy the public marginals (`_Posterior.tilted_means`: measured lower MSE than
+    raking the posterior means by IPF on the paper's tables). x is their average with Akaike weights
+    w_c ~ exp(AIC_c), AIC_c = log L_c minus the parameters fitted to the noisy cells (the dispersion; the free
+    parameters (b) adds; (c)'s prior variance and effective number of parameters): the table moves to the
     max-entropy one when the noisy cells say less than the public marginals, without the jumps of picking one
     candidate (measured with tests/benchmarks/contingency_peers.py on Edwards' table, 10 runs per cell: 24/30
     (marginals, epsilon) cells below every peer averaged, 18/30 picking the best candidate).
@@ -355,7 +360,78 @@ def _prior_means(noisy, table, marginals, A, b, noise_scale):
         richer = ipf(A1, A1 @ l1, np.ones(table.size))
         richer = ipf(A, b, richer) if A.shape[0] else richer
         out.append((f"order {h + 1}", richer, out[0][2] + _extra_parameters(A, A1)))
+        shrunk = shrunk_interactions(noisy, A, b, A1, public, noise_scale)
+        if shrunk is not None:
+            out.append((f"shrunk order {h + 1}", shrunk.means, out[0][2] + 1 + shrunk.parameters))
     return out
+
+
+@dataclass
+class Shrunk:
+    """means: the public model shifted by the shrunk interactions; parameters: their effective number, tr(H);
+    tau2: the interactions' prior variance; gain: the log marginal likelihood gained over tau2 = 0."""
+    means: np.ndarray
+    parameters: float
+    tau2: float
+    gain: float
+
+
+def shrunk_interactions(noisy: np.ndarray, A: sp.csr_matrix, b: np.ndarray, A1: sp.csr_matrix,
+                        public: np.ndarray, noise_scale: float) -> Shrunk | None:
+    """The public model m0 shifted by the interactions of the marginals A1 (one order up), each shrunk by how much
+    the noisy cells support it: random effects fitted by empirical Bayes (ours, not the paper's: a post-processing
+    estimator, no privacy argument is involved). None when the noisy cells favour no interactions (tau2 = 0).
+
+    Linearised model (the cells with m0_i > 0, which the public marginals do not force to 0):
+        noisy = m0 + G theta + e,  theta ~ N(0, tau2 I),  e ~ N(0, D),  D = diag(2 s^2 + m0)
+    (the Laplace noise's variance 2 s^2 and a Poisson count's m0), with G = diag(m0) A1' N and N a basis of the
+    theta with A diag(m0) A1' theta = 0: G spans the tangent space at m0 of the order-(h+1) log-linear model
+    m0 exp(A1' theta) within the tables that keep the public marginals (its interaction directions; the public
+    total without public marginals), so the shift leaves the public marginals unchanged to first order. Then
+    noisy ~ N(m0, Sigma), Sigma = D + tau2 G G'; tau2 maximises this marginal likelihood (type-II maximum
+    likelihood), and the shift is the best linear unbiased predictor
+        delta = E[G theta | noisy] = H (noisy - m0),  H = tau2 G G' Sigma^-1,
+    a linear smoother with tr(H) effective parameters (Hastie & Tibshirani 1990, §3.5). With W = D^-1/2 G and
+    lambda_j its singular values, Q its left singular vectors, r = noisy - m0 and z = Q' D^-1/2 r:
+        log L(tau2) = -1/2 [sum log d_i + sum_j log(1 + tau2 lambda_j^2) + |D^-1/2 r|^2
+                            - sum_j tau2 lambda_j^2 / (1 + tau2 lambda_j^2) z_j^2] + const
+        tr(H) = sum_j tau2 lambda_j^2 / (1 + tau2 lambda_j^2).
+    Every direction is shrunk by its own factor: a strong interaction is kept, a weak one (within the noise)
+    nearly removed, unlike the full model one order up (every interaction kept, all its parameters charged).
+    The shift enters multiplicatively (m0 exp(delta / m0), positive; cells the interactions empty go to 0) and
+    the result is raked onto the public marginals (or the public total m0's).
+    """
+    on = np.flatnonzero(public > 0)
+    m0, r = public[on], np.asarray(noisy, dtype=np.float64)[on] - public[on]
+    base = A.toarray()[:, on] if A.shape[0] else np.ones((1, on.size))
+    tangent = (A1.toarray()[:, on] * m0).T
+    with threadpool_limits(1):
+        G = tangent @ null_space(base @ tangent)
+        d = 2.0 * noise_scale ** 2 + m0
+        Q, lam, _ = np.linalg.svd(G / np.sqrt(d)[:, None], full_matrices=False)
+    keep = lam > 1e-9 * max(float(lam.max(initial=0.0)), 1e-300)
+    if not keep.any():
+        return None
+    Q, lam2 = Q[:, keep], lam[keep] ** 2
+    z = Q.T @ (r / np.sqrt(d))
+
+    def gain(log_tau2: float) -> float:
+        f = math.exp(log_tau2) * lam2
+        return 0.5 * float(np.sum(f / (1.0 + f) * z * z) - np.sum(np.log1p(f)))
+
+    # tau2 lambda_j^2 from 1e-6 to 1e6 around the typical direction: below, the gain is 0; above, it falls
+    # (the log1p terms grow, the others are bounded).
+    centre = -math.log(float(np.median(lam2)))
+    best = minimize_scalar(lambda t: -gain(t), bounds=(centre - 14.0, centre + 14.0), method="bounded")
+    if not -best.fun > 0.0:
+        return None
+    tau2 = math.exp(best.x)
+    shrink = tau2 * lam2 / (1.0 + tau2 * lam2)
+    delta = np.sqrt(d) * (Q @ (shrink * z))
+    means = np.zeros_like(public)
+    means[on] = m0 * np.exp(np.clip(delta / m0, -30.0, 30.0))
+    means = ipf(A, b, means) if A.shape[0] else means * (public.sum() / means.sum())
+    return Shrunk(means, float(shrink.sum()), tau2, float(-best.fun))
 
 
 def _extra_parameters(A: sp.csr_matrix, A1: sp.csr_matrix) -> int:

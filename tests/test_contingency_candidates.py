@@ -5,6 +5,7 @@ import math
 
 import numpy as np
 import pytest
+from scipy.linalg import null_space
 
 from dpalgos import contingency
 
@@ -60,3 +61,57 @@ def test_under_small_noise_the_table_follows_the_noisy_cells_and_honours_the_mar
     assert np.abs(est.x - x).max() < 0.1
     assert est.x.min() >= 0.0 and np.abs(A @ est.x - A @ x).max() < 1e-6 * x.sum()
 
+
+
+def _shrunk_setup(seed: int, scale: float, strength: float = 1.0):
+    """A table whose a x b interactions have log-scale size `strength`, its 1-way model and Laplace cells."""
+    rng = np.random.default_rng(seed)
+    t = _table()
+    logit = strength * rng.normal(0.0, 1.0, t.shape[:2])[:, :, None] + np.zeros(t.shape)
+    x = rng.multinomial(3000, np.exp(logit).ravel() / np.exp(logit).sum()).astype(float)
+    A, A1 = t.constraint_matrix(t.marginals(1)), t.constraint_matrix(t.marginals(2))
+    public = contingency.max_entropy(A, A @ x)
+    return x, A, A1, public, x + rng.laplace(0.0, scale, x.size)
+
+
+def test_the_shrunk_interactions_maximise_the_gaussian_marginal_likelihood_their_docstring_states():
+    """The spectral formulas against the dense ones: log N(r; 0, D + tau2 G G') - log N(r; 0, D) and tr(H)."""
+    x, A, A1, public, noisy = _shrunk_setup(4, 3.0)
+    s = contingency.shrunk_interactions(noisy, A, A @ x, A1, public, 3.0)
+    tangent = public[:, None] * A1.toarray().T
+    G = tangent @ null_space(A.toarray() @ tangent)
+    # G's directions are the 11 interactions the 2-way marginals add, and they keep the 1-way marginals.
+    assert np.linalg.matrix_rank(G) == contingency._extra_parameters(A, A1) == 11
+    assert np.abs(A @ G).max() < 1e-9 * np.abs(G).max()
+    D, r = np.diag(2 * 3.0 ** 2 + public), noisy - public
+
+    def dense_gain(tau2):
+        sigma = D + tau2 * G @ G.T
+        return 0.5 * (np.linalg.slogdet(D)[1] + r @ np.linalg.solve(D, r)
+                      - np.linalg.slogdet(sigma)[1] - r @ np.linalg.solve(sigma, r))
+
+    assert s.gain == pytest.approx(dense_gain(s.tau2), rel=1e-6)
+    assert s.gain >= max(dense_gain(s.tau2 * 0.7), dense_gain(s.tau2 / 0.7))
+    H = s.tau2 * G @ G.T @ np.linalg.inv(D + s.tau2 * G @ G.T)
+    assert s.parameters == pytest.approx(np.trace(H), rel=1e-6)
+    assert 0.0 < s.parameters < np.linalg.matrix_rank(G)
+
+
+def test_without_interactions_in_the_noisy_cells_there_is_no_shrunk_candidate():
+    x, A, A1, public, _ = _shrunk_setup(5, 3.0)
+    assert contingency.shrunk_interactions(public.copy(), A, A @ x, A1, public, 3.0) is None
+
+
+@pytest.mark.parametrize("scale, kept", [(0.5, 0.9), (1000.0, 0.0)])
+def test_strong_interactions_are_kept_weak_evidence_shrinks_them_and_the_public_marginals_hold(scale, kept):
+    """Under small noise the shift keeps nearly every interaction direction (effective parameters near the 11
+    the a x b, a x c, b x c marginals add to the 1-way model) and lands near the truth; under noise 20 times the
+    largest interaction, little or nothing is kept."""
+    x, A, A1, public, noisy = _shrunk_setup(6, scale)
+    s = contingency.shrunk_interactions(noisy, A, A @ x, A1, public, scale)
+    if kept == 0.0:
+        assert s is None or s.parameters < 3.0
+        return
+    assert s.parameters > kept * 11
+    assert np.mean((s.means - x) ** 2) < 0.05 * np.mean((public - x) ** 2)
+    assert s.means.min() >= 0.0 and np.abs(A @ s.means - A @ x).max() < 1e-6 * x.sum()
