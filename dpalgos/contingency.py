@@ -271,9 +271,9 @@ class _Posterior:
 
 @dataclass
 class BayesEstimate:
-    """x: the table; per candidate prior ('public' or 'order h', then its family): aic, its log marginal
-    likelihood minus the parameters fitted to the noisy cells; weight, its Akaike weight in x; dispersion, its
-    fitted r or phi (0 for prior only)."""
+    """x: the table; per candidate prior ('public', 'order h' or 'shrunk order h', then its family): aic, its
+    log marginal likelihood minus the parameters fitted to the noisy cells; weight, its Akaike weight in x;
+    dispersion, its fitted r or phi (0 for prior only)."""
     x: np.ndarray
     aic: dict[str, float]
     weight: dict[str, float]
