@@ -409,9 +409,9 @@ def shrunk_interactions(noisy: np.ndarray, A: sp.csr_matrix, b: np.ndarray, A1: 
         G = tangent @ null_space(base @ tangent)
         d = 2.0 * noise_scale ** 2 + m0
         Q, lam, _ = np.linalg.svd(G / np.sqrt(d)[:, None], full_matrices=False)
-    keep = lam > 1e-9 * max(float(lam.max(initial=0.0)), 1e-300)
-    if not keep.any():
+    if lam.size == 0 or lam[0] == 0.0:  # no interaction direction left by the public marginals
         return None
+    keep = lam > 1e-9 * lam[0]  # singular values come in descending order
     Q, lam2 = Q[:, keep], lam[keep] ** 2
     z = Q.T @ (r / np.sqrt(d))
 
