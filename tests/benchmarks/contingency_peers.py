@@ -134,6 +134,8 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--mbi-python", default="/work/venvs/mbi/bin/python",
                     help="an interpreter with `mbi` installed; '' to leave mbi out")
+    ap.add_argument("--runs-csv", help="also write every run's MSE per method here (dataset, known, epsilon, "
+                    "method, run, mse): which runs carry a cell's mean")
     ap.add_argument("--mbi-worker", nargs=2, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.mbi_worker:
@@ -164,7 +166,10 @@ def main() -> None:
             est = rake(tables[job["key"][0]], job["order"], np.maximum(est, 0.0), np.asarray(job["truth"]))
             rows.append((*job["key"], float(np.mean((est - np.asarray(job["truth"])) ** 2))))
         print(f"mbi ({len(jobs)} fits): {time.perf_counter() - t1:.1f}s")
-    report(pd.DataFrame(rows, columns=["dataset", "known", "epsilon", "method", "run", "mse"]))
+    frame = pd.DataFrame(rows, columns=["dataset", "known", "epsilon", "method", "run", "mse"])
+    if args.runs_csv:
+        frame.to_csv(args.runs_csv, index=False)
+    report(frame)
 
 
 def report(frame) -> None:
