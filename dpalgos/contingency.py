@@ -214,7 +214,8 @@ def nb_posterior_mean(noisy: np.ndarray, prior_mean: np.ndarray, noise_scale: fl
 
 class _Posterior:
     """The cells' log posteriors (up to a constant per cell) on the support of a prior `family` with means
-    prior_mean and one dispersion parameter fitted by maximum marginal likelihood of the noisy cells."""
+    prior_mean and one dispersion parameter fitted by maximum marginal likelihood of the noisy cells; with `upper`,
+    the prior of cell i is cut above upper_i (see `empirical_bayes_table`)."""
 
     def __init__(self, noisy, prior_mean, noise_scale, max_count, family, upper=None):
         self.family, self.k = family, family.support(max_count)
@@ -226,9 +227,6 @@ class _Posterior:
         m, k = prior_mean[self.on, None], self.k
         lik = _laplace_loglik(noisy[self.on, None] - k, noise_scale)
         if upper is not None:
-            # x_i <= upper_i is public: the posteriors and the marginal likelihood (of the noisy cells and that
-            # event) put nothing above it, so a dispersed prior cannot explain a noise spike by a count the public
-            # marginals rule out.
             lik = np.where(k > upper[self.on, None] + 1e-9, -np.inf, lik)
         best = minimize_scalar(lambda t: -logsumexp(family.log_prior(m, k, t) + lik, axis=1).sum(),
                                bounds=family.bounds, method="bounded", options={"xatol": 1e-2})
@@ -310,11 +308,12 @@ def empirical_bayes_table(noisy: np.ndarray, table: Table, marginals: Sequence[M
                            as phi -> 0)
     r and phi maximise the marginal likelihood L = prod_i sum_{x <= u_i} p(x | m_i, r) Laplace(noisy_i - x) of the
     noisy cells, u_i the smallest public marginal count cell i adds to (`cell_upper_bounds`): the priors are cut
-    at what the public marginals allow, and L is the likelihood of the noisy cells and of that public event (so a
-    dispersed prior gains nothing by explaining a noise spike with a count the marginals rule out; measured with
-    the benchmark below: Edwards with 2-way marginals at eps 0.1-0.5, up to a third lower MSE). Around (b) and (c), whose means were fitted to the same noisy cells and so absorb part of their noise,
-    only the negative binomial: an underdispersed fit there would mistake that absorption for a tight prior
-    (measured on the Czech table with 2-way marginals public: MSE up to 1.7x). Each candidate's table is its
+    at what the public marginals allow, and L is the likelihood of the noisy cells and of that public event, so a
+    dispersed prior gains nothing by explaining a noise spike with a count the marginals rule out (measured with
+    tests/benchmarks/contingency_peers.py: Edwards with 2-way marginals at eps 0.1-0.5, up to a third lower MSE).
+    Around (b) and (c), whose means were fitted to the same noisy cells and so absorb part of their noise, only
+    the negative binomial: an underdispersed fit there would mistake that absorption for a tight prior (measured
+    on the Czech table with 2-way marginals public: MSE up to 1.7x). Each candidate's table is its
     posterior's means tilted to satisfy the public marginals (`_Posterior.tilted_means`: measured lower MSE than
     raking the posterior means by IPF on the paper's tables). x is their average with Akaike weights
     w_c ~ exp(AIC_c), AIC_c = log L_c minus the parameters fitted to the noisy cells (the dispersion; the free
@@ -340,7 +339,7 @@ def _candidates(noisy, table, marginals, A, b, noise_scale) -> dict[str, tuple[f
     """Every candidate prior as name -> (AIC, its means for prior only or its fitted posterior)."""
     max_count = int(math.ceil(max(float(noisy.max()), 0.0) + 40.0 * noise_scale))
     upper = cell_upper_bounds(A, b) if A.shape[0] else None
-    if upper is not None:
+    if upper is not None and np.isfinite(upper).all():  # public marginals may leave some cells out
         max_count = min(max_count, int(math.ceil(upper.max())))
     out = {}
     for prior, mean, extra in _prior_means(noisy, table, marginals, A, b, noise_scale):

@@ -54,6 +54,16 @@ def test_a_cells_upper_bound_is_the_smallest_public_marginal_count_it_adds_to(or
     assert (x <= upper).all()
 
 
+def test_cells_in_no_public_marginal_are_unbounded_and_the_table_still_honours_the_marginals_given():
+    t = contingency.Table(("a", "b"), (("0", "1"), ("x", "y", "z")))
+    x, marginals = np.array([5.0, 0.0, 3.0, 7.0, 2.0, 9.0]), [{"a": "0"}]
+    A = t.constraint_matrix(marginals)
+    assert contingency.cell_upper_bounds(A, A @ x).tolist() == [8.0] * 3 + [np.inf] * 3
+    noisy = x + np.random.default_rng(0).laplace(0.0, 1.0, x.size)
+    est = contingency.empirical_bayes_table(noisy, t, marginals, A @ x, noise_scale=1.0)
+    assert A @ est.x == pytest.approx(A @ x) and (est.x >= 0).all()
+
+
 @pytest.mark.parametrize("seed", range(8))
 def test_noise_spikes_on_bounded_cells_buy_no_dispersion(seed):
     """Counts at their prior means (public bounds 3 above them) and two cells' noise 7 and 6.5 scales high, as in
