@@ -98,6 +98,9 @@ def test_release_end_to_end(tmp_path, csv_data):
     P = domain.scale_to_unit_box(np.loadtxt(csv_data, delimiter=",", skiprows=1), [0, 0], [100, 100])[0]
     ev = json.loads((internal / "evaluation" / "evaluation.json").read_text())
     assert ev["wcss"] == pytest.approx(metrics.wcss(P, cents), rel=1e-9)
+    single = metrics.wcss(P, P.mean(axis=0, keepdims=True))
+    assert ev["single_centroid_wcss"] == pytest.approx(single, rel=1e-9)
+    assert ev["beats_single_centroid"] and not ev["headline"].startswith("FAILED")
     assert (internal / "evaluation" / "wcss.png").stat().st_size > 0
     gx_dir = internal / "gx"  # the run's great-expectations project: suite, definition, checkpoint per stage
     assert (gx_dir / "uncommitted" / "data_docs" / "local_site" / "index.html").exists()
@@ -248,6 +251,20 @@ def test_test_mode_is_not_a_release(tmp_path, csv_data):
     again = _run({**spec_dict(tmp_path / "b", csv_data), "release_id": "blobs-t", "mode": "test", "seed": 3})
     assert _sha(run / "measurements" / "trajectory.parquet") == \
         _sha(Path(again["release_dir"]).parent / "measurements" / "trajectory.parquet")
+
+
+def test_centroids_no_better_than_the_single_mean_are_reported_as_a_failure(tmp_path):
+    """40 records in 8 dimensions at epsilon 0.05: the noise dwarfs every cluster, the released centroids are
+    further from the points than their one mean, and the evaluation says FAILED, not only a ratio."""
+    cols = [f"a{j}" for j in range(8)]
+    data = write_csv(tmp_path / "small.csv", np.random.default_rng(0).uniform(60, 100, (40, 8)), header=cols)
+    spec = {**spec_dict(tmp_path, data), "release_id": "small-t", "mode": "test", "seed": 1}
+    spec["dataset"] = {"id": "blobs", "path": str(data), "bounds": {c: [0, 100] for c in cols}}
+    spec["release"] = {**spec["release"], "epsilon": 0.05, "postprocess": []}
+    s = _run(spec)
+    ev = json.loads((Path(s["release_dir"]).parent / "internal" / "evaluation" / "evaluation.json").read_text())
+    assert ev["wcss"] >= ev["single_centroid_wcss"] and not ev["beats_single_centroid"]
+    assert ev["headline"].startswith("FAILED: the released centroids are no better than the data's single mean")
 
 
 PLANTED = "John Doe HIV+"
