@@ -9,8 +9,9 @@ simulated (seeded numpy, as every benchmark; the privacy facts are the plan's). 
 scaled points with bounds [-1, 1] and the same epsilon (its own iteration count and budget split); it runs in
 its own interpreter (--peer-python, a venv with diffprivlib; it needs scikit-learn < 1.7), the points and
 centroids exchanged through temporary .npy files. A .npy --data is a 2-D check-in histogram (Gowalla-like
-points are sampled from it). Lines:
-    RESULT eps=<e> ours=<r> diffprivlib=<r> single_centroid=<r>
+points are sampled from it). Lines (`dpkm`: DP k-means' last iterate of the same runs; `ours_minus_dpkm`: the
+refinement's paired effect and its standard error, which must not be positive beyond noise):
+    RESULT eps=<e> ours=<r> diffprivlib=<r> single_centroid=<r> dpkm=<r> ours_minus_dpkm=<d> se=<s>
 
     python tests/benchmarks/kmeans_peers.py --data ../shared/data/kmeans/s1.txt --k 15 --runs 10
     python tests/benchmarks/kmeans_peers.py --data ../shared/data/kmeans/adult_numeric.csv --k 5 --runs 10
@@ -71,14 +72,15 @@ def load(path: str) -> np.ndarray:
     return gowalla_like(path) if path.endswith(".npy") else load_numeric_csv(path)
 
 
-def ours(B: np.ndarray, k: int, eps: float, runs: int, iterations: int, dom: str, rng) -> list[np.ndarray]:
+def ours(B: np.ndarray, k: int, eps: float, runs: int, iterations: int, dom: str, rng) -> list[dict[str, np.ndarray]]:
+    """Per run, the released centroids and DP k-means' last iterate (`dpkm`) of the same noise."""
     from dpalgos import domain, dpkmeans
     from tasks.experiments.kmeans import method_centroids, run_dpkm
 
     stats = dpkmeans.array_stats(domain.project(B, dom))
     seeding = dpkmeans.default_seeding(iterations)
-    return [method_centroids(run_dpkm(stats, k, B.shape[1], eps, iterations, dom, rng, seeding), ("released",),
-                             int(rng.integers(2 ** 31)))["released"] for _ in range(runs)]
+    return [method_centroids(run_dpkm(stats, k, B.shape[1], eps, iterations, dom, rng, seeding), ("dpkm", "released"),
+                             int(rng.integers(2 ** 31))) for _ in range(runs)]
 
 
 def main() -> None:
@@ -116,12 +118,17 @@ def compare(args, epsilons: list[float]) -> None:
     rng = np.random.default_rng(args.seed)
     for i, eps in enumerate(epsilons):
         t0 = time.perf_counter()
-        mine = [metrics.wcss(B, C) / ref for C in ours(B, args.k, eps, args.runs, args.iterations, dom, rng)]
+        runs = ours(B, args.k, eps, args.runs, args.iterations, dom, rng)
+        mine = np.array([metrics.wcss(B, r["released"]) / ref for r in runs])
+        dpkm = np.array([metrics.wcss(B, r["dpkm"]) / ref for r in runs])
         theirs = [metrics.wcss(B, C) / ref for C in peer[i]]
+        gain = mine - dpkm  # the refinement's effect, paired (0 in the runs it is not released)
+        se = float(np.std(gain, ddof=1) / np.sqrt(gain.size)) if gain.size > 1 else float("nan")
         print(f"eps={eps:g}: ours {np.mean(mine):.3f} (sd {np.std(mine):.3f}), diffprivlib {np.mean(theirs):.3f} "
               f"(sd {np.std(theirs):.3f}); {time.perf_counter() - t0:.0f}s", flush=True)
         print(f"RESULT eps={eps:g} ours={np.mean(mine):.3f} diffprivlib={np.mean(theirs):.3f} "
-              f"single_centroid={single:.3f}", flush=True)
+              f"single_centroid={single:.3f} dpkm={np.mean(dpkm):.3f} ours_minus_dpkm={np.mean(gain):+.3f} "
+              f"se={se:.3f}", flush=True)
 
 
 if __name__ == "__main__":
