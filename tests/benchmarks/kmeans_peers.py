@@ -122,12 +122,12 @@ def compare(args, epsilons: list[float]) -> None:
         mine = np.array([metrics.wcss(B, r["released"]) / ref for r in runs])
         dpkm = np.array([metrics.wcss(B, r["dpkm"]) / ref for r in runs])
         theirs = [metrics.wcss(B, C) / ref for C in peer[i]]
-        gain = mine - dpkm  # the refinement's effect, paired (0 in the runs it is not released)
-        se = float(np.std(gain, ddof=1) / np.sqrt(gain.size)) if gain.size > 1 else float("nan")
+        effect = mine - dpkm  # the refinement's, paired (0 in the runs it is not released; > 0 is worse)
+        se = float(np.std(effect, ddof=1) / np.sqrt(effect.size)) if effect.size > 1 else float("nan")
         print(f"eps={eps:g}: ours {np.mean(mine):.3f} (sd {np.std(mine):.3f}), diffprivlib {np.mean(theirs):.3f} "
               f"(sd {np.std(theirs):.3f}); {time.perf_counter() - t0:.0f}s", flush=True)
         print(f"RESULT eps={eps:g} ours={np.mean(mine):.3f} diffprivlib={np.mean(theirs):.3f} "
-              f"single_centroid={single:.3f} dpkm={np.mean(dpkm):.3f} ours_minus_dpkm={np.mean(gain):+.3f} "
+              f"single_centroid={single:.3f} dpkm={np.mean(dpkm):.3f} ours_minus_dpkm={np.mean(effect):+.3f} "
               f"se={se:.3f}", flush=True)
 
 
