@@ -7,10 +7,11 @@ scaled points' one mean, non-private).
 default domain of the dimension or --domain), then Lee & Kifer's refinement where `leekifer.refinement_expected_to_help` says so. Noise is
 simulated (seeded numpy, as every benchmark; the privacy facts are the plan's). diffprivlib gets the same
 scaled points with bounds [-1, 1] and the same epsilon (its own iteration count and budget split); it runs in
-its own interpreter (--peer-python, a venv with diffprivlib; it needs scikit-learn < 1.7), the points and
-centroids exchanged through temporary .npy files. A .npy --data is a 2-D check-in histogram (Gowalla-like
-points are sampled from it). Lines (`dpkm`: DP k-means' last iterate of the same runs; `ours_minus_dpkm`: the
-refinement's paired effect and its standard error, which must not be positive beyond noise):
+its own interpreter (--peer-python, a venv with diffprivlib: 0.6.6 fails to import with scikit-learn 1.9 and
+runs with 1.6-1.8, measured), the points and centroids exchanged through temporary .npy files. A .npy --data
+is a 2-D check-in histogram (Gowalla-like points are sampled from it). Lines (`dpkm`: DP k-means' last iterate
+of the same runs; `ours_minus_dpkm`: the refinement's paired effect and its standard error, which must not be
+positive beyond noise):
     RESULT eps=<e> ours=<r> diffprivlib=<r> single_centroid=<r> dpkm=<r> ours_minus_dpkm=<d> se=<s>
 
     python tests/benchmarks/kmeans_peers.py --data ../shared/data/kmeans/s1.txt --k 15 --runs 10
