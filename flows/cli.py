@@ -148,8 +148,9 @@ def format_summary(s: dict) -> str:
         f"remaining {budget['remaining_epsilon']:.4g}" if budget else "  budget     not charged (test mode)",
     ]
     if s.get("evaluation") and Path(s["evaluation"]).exists():
-        headline = json.loads(Path(s["evaluation"]).read_text())["headline"]
-        lines.append(f"  utility    {headline} (internal evaluation: {s['evaluation']})")
+        # Its figures are computed on the raw data (with the published values they can single out a record):
+        # the terminal, like the UI, gets only where they are.
+        lines.append(f"  utility    {s['evaluation']}   (internal evaluation, raw-derived: never publish)")
     if s.get("timings"):
         lines.append("  stages     " + ", ".join(f"{k} {v:.1f}s" for k, v in s["timings"].items()))
     if s.get("report"):

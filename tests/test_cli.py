@@ -142,3 +142,17 @@ def test_spec_check_json(tmp_path):
     (tmp_path / "s.yaml").write_text(yaml.safe_dump(d))
     out = json.loads(dprelease("spec", "check", str(tmp_path / "s.yaml"), "--json").stdout)
     assert out["valid"] and out["kind"] == "kmeans" and out["dataset_id"] == "blobs"
+
+
+def test_the_terminal_summary_names_the_evaluation_but_shows_none_of_its_figures(tmp_path):
+    """The evaluation's figures are raw-derived (with the published values they can single out a record): the
+    summary printed on the terminal names the file only."""
+    from flows.cli import format_summary
+
+    evaluation = tmp_path / "evaluation.json"
+    evaluation.write_text(json.dumps({"headline": "unit-query MSE 11.78 (noisy leaves: 25)"}))
+    summary = {"release_id": "r", "kind": "histogram", "dataset_id": "d", "status": "published", "private": True,
+               "release_dir": "rel", "internal_dir": "int", "epsilon": 1.0, "delta": 0.0, "accounting": "pure",
+               "dataset_budget": None, "evaluation": str(evaluation)}
+    text = format_summary(summary)
+    assert str(evaluation) in text and "11.78" not in text and "MSE" not in text
