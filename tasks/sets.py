@@ -50,12 +50,13 @@ def _transaction_chunks(path: Path) -> Iterator[tuple[np.ndarray, np.ndarray]]:
     opener = gzip.open if path.suffix == ".gz" else open
     lengths, values = [], []
     with opener(path, "rt") as fh:
-        for lineno, line in enumerate(fh, start=1):
+        for line in fh:
             tokens = line.split()
             try:
                 items = [int(t) for t in tokens]
             except ValueError:
-                raise InputError(f"{path}, line {lineno}: item ids must be integers") from None
+                # No line number: it would count the records before the bad one.
+                raise InputError(f"{path}: item ids must be integers (a line holds another token)") from None
             lengths.append(len(items))
             values.extend(items)
             if len(lengths) == ROWS_PER_PART:

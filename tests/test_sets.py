@@ -42,8 +42,9 @@ def test_out_of_range_and_empty_records_break_the_contract(tmp_path):
 
 def test_bad_tokens_and_wrong_column_types_are_clear_errors(tmp_path):
     (tmp_path / "bad.dat").write_text("1 2\n3 x\n")
-    with pytest.raises(InputError, match="line 2"):
+    with pytest.raises(InputError, match="item ids must be integers") as refused:
         ingest_sets(tmp_path / "bad.dat", "transactions", "items", tmp_path / "o1")
+    assert "2" not in str(refused.value).replace(str(tmp_path), "")  # no line number: it counts records
     pq.write_table(pa.table({"items": ["a", "b"]}), tmp_path / "s.parquet")
     with pytest.raises(InputError, match="not a list"):
         ingest_sets(tmp_path / "s.parquet", "parquet", "items", tmp_path / "o2")
