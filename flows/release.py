@@ -30,7 +30,7 @@ from tasks.resume import forget, reusable, stage_key, stamp
 from tasks.retry import INTERNAL_LOG, ours
 from tasks.run import RunPaths, discard_failed, open_run, read_meta
 from tasks.spec import ReleaseSpec, load_spec, parse_spec
-from tasks.stages import evaluate, measure, postprocess, prepare
+from tasks.stages import evaluate, measure, postprocess, preflight, prepare
 
 
 Period = Literal["daily", "weekly", "monthly"]
@@ -170,6 +170,8 @@ def _release(spec: ReleaseSpec, release_id: str, log) -> dict:
     log.info("release %s (%s on dataset '%s') -> %s", release_id, spec.release.kind, spec.dataset.id, run.root)
     timer = _Timer(log, StageProgress(_stage_names(spec, published)))
     try:
+        if not published:
+            preflight(spec, release_id, run)
         with dask_client(spec.dask) as client:
             log.info("dask scheduler %s, dashboard %s", client.scheduler.address, client.dashboard_link)
             manifest, evaluation = _stages(spec, release_id, run, timer, published)

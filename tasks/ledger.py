@@ -115,13 +115,14 @@ class PrivacyLedger:
             raise ReleaseError(f"cannot open privacy ledger {self.path}: {exc}") from None
 
     @contextmanager
-    def _transaction(self, immediate: bool = False):
+    def _transaction(self, immediate: bool = False, keep: bool = True):
+        """keep=False: every check runs as it would, and nothing is written (a dry run)."""
         db = self._connect()
         try:
             db.row_factory = sqlite3.Row
             db.execute("BEGIN IMMEDIATE" if immediate else "BEGIN")
             yield db
-            db.execute("COMMIT")
+            db.execute("COMMIT" if keep else "ROLLBACK")
         except sqlite3.DatabaseError as exc:
             db.rollback()
             raise ReleaseError(f"privacy ledger {self.path} is unusable: {exc}") from None
@@ -147,7 +148,7 @@ class PrivacyLedger:
 
     def charge(self, *, dataset_id: str, release_id: str, kind: str, fingerprint: str, event: dpe.DpEvent,
                release_delta: float | None = None, redraw: bool = False, location: str | None = None,
-               extra_delta: float = 0.0, owner: str | None = None) -> Charge:
+               extra_delta: float = 0.0, owner: str | None = None, dry_run: bool = False) -> Charge:
         """Record the spend of `release_id` unless it is recorded already; refuse it if over budget.
 
         redraw : the measurements are not committed here. If an earlier attempt drew noise and did not commit
@@ -163,8 +164,10 @@ class PrivacyLedger:
         The release's own guarantee is stated at `release_delta` (its spec's target) when given, else at the
         budget's delta; the budget check composes everything at the budget's delta. The dataset's lifetime
         budget is the one an operator set (`set_budget`); a dataset without one is refused.
+
+        dry_run : every check and refusal of the charge, nothing recorded (a run's check before it reads data).
         """
-        with self._transaction(immediate=True) as db:
+        with self._transaction(immediate=True, keep=not dry_run) as db:
             bud_eps, bud_delta = self._budget_locked(db, dataset_id)
             if release_delta and release_delta > bud_delta:
                 raise BudgetExceeded(f"release '{release_id}' asks delta={release_delta:g}, above the lifetime delta "

@@ -73,29 +73,20 @@ def measure(spec: ReleaseSpec, release_id: str, run: RunPaths, prepared: StageOu
     kind = kind_of(spec)
     kind.check_feasible(spec, prepared)
     plan = kind.plan(spec)
-    event = plan.event()
-    own = accounting.release_guarantee(event, getattr(spec.release, "delta", 0.0), plan.extra_delta)
+    own = accounting.release_guarantee(plan.event(), getattr(spec.release, "delta", 0.0), plan.extra_delta)
     ledger, charge = None, None
     owner = secrets.token_hex(8)  # this attempt: the lease to draw (PrivacyLedger.begin_draw)
+    reused = _stored_measurements(spec, release_id, run)
     if not spec.test_mode:
         ledger = PrivacyLedger(spec.ledger_path)
-        charge = ledger.charge(dataset_id=spec.dataset.id, release_id=release_id, kind=kind.name,
-                               fingerprint=spec.fingerprint(), event=event,
-                               release_delta=getattr(spec.release, "delta", None),
-                               redraw=not run.measurements.exists(), location=str(run.root.resolve()),
-                               extra_delta=plan.extra_delta, owner=owner)
+        charge = _charge(ledger, spec, release_id, run, plan, owner)
         own = charge.release
         log.info("privacy ledger: release %s costs epsilon=%.4g, delta=%.3g (%s); dataset '%s' total epsilon=%.4g "
                  "of %.4g", release_id, own.epsilon, own.delta, charge.state, spec.dataset.id,
                  charge.total.epsilon, charge.budget_epsilon)
     else:
         log.warning("test mode: seeded noise, NOT private; nothing is charged and nothing is released")
-    reused = run.measurements.exists()
     if reused:
-        stored = read_meta(run.measurements)["fingerprint"]
-        if stored != spec.fingerprint():
-            raise ReleaseConflict(f"stored measurements of release '{release_id}' were made with other "
-                                  f"parameters ({stored} != {spec.fingerprint()})")
         log.info("reusing the measurements committed at %s (no new noise drawn)", run.measurements)
     else:
         _draw_and_commit(spec, release_id, run, prepared, plan, ledger, owner, log)
@@ -103,6 +94,34 @@ def measure(spec: ReleaseSpec, release_id: str, run: RunPaths, prepared: StageOu
         ledger.mark(release_id, "measured")
     return Measured(str(run.measurements), reused, own, charge.total if charge else None,
                     (charge.budget_epsilon, charge.budget_delta) if charge else None)
+
+
+def preflight(spec: ReleaseSpec, release_id: str, run: RunPaths) -> None:
+    """Every refusal of the charge, made before the data is read: a refusal that came after reading it (a
+    level outside the public ones, a malformed record) would answer a question about the data for free, and
+    for a spec over the budget as often as it is asked. Records nothing."""
+    _stored_measurements(spec, release_id, run)
+    if not spec.test_mode:
+        _charge(PrivacyLedger(spec.ledger_path), spec, release_id, run, kind_of(spec).plan(spec), None, dry_run=True)
+
+
+def _stored_measurements(spec: ReleaseSpec, release_id: str, run: RunPaths) -> bool:
+    """Whether the run folder holds this release's committed measurements; refused if they are another's."""
+    if not run.measurements.exists():
+        return False
+    stored = read_meta(run.measurements)["fingerprint"]
+    if stored != spec.fingerprint():
+        raise ReleaseConflict(f"stored measurements of release '{release_id}' were made with other "
+                              f"parameters ({stored} != {spec.fingerprint()})")
+    return True
+
+
+def _charge(ledger: PrivacyLedger, spec: ReleaseSpec, release_id: str, run: RunPaths, plan, owner: str | None,
+            dry_run: bool = False):
+    return ledger.charge(dataset_id=spec.dataset.id, release_id=release_id, kind=spec.release.kind,
+                         fingerprint=spec.fingerprint(), event=plan.event(),
+                         release_delta=getattr(spec.release, "delta", None), redraw=not run.measurements.exists(),
+                         location=str(run.root.resolve()), extra_delta=plan.extra_delta, owner=owner, dry_run=dry_run)
 
 
 def _draw_and_commit(spec, release_id, run, prepared, plan, ledger, owner, log) -> None:

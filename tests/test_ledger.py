@@ -33,6 +33,20 @@ def test_spends_compose_and_the_budget_refuses_before_noise(tmp_path):
     assert ledger.spent("d").epsilon <= 1.0 + 1e-9
 
 
+def test_a_dry_run_refuses_as_the_charge_would_and_records_nothing(tmp_path):
+    ledger = PrivacyLedger(tmp_path / "l.sqlite")
+    _charge(ledger, "r1", 0.6)
+    kw = dict(dataset_id="d", kind="kmeans", fingerprint="f", event=dpkmeans.plan(epsilon=0.3, iterations=5).event(),
+              dry_run=True)
+    assert ledger.charge(release_id="r2", **kw).state == "charged"
+    assert [r["release_id"] for r in ledger.releases("d")] == ["r1"]
+    with pytest.raises(BudgetExceeded, match="would exceed the lifetime budget"):
+        ledger.charge(release_id="r2", **{**kw, "event": dpkmeans.plan(epsilon=0.9, iterations=5).event()})
+    with pytest.raises(ReleaseConflict, match="already used"):
+        ledger.charge(release_id="r1", **{**kw, "fingerprint": "g"})
+    assert [r["release_id"] for r in ledger.releases("d")] == ["r1"] and ledger.spent("d").epsilon == pytest.approx(0.6, rel=1e-2)
+
+
 def test_charging_the_same_release_again_is_free(tmp_path):
     ledger = PrivacyLedger(tmp_path / "l.sqlite")
     _charge(ledger, "r1", 0.9)

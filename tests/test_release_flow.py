@@ -14,7 +14,7 @@ import pytest
 
 from data_contracts import ContractViolation
 from dpalgos import domain, leekifer, metrics
-from tasks.errors import BudgetExceeded, InputError, StageFailed
+from tasks.errors import BudgetExceeded, InputError, ReleaseConflict, StageFailed
 from tasks.kinds import kind_of
 from tasks.kinds.kmeans import postprocessing_seed
 from tasks.ledger import PrivacyLedger
@@ -251,6 +251,25 @@ def test_test_mode_is_not_a_release(tmp_path, csv_data):
     again = _run({**spec_dict(tmp_path / "b", csv_data), "release_id": "blobs-t", "mode": "test", "seed": 3})
     assert _sha(run / "measurements" / "trajectory.parquet") == \
         _sha(Path(again["release_dir"]).parent / "measurements" / "trajectory.parquet")
+    # A release under the test run's id is refused for its stored measurements before it is charged.
+    budget("blobs")
+    with pytest.raises(ReleaseConflict, match="were made with other parameters"):
+        _run({**spec_dict(tmp_path, csv_data), "release_id": "blobs-t"})
+    assert ledger().releases("blobs") == []
+
+
+def test_an_over_budget_release_is_refused_before_its_data_is_read(tmp_path, count_dp_runs):
+    """A refusal after reading the data (here the contract's NaN check) would be a free query about it, and for a
+    spec over the budget one it could ask without end: the budget refuses it first."""
+    d = spec_dict(tmp_path, _nan_csv(tmp_path))
+    budget("blobs", 0.5, 0.0)
+    with pytest.raises(BudgetExceeded, match="would exceed the lifetime budget"):
+        _run({**d, "release_id": "nan-over"})
+    assert not (tmp_path / "runs" / "nan-over").exists() and ledger().releases("blobs") == []
+    budget("blobs", 10.0, 0.0)
+    with pytest.raises(ContractViolation):  # within the budget, the same input fails where it did
+        _run({**d, "release_id": "nan-within"})
+    assert ledger().releases("blobs") == [] and not count_dp_runs
 
 
 def test_centroids_no_better_than_the_single_mean_are_reported_as_a_failure(tmp_path):
