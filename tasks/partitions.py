@@ -16,7 +16,9 @@ import pyarrow.parquet as pq
 import scipy.sparse as sp
 
 from dpalgos import domain
-from tasks.params import DaskSpec
+from tasks.errors import ReleaseError
+from tasks.params import (DASK_ADDRESS_ENV, DASK_ADDRESS_KEY, DaskSpec, configured_dask_address,
+                          operator_config_file)
 
 
 class OutsideLevels(ValueError):
@@ -170,13 +172,21 @@ class Partitioned:
 
 @contextlib.contextmanager
 def dask_client(spec: DaskSpec) -> Iterator:
-    """A dask.distributed client: to the scheduler at `spec.address`, or to a local cluster started here."""
+    """A dask.distributed client: to the operator's scheduler (`configured_dask_address`: never the spec's
+    choice, since the scheduler and its workers see the raw partitions and the exact statistics), or to a local
+    cluster of the spec's size started here on 127.0.0.1."""
     from distributed import Client, LocalCluster
 
     from tasks.threads import limit_threads  # imports distributed, as this function does
 
-    if spec.address:
-        with Client(spec.address, timeout="30s", set_as_default=True) as client:
+    address = configured_dask_address()
+    if address:
+        try:
+            client = Client(address, timeout="30s", set_as_default=True)
+        except (OSError, TimeoutError) as exc:  # before any data is sent; its type is enough
+            raise ReleaseError(f"cannot reach the operator's dask scheduler {address} ({DASK_ADDRESS_ENV} or "
+                               f"{DASK_ADDRESS_KEY} in {operator_config_file()}): {type(exc).__name__}") from None
+        with client:
             limit_threads(client)
             yield client
         return

@@ -135,10 +135,10 @@ def main() -> None:
         print(f"RESULT users={args.users} sgd_ms_per_model_step={per_step:.2f} floor_ms={floor:.2f}")
         return
     tmp = Path(tempfile.mkdtemp(prefix="cdr-scale-"))
-    procs, dask = [], {"n_workers": 1, "threads_per_worker": 2}
+    procs, dask, address = [], {"n_workers": 1, "threads_per_worker": 2}, None
     if args.distributed:
         address, procs = start_cluster(tmp)
-        dask = {"address": address}
+        os.environ["DPRELEASE_DASK_ADDRESS"] = address  # the operator's setting (a spec cannot name a scheduler)
     from flows.release import release
     from tasks.spec import parse_spec
 
@@ -157,7 +157,7 @@ def main() -> None:
         t0 = time.perf_counter()
         summary = release(spec=spec)
         total = time.perf_counter() - t0
-        workers_gb = worker_peak_gb(dask["address"]) if args.distributed else 0.0
+        workers_gb = worker_peak_gb(address) if args.distributed else 0.0
     finally:
         for p in reversed(procs):
             p.terminate()

@@ -204,10 +204,11 @@ def test_concurrent_releases_of_one_dataset_cannot_both_pass_the_budget(prefect_
 
 @pytest.mark.slow
 def test_release_on_an_existing_dask_scheduler(prefect_server, ops_data, tmp_path):
+    """The scheduler is the operator's setting (DPRELEASE_DASK_ADDRESS), not the spec's."""
     with dask_cluster(tmp_path) as address:
-        spec = _spec(tmp_path, ops_data, dask={"address": address})
-        rc = run_cli(["run", str(spec), "--release-id", "on-dask"], _env(prefect_server, tmp_path),
-                     tmp_path / "dask.log")
+        spec = _spec(tmp_path, ops_data)
+        rc = run_cli(["run", str(spec), "--release-id", "on-dask"],
+                     {**_env(prefect_server, tmp_path), "DPRELEASE_DASK_ADDRESS": address}, tmp_path / "dask.log")
     log = (tmp_path / "dask.log").read_text()
     assert rc == 0, log[-3000:]
     assert f"dask scheduler {address}" in log

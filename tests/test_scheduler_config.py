@@ -1,0 +1,178 @@
+"""The dask scheduler a release runs on is the operator's setting, never the spec's.
+
+Whoever writes a spec is not trusted with raw data, and the scheduler (with its workers) sees every partition
+and every exact statistic before noise: a spec naming a scheduler of its author's choosing is refused by the
+schema. The operator names one with $DPRELEASE_DASK_ADDRESS or `dask_address` in the config.toml that also
+holds the ledger setting; the variable wins over the file; without either, each run starts a local cluster.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tasks.errors import ReleaseError, SpecError
+from tasks.params import DASK_ADDRESS_ENV, DaskSpec, configured_dask_address, operator_config_file
+from tasks.spec import parse_spec
+from tests.conftest import blobs, budget, spec_dict, write_csv
+
+
+@pytest.fixture(autouse=True)
+def operator_config(tmp_path, monkeypatch) -> Path:
+    """No operator scheduler unless a test sets one; config.toml in a folder of the test's own."""
+    monkeypatch.delenv(DASK_ADDRESS_ENV, raising=False)
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "xdg"))
+    path = tmp_path / "xdg" / "dprelease" / "config.toml"
+    path.parent.mkdir(parents=True)
+    return path
+
+
+def _with_dask(tmp_path, dask: dict) -> dict:
+    return {**spec_dict(tmp_path, write_csv(tmp_path / "b.csv", blobs(50))), "dask": dask}
+
+
+# -- the spec cannot choose the scheduler ------------------------------------------------------------------------
+
+@pytest.mark.parametrize("dask", [{"address": "tcp://203.0.113.7:8786"}, {"address": "tcp://127.0.0.1:8786",
+                                                                          "n_workers": 2},
+                                  {"address": None}], ids=["remote", "with-workers", "null"])
+def test_a_spec_naming_a_scheduler_is_refused_by_the_schema(tmp_path, dask):
+    with pytest.raises(SpecError) as refused:
+        parse_spec(_with_dask(tmp_path, dask))
+    message = str(refused.value)
+    assert "\n" not in message
+    assert "dask: the dask scheduler is the operator's setting, not a spec field" in message
+    assert "remove `address`" in message and DASK_ADDRESS_ENV in message and "config.toml" in message
+
+
+def test_the_refusal_holds_when_the_operator_set_the_same_address(tmp_path, monkeypatch):
+    monkeypatch.setenv(DASK_ADDRESS_ENV, "tcp://127.0.0.1:8786")
+    with pytest.raises(SpecError, match="operator's setting"):
+        parse_spec(_with_dask(tmp_path, {"address": "tcp://127.0.0.1:8786"}))
+
+
+def test_the_local_cluster_knobs_stay_in_the_spec(tmp_path):
+    spec = parse_spec(_with_dask(tmp_path, {"n_workers": 2, "threads_per_worker": 1, "processes": False}))
+    assert spec.dask == DaskSpec(n_workers=2, threads_per_worker=1, processes=False)
+    assert not hasattr(spec.dask, "address")
+    with pytest.raises(SpecError, match="dask.scheduler"):  # no other name for it either
+        parse_spec(_with_dask(tmp_path, {"scheduler": "tcp://203.0.113.7:8786"}))
+
+
+def _dprelease(tmp_path, *args) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PREFECT_HOME": str(tmp_path / ".prefect-home")}
+    return subprocess.run([sys.executable, "-m", "flows.cli", *args], capture_output=True, text=True,
+                          cwd=tmp_path, env=env, timeout=300)
+
+
+def test_the_cli_refuses_it_with_exit_2_before_anything_runs_and_never_connects(tmp_path):
+    """`spec check` and `run`: one `error:` line, exit 2, no run folder, and the spec's scheduler (a socket
+    listening here) never sees a connection."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    listener.settimeout(0.5)
+    port = listener.getsockname()[1]
+    budget("blobs")  # a registered budget: the refusal is the schema's, not the ledger's
+    (tmp_path / "s.yaml").write_text(yaml.safe_dump(_with_dask(tmp_path, {"address": f"tcp://127.0.0.1:{port}"})))
+    try:
+        for command in (("spec", "check"), ("run",)):
+            out = _dprelease(tmp_path, *command, str(tmp_path / "s.yaml"))
+            lines = [line for line in out.stderr.splitlines() if line.strip()]
+            assert out.returncode == 2, out.stderr
+            assert len(lines) == 1 and lines[0].startswith("error:"), out.stderr
+            assert "the dask scheduler is the operator's setting" in lines[0] and DASK_ADDRESS_ENV in lines[0]
+        assert not (tmp_path / "runs").exists()
+        with pytest.raises(TimeoutError):
+            listener.accept()
+    finally:
+        listener.close()
+
+
+# -- the operator's setting --------------------------------------------------------------------------------------
+
+def test_no_setting_means_a_local_cluster():
+    assert configured_dask_address() is None
+
+
+def test_the_environment_variable_names_the_scheduler(monkeypatch):
+    monkeypatch.setenv(DASK_ADDRESS_ENV, "tcp://10.0.0.5:8786")
+    assert configured_dask_address() == "tcp://10.0.0.5:8786"
+
+
+def test_config_toml_names_the_scheduler_when_the_variable_is_unset_or_empty(operator_config, monkeypatch):
+    assert operator_config_file() == operator_config
+    operator_config.write_text('ledger = "/var/lib/dprelease/ledger.sqlite"\ndask_address = "tcp://sched.internal:8786"\n')
+    assert configured_dask_address() == "tcp://sched.internal:8786"
+    monkeypatch.setenv(DASK_ADDRESS_ENV, "")  # empty counts as unset, as for the ledger
+    assert configured_dask_address() == "tcp://sched.internal:8786"
+
+
+def test_the_variable_wins_over_config_toml(operator_config, monkeypatch):
+    operator_config.write_text('dask_address = "tcp://sched.internal:8786"\n')
+    monkeypatch.setenv(DASK_ADDRESS_ENV, "tls://[::1]:8786")
+    assert configured_dask_address() == "tls://[::1]:8786"
+    operator_config.write_text("this is = not toml =\n")  # not even read when the variable is set
+    assert configured_dask_address() == "tls://[::1]:8786"
+
+
+@pytest.mark.parametrize("value", ["127.0.0.1:8786", "http://127.0.0.1:8786", "tcp://127.0.0.1", "tcp://:8786",
+                                   "tcp://127.0.0.1:0", "tcp://127.0.0.1:99999", "tcp://host:8786/path",
+                                   "tcp://a b:8786", "local", "tcp://127.0.0.1:8786\ntcp://x:1"])
+def test_a_bad_variable_is_refused_in_one_line(monkeypatch, value):
+    monkeypatch.setenv(DASK_ADDRESS_ENV, value)
+    with pytest.raises(ReleaseError) as refused:
+        configured_dask_address()
+    message = str(refused.value)
+    assert "\n" not in message
+    assert message.startswith(f"{DASK_ADDRESS_ENV} must be a dask scheduler address tcp://HOST:PORT")
+    assert repr(value) in message
+
+
+@pytest.mark.parametrize("text, expected", [
+    ('dask_address = "sched:8786"\n', "must be a dask scheduler address tcp://HOST:PORT"),
+    ("dask_address = 8786\n", 'must be a string "tcp://HOST:PORT", got 8786'),
+    ("dask_address = [\n", "is not valid TOML"),
+])
+def test_a_bad_config_value_is_refused_in_one_line(operator_config, text, expected):
+    operator_config.write_text(text)
+    with pytest.raises(ReleaseError) as refused:
+        configured_dask_address()
+    message = str(refused.value)
+    assert "\n" not in message and expected in message and str(operator_config) in message
+
+
+# -- the run uses the operator's setting ---------------------------------------------------------------------------
+
+def test_dask_client_connects_to_the_operator_scheduler_and_ignores_the_local_knobs(monkeypatch):
+    from distributed import LocalCluster
+
+    from tasks.partitions import dask_client
+
+    with LocalCluster(n_workers=1, threads_per_worker=1, processes=False, host="127.0.0.1",
+                      protocol="tcp://", dashboard_address="127.0.0.1:0") as operators:
+        monkeypatch.setenv(DASK_ADDRESS_ENV, operators.scheduler_address)
+        with dask_client(DaskSpec(n_workers=3)) as client:
+            assert client.scheduler.address == operators.scheduler_address
+            assert len(client.scheduler_info()["workers"]) == 1
+            assert client.submit(sum, [1, 2, 3]).result() == 6
+
+
+def test_dask_client_refuses_a_bad_setting_before_connecting(monkeypatch):
+    from tasks.partitions import dask_client
+
+    monkeypatch.setenv(DASK_ADDRESS_ENV, "scheduler.example")
+    with pytest.raises(ReleaseError, match=f"{DASK_ADDRESS_ENV} must be a dask scheduler address"):
+        with dask_client(DaskSpec()):
+            pytest.fail("connected")
+
+
+def test_without_a_setting_dask_client_starts_a_local_cluster_on_loopback():
+    from tasks.partitions import dask_client
+
+    with dask_client(DaskSpec(n_workers=1, threads_per_worker=1)) as client:
+        assert client.scheduler.address.startswith("tcp://127.0.0.1:")
