@@ -16,7 +16,6 @@ import json
 import math
 import os
 import sqlite3
-import tomllib
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -26,6 +25,7 @@ from dp_accounting import dp_event as dpe
 
 from dpalgos import accounting
 from tasks.errors import BudgetExceeded, NoBudget, ReleaseConflict, ReleaseError
+from tasks.params import operator_config
 
 #: The operator's setting that names the ledger (an absolute path). The ledger is configuration of the
 #: machine that runs releases, never a spec field nor a flow parameter: a spec or a UI user choosing the ledger
@@ -37,17 +37,10 @@ def configured_path() -> Path:
     """The ledger of this machine: $DPRELEASE_LEDGER, else `ledger = "/abs/path"` in
     $XDG_CONFIG_HOME/dprelease/config.toml, else $XDG_STATE_HOME/dprelease/privacy-ledger.sqlite (per user,
     outside any checkout or output folder)."""
-    home = Path.home()
-    value = os.environ.get(LEDGER_ENV)
+    value = os.environ.get(LEDGER_ENV) or operator_config().get("ledger")
     if not value:
-        config = Path(os.environ.get("XDG_CONFIG_HOME") or home / ".config") / "dprelease" / "config.toml"
-        if config.exists():
-            try:
-                value = tomllib.loads(config.read_text()).get("ledger")
-            except tomllib.TOMLDecodeError as exc:
-                raise ReleaseError(f"{config} is not valid TOML: {exc}") from None
-    if not value:
-        return Path(os.environ.get("XDG_STATE_HOME") or home / ".local" / "state") / "dprelease" / "privacy-ledger.sqlite"
+        return (Path(os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state") / "dprelease"
+                / "privacy-ledger.sqlite")
     path = Path(value).expanduser()
     if not path.is_absolute():
         raise ReleaseError(f"the ledger setting must be an absolute path, got {value!r} ({LEDGER_ENV} or config.toml)")

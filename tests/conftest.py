@@ -36,6 +36,9 @@ def operator_ledger(tmp_path, monkeypatch) -> Path:
     path = tmp_path / "operator-ledger.sqlite"
     monkeypatch.setenv(LEDGER_ENV, str(path))
     monkeypatch.setenv("DPRELEASE_TEST_MODE", "allowed")  # a test machine: seeded runs on test data
+    # The machine's own settings stay out: test data must not go to an operator's dask scheduler.
+    monkeypatch.delenv("DPRELEASE_DASK_ADDRESS", raising=False)
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
     return path
 
 
