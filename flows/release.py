@@ -34,6 +34,8 @@ from tasks.stages import evaluate, measure, postprocess, preflight, prepare
 
 
 Period = Literal["daily", "weekly", "monthly"]
+#: The status of a test-mode run: it made its products, and nothing was published.
+TEST_RUN = "made in test mode (seeded noise, not private, not published)"
 
 
 def import_stage_libraries(evaluate: bool) -> None:
@@ -180,7 +182,7 @@ def _release(spec: ReleaseSpec, release_id: str, log) -> dict:
         raise
     (run.internal / "timings.json").write_text(json.dumps(timer.seconds, indent=2))
     summary = _summary(spec, release_id, run, manifest, timer.seconds, "already published" if published else
-                       "published")
+                       TEST_RUN if spec.test_mode else "published")
     (run.internal / "summary.json").write_text(json.dumps(summary, indent=2))
     summary["report"] = str(write_report(spec, release_id, run, manifest, evaluation, timer.seconds))
     docs = build_docs(run.internal)
@@ -194,7 +196,7 @@ def _announce(spec, summary, manifest, run, evaluation, published: bool) -> None
     rows = [] if spec.test_mode else PrivacyLedger(spec.ledger_path).releases(spec.dataset.id)
     publish_artifacts(summary, manifest, run.internal / "contracts", rows,
                       evaluation["headline"] if evaluation else None)
-    if not published:
+    if not published and not spec.test_mode:  # automations publish downstream on this event
         emit_published(summary)
     emit_if_budget_low(summary)
 

@@ -14,6 +14,7 @@ import pytest
 
 from data_contracts import ContractViolation
 from dpalgos import domain, leekifer, metrics
+from flows.release import TEST_RUN
 from tasks.errors import BudgetExceeded, InputError, ReleaseConflict, StageFailed
 from tasks.kinds import kind_of
 from tasks.kinds.kmeans import postprocessing_seed
@@ -241,6 +242,7 @@ def test_test_mode_is_not_a_release(tmp_path, csv_data):
     s = _run({**spec_dict(tmp_path, csv_data), "release_id": "blobs-t", "mode": "test", "seed": 3})
     run = tmp_path / "runs" / "blobs-t"
     assert not s["private"] and Path(s["release_dir"]) == run / "test-output" and not (run / "release").exists()
+    assert s["status"] == TEST_RUN
     manifest = json.loads((run / "test-output" / "manifest.json").read_text())
     assert manifest["privacy"]["private"] is False and "NOT differentially private" in manifest["privacy"]["warning"]
     assert manifest["randomness"]["mode"] == "test" and manifest["randomness"]["seed"] == 3
