@@ -60,12 +60,12 @@ def load_run_spec(args):
     else:
         spec = load_spec(args.spec, **overrides)
     if not spec.test_mode:
-        from tasks.errors import NoBudget
+        from tasks.errors import NoBudget, ReleaseConflict
         from tasks.ledger import require_budget
 
         try:
-            require_budget(spec.dataset.id)
-        except NoBudget as exc:
+            require_budget(spec.dataset.id, source=spec.dataset.path)
+        except (NoBudget, ReleaseConflict) as exc:
             raise UsageError(str(exc)) from None
     _fail_early(_unwritable(spec.output_dir))
     if spec.release_id is None:
@@ -128,7 +128,7 @@ def _example_ledger(spec, quiet: bool = False) -> None:
     os.environ[LEDGER_ENV] = str(path)
     ledger = PrivacyLedger(path)
     if ledger.budget(spec.dataset.id) is None:
-        ledger.set_budget(spec.dataset.id, *EXAMPLE_BUDGET)
+        ledger.set_budget(spec.dataset.id, *EXAMPLE_BUDGET, source=spec.dataset.path)
     if not quiet:
         print(f"the example uses its own ledger {path}, where it registered dataset '{spec.dataset.id}' with a "
               f"lifetime budget epsilon={EXAMPLE_BUDGET[0]:g}, delta={EXAMPLE_BUDGET[1]:g}", flush=True)
@@ -215,10 +215,12 @@ def cmd_budget_show(args) -> int:
     spent = ledger.spent(args.dataset)
     rows = ledger.releases(args.dataset)
     if args.json:
-        print(json.dumps({"dataset_id": args.dataset, "budget": {"epsilon": budget[0], "delta": budget[1]},
+        print(json.dumps({"dataset_id": args.dataset, "source": ledger.source(args.dataset),
+                          "budget": {"epsilon": budget[0], "delta": budget[1]},
                           "spent": spent.__dict__, "releases": rows}, indent=2))
         return 0
     print(f"dataset '{args.dataset}'  ledger {args.ledger}")
+    print(f"  data source      {ledger.source(args.dataset) or '(none yet: bound by its first release)'}")
     print(f"  lifetime budget  epsilon={budget[0]:g}  delta={budget[1]:g}")
     print(f"  spent            epsilon={spent.epsilon:.6g}  delta={spent.delta:g}  ({spent.method})")
     print(f"  remaining        epsilon={max(budget[0] - spent.epsilon, 0.0):.6g}")
@@ -233,9 +235,14 @@ def cmd_budget_set(args) -> int:
     from tasks.ledger import PrivacyLedger, configured_path
 
     args.ledger = args.ledger or str(configured_path())
-    PrivacyLedger(args.ledger).set_budget(args.dataset, args.epsilon, args.delta)
-    print(f"dataset '{args.dataset}': lifetime budget set to epsilon={args.epsilon:g}, delta={args.delta:g} "
-          f"in {args.ledger}")
+    ledger = PrivacyLedger(args.ledger)
+    if args.source is None and ledger.source(args.dataset) is None:
+        print(f"error: dataset '{args.dataset}' is bound to no data yet: give its --source (the file or folder its "
+              f"releases read; a dataset id spends the budget of its own data only)", file=sys.stderr)
+        return 2
+    ledger.set_budget(args.dataset, args.epsilon, args.delta, source=args.source)
+    print(f"dataset '{args.dataset}' ({ledger.source(args.dataset)}): lifetime budget set to epsilon={args.epsilon:g}, "
+          f"delta={args.delta:g} in {args.ledger}")
     return 0
 
 
@@ -372,6 +379,10 @@ def build_parser() -> argparse.ArgumentParser:
     setb.add_argument("--delta", type=probability, default=0.0,
                       help="lifetime delta in [0, 1) (default 0: enough for pure-DP kinds; kinds with a delta, "
                            "e.g. synthetic or mean, need one)")
+    setb.add_argument("--source", default=None,
+                      help="the data the dataset id stands for: a file, a folder (releases may read anything "
+                           "inside it) or a built-in dataset's name; required the first time, kept when omitted "
+                           "after. A release that reads other data under this id is refused")
     setb.add_argument("--ledger", default=None, help="ledger file (default: $DPRELEASE_LEDGER, config.toml, or "
                                                      "~/.local/state/dprelease/privacy-ledger.sqlite)")
     setb.set_defaults(func=cmd_budget_set)

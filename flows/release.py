@@ -158,7 +158,7 @@ def release(spec: ReleaseSpec | None = None, spec_file: str | None = None, relea
 
 def _release(spec: ReleaseSpec, release_id: str, log) -> dict:
     if not spec.test_mode:
-        require_budget(spec.dataset.id)  # before anything runs or is written
+        require_budget(spec.dataset.id, source=spec.dataset.path)  # before anything runs or is written
     created = not (Path(spec.output_dir) / release_id).exists()
     run = open_run(spec.output_dir, release_id, test=spec.test_mode)
     run.clear_stale_staging()

@@ -25,6 +25,7 @@ from dp_accounting import dp_event as dpe
 
 from dpalgos import accounting
 from tasks.errors import BudgetExceeded, NoBudget, ReleaseConflict, ReleaseError
+from tasks.example_data import BUILTIN_PREFIX
 from tasks.params import operator_config
 
 #: The operator's setting that names the ledger (an absolute path). The ledger is configuration of the
@@ -96,6 +97,8 @@ class PrivacyLedger:
                 db.execute("ALTER TABLE spends ADD COLUMN extra_delta REAL NOT NULL DEFAULT 0")
             if "owner" not in columns:
                 db.execute("ALTER TABLE spends ADD COLUMN owner TEXT")
+            if "source" not in [r[1] for r in db.execute("PRAGMA table_info(budgets)")]:  # before data sources
+                db.execute("ALTER TABLE budgets ADD COLUMN source TEXT")
         except sqlite3.DatabaseError as exc:
             raise ReleaseError(f"privacy ledger {self.path} is unusable: {exc}") from None
         finally:
@@ -125,14 +128,23 @@ class PrivacyLedger:
         finally:
             db.close()
 
-    def set_budget(self, dataset_id: str, epsilon: float, delta: float) -> None:
-        """Set (or change) a dataset's lifetime budget: an explicit operator decision."""
+    def set_budget(self, dataset_id: str, epsilon: float, delta: float, source: str | None = None) -> None:
+        """Set (or change) a dataset's lifetime budget: an explicit operator decision. `source` binds the dataset
+        id to its data (`data_source`; None keeps the bound one; a budget bound to none is bound by its first
+        release)."""
         if not (math.isfinite(epsilon) and epsilon > 0) or not 0 <= delta < 1:
             raise ValueError(f"need a finite epsilon > 0 and 0 <= delta < 1, got ({epsilon}, {delta})")
         with self._transaction(immediate=True) as db:
-            db.execute("INSERT INTO budgets VALUES (?, ?, ?, ?) ON CONFLICT(dataset_id) DO UPDATE SET "
-                       "epsilon=excluded.epsilon, delta=excluded.delta, updated_at=excluded.updated_at",
-                       (dataset_id, epsilon, delta, _now()))
+            db.execute("INSERT INTO budgets (dataset_id, epsilon, delta, updated_at, source) VALUES (?, ?, ?, ?, ?) "
+                       "ON CONFLICT(dataset_id) DO UPDATE SET epsilon=excluded.epsilon, delta=excluded.delta, "
+                       "updated_at=excluded.updated_at, source=COALESCE(excluded.source, budgets.source)",
+                       (dataset_id, epsilon, delta, _now(), None if source is None else data_source(source)))
+
+    def source(self, dataset_id: str) -> str | None:
+        """The data source the dataset id is bound to (None: not yet)."""
+        with self._transaction() as db:
+            row = db.execute("SELECT source FROM budgets WHERE dataset_id=?", (dataset_id,)).fetchone()
+        return row["source"] if row else None
 
     def budget(self, dataset_id: str) -> tuple[float, float] | None:
         with self._transaction() as db:
@@ -141,7 +153,8 @@ class PrivacyLedger:
 
     def charge(self, *, dataset_id: str, release_id: str, kind: str, fingerprint: str, event: dpe.DpEvent,
                release_delta: float | None = None, redraw: bool = False, location: str | None = None,
-               extra_delta: float = 0.0, owner: str | None = None, dry_run: bool = False) -> Charge:
+               extra_delta: float = 0.0, owner: str | None = None, dry_run: bool = False,
+               source: str | None = None) -> Charge:
         """Record the spend of `release_id` unless it is recorded already; refuse it if over budget.
 
         redraw : the measurements are not committed here. If an earlier attempt drew noise and did not commit
@@ -159,9 +172,13 @@ class PrivacyLedger:
         budget is the one an operator set (`set_budget`); a dataset without one is refused.
 
         dry_run : every check and refusal of the charge, nothing recorded (a run's check before it reads data).
+        source : the data the release reads (`data_source`): it must be the dataset's bound source or inside it;
+        a dataset bound to none is bound to it here. Without it (the ledger's own tests) nothing is checked.
         """
         with self._transaction(immediate=True, keep=not dry_run) as db:
             bud_eps, bud_delta = self._budget_locked(db, dataset_id)
+            if source is not None:
+                self._bind_locked(db, dataset_id, data_source(source))
             if release_delta and release_delta > bud_delta:
                 raise BudgetExceeded(f"release '{release_id}' asks delta={release_delta:g}, above the lifetime delta "
                                      f"{bud_delta:g} of dataset '{dataset_id}'. No noise was drawn.")
@@ -283,6 +300,14 @@ class PrivacyLedger:
             return accounting.Guarantee(0.0, 0.0, "no releases")
         return accounting.epsilon_at(accounting.compose_events(events), delta, extra)
 
+    @staticmethod
+    def _bind_locked(db, dataset_id: str, source: str) -> None:
+        bound = db.execute("SELECT source FROM budgets WHERE dataset_id=?", (dataset_id,)).fetchone()["source"]
+        if bound is None:
+            db.execute("UPDATE budgets SET source=? WHERE dataset_id=?", (source, dataset_id))
+        elif not within(source, bound):
+            raise ReleaseConflict(source_conflict_message(dataset_id, bound, source))
+
     def _budget_locked(self, db, dataset_id: str) -> tuple[float, float]:
         row = db.execute("SELECT epsilon, delta FROM budgets WHERE dataset_id=?", (dataset_id,)).fetchone()
         if row is None:
@@ -295,10 +320,31 @@ def no_budget_message(dataset_id: str, path: Path) -> str:
             f"`dprelease budget set {dataset_id} --epsilon E --delta D` (nothing was run)")
 
 
-def require_budget(dataset_id: str, path: Path | None = None) -> tuple[float, float]:
-    """The dataset's registered lifetime budget; refuses (before anything runs) a dataset without one."""
+def require_budget(dataset_id: str, path: Path | None = None, source: str | None = None) -> tuple[float, float]:
+    """The dataset's registered lifetime budget; refuses (before anything runs) a dataset without one, or one
+    bound to another data source than `source`."""
     path = path or configured_path()
-    budget = PrivacyLedger(path).budget(dataset_id) if path.exists() else None
+    ledger = PrivacyLedger(path) if path.exists() else None
+    budget = ledger.budget(dataset_id) if ledger else None
     if budget is None:
         raise NoBudget(no_budget_message(dataset_id, path))
+    bound = ledger.source(dataset_id)
+    if source is not None and bound is not None and not within(data_source(source), bound):
+        raise ReleaseConflict(source_conflict_message(dataset_id, bound, data_source(source)))
     return budget
+
+
+def data_source(path: str) -> str:
+    """A dataset's data as the ledger binds it: the absolute path (a built-in dataset: its name)."""
+    return path if path.startswith(BUILTIN_PREFIX) else str(Path(path).expanduser().resolve())
+
+
+def within(source: str, bound: str) -> bool:
+    """The release's data is the bound source, or inside the bound folder."""
+    return source == bound or (not bound.startswith(BUILTIN_PREFIX) and Path(bound) in Path(source).parents)
+
+
+def source_conflict_message(dataset_id: str, bound: str, source: str) -> str:
+    return (f"dataset '{dataset_id}' is bound to the data {bound}; this release reads {source}: a dataset id "
+            f"spends the budget of its own data only (an operator binds it with `dprelease budget set "
+            f"{dataset_id} --epsilon E --source PATH`). Nothing was run")

@@ -121,7 +121,8 @@ def _charge(ledger: PrivacyLedger, spec: ReleaseSpec, release_id: str, run: RunP
     return ledger.charge(dataset_id=spec.dataset.id, release_id=release_id, kind=spec.release.kind,
                          fingerprint=spec.fingerprint(), event=plan.event(),
                          release_delta=getattr(spec.release, "delta", None), redraw=not run.measurements.exists(),
-                         location=str(run.root.resolve()), extra_delta=plan.extra_delta, owner=owner, dry_run=dry_run)
+                         location=str(run.root.resolve()), extra_delta=plan.extra_delta, owner=owner, dry_run=dry_run,
+                         source=spec.dataset.path)
 
 
 def _draw_and_commit(spec, release_id, run, prepared, plan, ledger, owner, log) -> None:

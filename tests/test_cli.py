@@ -54,7 +54,7 @@ def test_invalid_spec_exits_2_with_the_field_named_and_stops_the_server_it_launc
 def test_run_then_budget_show(tmp_path, operator_ledger):
     """One real run of the CLI (its own temporary Prefect API), then the ledger."""
     d = spec_dict(tmp_path, write_csv(tmp_path / "b.csv", blobs(2000)))
-    ok = dprelease("budget", "set", "blobs", "--epsilon", "1.5", "--delta", "1e-6")
+    ok = dprelease("budget", "set", "blobs", "--epsilon", "1.5", "--delta", "1e-6", "--source", str(tmp_path))
     assert ok.returncode == 0 and str(operator_ledger) in ok.stdout
     (tmp_path / "s.yaml").write_text(yaml.safe_dump(d))
     ok = dprelease("run", str(tmp_path / "s.yaml"), "--release-id", "cli-1", "--json", cwd=tmp_path)
@@ -77,7 +77,8 @@ def test_run_then_budget_show(tmp_path, operator_ledger):
 @pytest.mark.slow  # two CLI runs, ~45 s (pytest -m slow)
 def test_a_run_refused_at_run_time_prints_one_error_line_and_logs_the_traceback(tmp_path, operator_ledger):
     d = spec_dict(tmp_path, write_csv(tmp_path / "b.csv", blobs(2000)))
-    assert dprelease("budget", "set", "blobs", "--epsilon", "1.5", "--delta", "1e-6").returncode == 0
+    assert dprelease("budget", "set", "blobs", "--epsilon", "1.5", "--delta", "1e-6",
+                     "--source", str(tmp_path)).returncode == 0
     (tmp_path / "s.yaml").write_text(yaml.safe_dump(d))
     assert dprelease("run", str(tmp_path / "s.yaml"), "--release-id", "cli-1", cwd=tmp_path).returncode == 0
     refused = dprelease("run", str(tmp_path / "s.yaml"), "--release-id", "cli-2", cwd=tmp_path)
@@ -156,3 +157,13 @@ def test_the_terminal_summary_names_the_evaluation_but_shows_none_of_its_figures
                "dataset_budget": None, "evaluation": str(evaluation)}
     text = format_summary(summary)
     assert str(evaluation) in text and "11.78" not in text and "MSE" not in text
+
+
+def test_a_budget_is_set_for_named_data_and_a_release_of_other_data_is_refused(tmp_path):
+    no_source = dprelease("budget", "set", "blobs", "--epsilon", "1")
+    assert no_source.returncode == 2 and "--source" in no_source.stderr
+    assert dprelease("budget", "set", "blobs", "--epsilon", "1", "--source", str(tmp_path / "a.csv")).returncode == 0
+    (tmp_path / "s.yaml").write_text(yaml.safe_dump(spec_dict(tmp_path, write_csv(tmp_path / "b.csv", blobs(50)))))
+    refused = dprelease("run", str(tmp_path / "s.yaml"), cwd=tmp_path)
+    assert refused.returncode == 2 and "is bound to the data" in refused.stderr
+    assert len(refused.stderr.strip().splitlines()) == 1 and not (tmp_path / "runs").exists()

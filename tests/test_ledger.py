@@ -6,7 +6,7 @@ import pytest
 
 from dpalgos import accounting, dpkmeans
 from tasks.errors import BudgetExceeded, NoBudget, ReleaseConflict, ReleaseError
-from tasks.ledger import PrivacyLedger
+from tasks.ledger import PrivacyLedger, data_source, require_budget
 
 BUDGET = (1.0, 1e-6)
 
@@ -223,3 +223,34 @@ def test_only_one_run_of_a_release_id_draws(tmp_path):
         _ch(ledger, eps=0.01, fingerprint="g", owner="A2", location="/runs/x")
     assert [(r["status"], r["attempts"], r["location"]) for r in ledger.releases("d")] == [
         ("drawing", 1, "/runs/y")]
+
+
+def test_a_dataset_id_spends_the_budget_of_its_own_data_only(tmp_path):
+    """The audit's attack: an exhausted dataset's data published under another id's budget."""
+    ledger = PrivacyLedger(tmp_path / "l.sqlite")
+    data = tmp_path / "data"
+    (data / "2026-11").mkdir(parents=True)
+    ledger.set_budget("d", *BUDGET, source=str(data))
+    kw = dict(dataset_id="d", kind="kmeans", fingerprint="f", event=dpkmeans.plan(epsilon=0.1, iterations=5).event())
+    ledger.charge(release_id="r1", source=str(data / "2026-11" / "part.csv"), **kw)  # inside the bound folder
+    for other in (tmp_path / "other.csv", tmp_path / "data-2"):
+        with pytest.raises(ReleaseConflict, match="is bound to the data"):
+            ledger.charge(release_id="r2", source=str(other), **kw)
+        with pytest.raises(ReleaseConflict, match="is bound to the data"):
+            require_budget("d", ledger.path, source=str(other))
+    assert [r["release_id"] for r in ledger.releases("d")] == ["r1"]
+    ledger.set_budget("d", 2.0, 1e-6)  # a new budget keeps the bound source
+    assert ledger.source("d") == str(data.resolve())
+
+
+def test_a_budget_bound_to_no_data_is_bound_by_its_first_release_not_by_a_dry_run(tmp_path):
+    ledger = PrivacyLedger(tmp_path / "l.sqlite")
+    ledger.set_budget("d", *BUDGET)
+    kw = dict(dataset_id="d", kind="kmeans", fingerprint="f", event=dpkmeans.plan(epsilon=0.1, iterations=5).event())
+    ledger.charge(release_id="r1", source=str(tmp_path / "a.csv"), dry_run=True, **kw)
+    assert ledger.source("d") is None
+    ledger.charge(release_id="r1", source=str(tmp_path / "a.csv"), **kw)
+    assert ledger.source("d") == str(tmp_path / "a.csv")
+    with pytest.raises(ReleaseConflict):
+        ledger.charge(release_id="r2", source=str(tmp_path / "b.csv"), **kw)
+    assert data_source("builtin:example-sensors") == "builtin:example-sensors"

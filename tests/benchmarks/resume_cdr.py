@@ -57,7 +57,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         env = {**os.environ, "DPRELEASE_LEDGER": str(tmp / "ledger.sqlite"), "PREFECT_HOME": str(tmp / "home")}
-        subprocess.run([sys.executable, "-m", "flows.cli", "budget", "set", "cdr", "--epsilon", "20", "--delta", "1e-6"],
+        subprocess.run([sys.executable, "-m", "flows.cli", "budget", "set", "cdr", "--epsilon", "20", "--delta", "1e-6",
+                        "--source", str(data)],
                        env=env, cwd=REPO, check=True, capture_output=True)
         release = {"kind": args.release, "k": 10, "iterations": 10, "features": 200, "public_sample": str(public),
                    "epsilon": 1.74, "delta": 1e-7}
