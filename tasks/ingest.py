@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gzip
+import json
 import re
 import shutil
 from dataclasses import dataclass
@@ -21,6 +22,8 @@ from tasks.retry import SAFE, sanitised
 
 _NUMBER = re.compile(r"^[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?$|^[+-]?(nan|inf|infinity)$", re.IGNORECASE)
 _CSV_BLOCKSIZE = "64MB"
+#: Beside the ingested records, in internal/: how many records lost item ids at or above item_count (raw-derived).
+ITEMS_OUTSIDE = "items_outside.json"
 
 
 @dataclass(frozen=True)
@@ -132,12 +135,17 @@ def _ingest_sets(dataset: DatasetSpec, source: Path, out_dir: Path, log) -> Stag
 
     fmt = dataset.format or dataset.source_format
     if dataset.user_column:
-        rows, parts = ingest_users(source, dataset.items_column, dataset.user_column, out_dir)
+        rows, parts, outside = ingest_users(source, dataset.items_column, dataset.user_column, out_dir,
+                                            dataset.item_count)
     else:
-        rows, parts = ingest_sets(source, fmt, dataset.items_column, out_dir, client=get_client())
+        rows, parts, outside = ingest_sets(source, fmt, dataset.items_column, out_dir, client=get_client(),
+                                           item_count=dataset.item_count)
     if rows == 0:
         raise InputError(f"dataset '{dataset.id}': {dataset.path} has no records")
-    log.info("ingested the set-valued records")
+    (out_dir.parent / ITEMS_OUTSIDE).write_text(json.dumps({"records_trimmed": outside["records_trimmed"],
+                                                            "records_left_out": outside["records_left_out"]}))
+    log.info("ingested the set-valued records; records with item ids at or above item_count: counted in %s "
+             "(internal)", out_dir.parent / ITEMS_OUTSIDE)
     return StageOutput(str(out_dir), rows, parts)
 
 

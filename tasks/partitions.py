@@ -21,10 +21,6 @@ from tasks.params import (DASK_ADDRESS_ENV, DASK_ADDRESS_KEY, DaskSpec, configur
                           operator_config_file)
 
 
-class OutsideLevels(ValueError):
-    """A categorical value outside the spec's public levels (the text names the column only)."""
-
-
 def current_client():
     """The dask client of the running release (imported lazily: distributed costs ~1 s to import, and the
     spec and CLI modules import the kinds)."""
@@ -61,7 +57,7 @@ def _capped(weights: np.ndarray, max_weight: int | None) -> tuple[np.ndarray, in
 
 
 def bin_partition(src: str, dst: str, column: str, lower: float, upper: float, bins: int,
-                  weight: str | None, max_weight: int | None = None) -> int:
+                  weight: str | None, max_weight: int | None = None) -> dict[str, int]:
     """Equal-width bin index in [0, bins) of every value over the PUBLIC [lower, upper] (values outside
     fall in the first / last bin), with the record weight capped at max_weight. Returns the capped rows."""
     table = pq.read_table(src)
@@ -71,29 +67,27 @@ def bin_partition(src: str, dst: str, column: str, lower: float, upper: float, b
     if weight:
         cols["weight"], capped = _capped(table.column(weight).to_numpy(), max_weight)
     pq.write_table(pa.table(cols), dst)
-    return capped
+    return {"rows_capped_at_max_weight": capped}
 
 
 def cell_partition(src: str, dst: str, columns: Sequence[str], levels: Sequence[Sequence[str]],
-                   weight: str | None, max_weight: int | None = None) -> int:
+                   weight: str | None, max_weight: int | None = None) -> dict[str, int]:
     """Row-major cell index of every record's levels in the table of shape (|levels_1|, ..., |levels_k|),
-    with the record weight capped at max_weight. Returns the capped rows."""
+    with the record weight capped at max_weight. A record with a value outside its column's public levels is
+    left out, as numeric values outside their public bounds are clipped: refusing it would tell whoever wrote
+    the levels whether anyone has one they left out. Returns the capped rows and the records left out."""
     import pandas as pd
 
     frame = pq.read_table(src).to_pandas()
-    codes = []
-    for c, lv in zip(columns, levels):
-        code = pd.Categorical(frame[c], categories=list(lv)).codes
-        if (code < 0).any():
-            raise OutsideLevels(f"column '{c}' holds values outside its public levels")
-        codes.append(code)
-    cell = np.ravel_multi_index(codes, [len(lv) for lv in levels]).astype(np.int32) if len(frame) else \
-        np.empty(0, dtype=np.int32)
+    codes = np.stack([pd.Categorical(frame[c], categories=list(lv)).codes for c, lv in zip(columns, levels)]) \
+        if len(columns) else np.empty((0, len(frame)), dtype=np.int8)
+    inside = (codes >= 0).all(axis=0)
+    cell = np.ravel_multi_index(tuple(codes[:, inside]), [len(lv) for lv in levels]).astype(np.int32)
     cols, capped = {"cell": cell}, 0
     if weight:
-        cols["weight"], capped = _capped(frame[weight].to_numpy(dtype=np.float64), max_weight)
+        cols["weight"], capped = _capped(frame[weight].to_numpy(dtype=np.float64)[inside], max_weight)
     pq.write_table(pa.table(cols), dst)
-    return capped
+    return {"rows_capped_at_max_weight": capped, "rows_outside_public_levels": int(np.count_nonzero(~inside))}
 
 
 def index_counts(path: str, index: str, weighted: bool, size: int) -> np.ndarray:

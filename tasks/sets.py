@@ -6,6 +6,7 @@ max_item), since great-expectations cannot look inside list values."""
 from __future__ import annotations
 
 import gzip
+from collections import Counter
 from pathlib import Path
 from typing import Iterator
 
@@ -30,6 +31,23 @@ def _normalise(offsets: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.
     row, item = key // span, (key % span + low).astype(np.int32)
     new_offsets = np.concatenate([[0], np.cumsum(np.bincount(row, minlength=offsets.size - 1))]).astype(np.int32)
     return new_offsets, item
+
+
+def within_universe(offsets: np.ndarray, values: np.ndarray, item_count: int | None
+                    ) -> tuple[np.ndarray, np.ndarray, Counter]:
+    """The records' items below the public item_count (None: all), as numeric values are clipped to public
+    bounds: refusing an id at or above it would tell whoever chose item_count, for free, the largest id in the
+    data. A record left with no item is left out; the counts (raw-derived) say how many records lost items."""
+    keep = values < item_count if item_count is not None else np.ones(values.size, dtype=bool)
+    if keep.all():
+        return offsets, values, Counter()
+    before = np.diff(offsets)
+    rows = np.repeat(np.arange(before.size), before)
+    after = np.bincount(rows[keep], minlength=before.size)
+    survive = ~((before > 0) & (after == 0))
+    counts = Counter(records_trimmed=int(np.count_nonzero(after < before)),
+                     records_left_out=int(np.count_nonzero(~survive)))
+    return np.concatenate([[0], np.cumsum(after[survive])]), values[keep], counts
 
 
 def set_table(column: str, offsets: np.ndarray, values: np.ndarray) -> pa.Table:
@@ -82,16 +100,19 @@ def _parquet_chunks(path: Path, column: str) -> Iterator[tuple[np.ndarray, np.nd
         yield offsets - offsets[0], values[offsets[0]:offsets[-1]]
 
 
-def _normalise_file(src: str, dst: str, column: str) -> int:
-    """One Parquet source file -> one normalised partition; returns its number of records."""
-    offsets, values = next(_parquet_chunks(Path(src), column))
+def _normalise_file(src: str, dst: str, column: str, item_count: int | None) -> tuple[int, Counter]:
+    """One Parquet source file -> one normalised partition; returns its number of records and what
+    `within_universe` left out."""
+    offsets, values, outside = within_universe(*next(_parquet_chunks(Path(src), column)), item_count)
     pq.write_table(set_table(column, offsets, values), dst)
-    return offsets.size - 1
+    return offsets.size - 1, outside
 
 
-def ingest_users(path: Path, column: str, user_column: str, out_dir: Path) -> tuple[int, int]:
+def ingest_users(path: Path, column: str, user_column: str, out_dir: Path,
+                 item_count: int | None = None) -> tuple[int, int, Counter]:
     """Parquet rows (user, items) grouped into one record per user, the union of the user's items (the privacy
-    unit is the user, whatever the number of rows); the user ids are dropped. Returns (records, partitions)."""
+    unit is the user, whatever the number of rows); the user ids are dropped. Returns (records, partitions,
+    what `within_universe` left out)."""
     import polars as pl
 
     files = sorted(path.glob("*.parquet")) if path.is_dir() else [path]
@@ -102,41 +123,44 @@ def ingest_users(path: Path, column: str, user_column: str, out_dir: Path) -> tu
     except (pl.exceptions.PolarsError, OSError) as exc:
         raise InputError(f"cannot read {path} with the user column '{user_column}': {reason(exc)}") from None
     out_dir.mkdir(parents=True)
-    parts = 0
+    parts, rows, outside = 0, 0, Counter()
     for start in range(0, max(users.height, 1), ROWS_PER_PART):
         lists = users[column][start:start + ROWS_PER_PART].to_arrow()
         lists = lists.combine_chunks() if hasattr(lists, "combine_chunks") else lists
         offsets = lists.offsets.to_numpy()
         values = lists.values.to_numpy(zero_copy_only=False)[offsets[0]:offsets[-1]]
-        pq.write_table(set_table(column, offsets - offsets[0], values), out_dir / f"part.{parts}.parquet")
-        parts += 1
-    return users.height, parts
+        offsets, values, left = within_universe(offsets - offsets[0], values, item_count)
+        pq.write_table(set_table(column, offsets, values), out_dir / f"part.{parts}.parquet")
+        parts, rows, outside = parts + 1, rows + offsets.size - 1, outside + left
+    return rows, parts, outside
 
 
-def ingest_sets(path: Path, fmt: str, column: str, out_dir: Path, client=None) -> tuple[int, int]:
-    """Write the records of `path` as out_dir/part.<i>.parquet; returns (rows, partitions). With a dask
-    client, the files of a Parquet folder are normalised in parallel, one task per file."""
+def ingest_sets(path: Path, fmt: str, column: str, out_dir: Path, client=None,
+                item_count: int | None = None) -> tuple[int, int, Counter]:
+    """Write the records of `path` as out_dir/part.<i>.parquet, their items below item_count
+    (`within_universe`); returns (rows, partitions, what was left out). With a dask client, the files of a
+    Parquet folder are normalised in parallel, one task per file."""
     if client is not None and fmt == "parquet" and path.is_dir():
         files = sorted(path.glob("*.parquet"))
         out_dir.mkdir(parents=True)
         try:
-            rows = client.gather(client.map(_normalise_file, [str(f) for f in files],
+            done = client.gather(client.map(_normalise_file, [str(f) for f in files],
                                             [str(out_dir / f"part.{i}.parquet") for i in range(len(files))],
-                                            column=column))
+                                            column=column, item_count=item_count))
         except (OSError, pa.ArrowInvalid) as exc:
             raise InputError(f"cannot read {path}: {reason(exc)}") from None
-        return int(sum(rows)), len(files)
+        return int(sum(n for n, _ in done)), len(files), sum((c for _, c in done), Counter())
     chunks = _transaction_chunks(path) if fmt == "transactions" else _parquet_chunks(path, column)
     out_dir.mkdir(parents=True)
-    rows = parts = 0
+    rows, parts, outside = 0, 0, Counter()
     try:
-        for offsets, values in chunks:
+        for chunk in chunks:
+            offsets, values, left = within_universe(*chunk, item_count)
             pq.write_table(set_table(column, offsets, values), out_dir / f"part.{parts}.parquet")
-            rows += offsets.size - 1
-            parts += 1
+            rows, parts, outside = rows + offsets.size - 1, parts + 1, outside + left
     except (OSError, EOFError, pa.ArrowInvalid) as exc:
         raise InputError(f"cannot read {path}: {reason(exc)}") from None
-    return rows, parts
+    return rows, parts, outside
 
 
 def read_sets(path: str, column: str, item_count: int) -> sp.csr_matrix:

@@ -307,7 +307,7 @@ def test_no_raw_value_reaches_logs_exceptions_or_flow_states(tmp_path, caplog, m
 
     caplog.set_level(logging.INFO)
     budget("c")
-    bad = write_parquet(tmp_path / "bad.parquet", {"a": ["u"] * 1236 + [PLANTED], "count": np.ones(1237)})
+    bad = write_parquet(tmp_path / "bad.parquet", {"a": ["u"] * 1235 + [PLANTED, None], "count": np.ones(1237)})
     d = {"dataset": {"id": "c", "path": str(bad), "categories": {"a": ["u", "v"]}, "weight_column": "count",
                      "weights_count_records": True},
          "release": {"kind": "contingency", "epsilon": 1.0},
@@ -317,12 +317,18 @@ def test_no_raw_value_reaches_logs_exceptions_or_flow_states(tmp_path, caplog, m
     with pytest.raises(ContractViolation) as failure:
         state.result()
     texts = _texts(caplog, failure.value, state.message)
-    assert "expect_column_values_to_be_in_set" in texts and PLANTED not in texts
+    assert "expect_column_values_to_not_be_null" in texts and PLANTED not in texts
     assert "1237" not in texts and "rows break it" not in texts  # no count at all (a free counting query)
     # the detailed record of the failure is kept, internally, in the quarantine
     assert list((tmp_path / "runs" / ".quarantine").glob("planted-*/contracts/ingested.json"))
 
     caplog.clear()
+    outside = write_parquet(tmp_path / "outside.parquet", {"a": ["u"] * 1236 + [PLANTED], "count": np.ones(1237)})
+    caplog.clear()  # a level outside the public ones is left out: a release, and nothing of it in the texts
+    state = release(spec=parse_spec({**d, "dataset": {**d["dataset"], "path": str(outside)}, "release_id": "left-out"}),
+                    return_state=True)
+    assert state.is_completed() and PLANTED not in _texts(caplog, state.message, json.dumps(state.result()))
+
     X = blobs(4321)
     X[7] = [123456.789, 50.0]  # an outlier, clipped to the public bounds
     ok = write_csv(tmp_path / "ok.csv", X)

@@ -90,16 +90,20 @@ def test_contingency_release_honours_the_public_marginals(tmp_path):
     assert not (tmp_path / "runs" / "bad-m" / "release").exists()
 
 
-def test_contingency_levels_outside_the_public_ones_are_refused(tmp_path):
-    data = write_csv(tmp_path / "c.csv", np.array([["u", "1"], ["w", "2"]], dtype=object), header=("a", "count"))
+def test_contingency_records_outside_the_public_levels_are_left_out_and_counted_internally(tmp_path):
+    """A refusal would tell whoever wrote the levels, for free, whether anyone has a level they left out: such
+    records are left out (as numeric values are clipped to public bounds), their count internal only."""
+    data = write_csv(tmp_path / "c.csv", np.array([["u", "1"], ["w", "2"], ["v", "1"]], dtype=object),
+                     header=("a", "count"))
     d = _base(tmp_path, {"id": "c", "path": str(data), "categories": {"a": ["u", "v"]}, "weight_column": "count",
               "weights_count_records": True},
               {"kind": "contingency", "epsilon": 1.0})
-    from data_contracts import ContractViolation
-
-    with pytest.raises(ContractViolation, match="expect_column_values_to_be_in_set"):
-        _run({**d, "release_id": "lv"})
-    assert not (tmp_path / "runs" / "lv").exists()
+    s = _run({**d, "release_id": "lv"})
+    assert s["status"] == TEST_RUN
+    internal = tmp_path / "runs" / "lv" / "internal"
+    assert json.loads((internal / "encoding.json").read_text())["rows_outside_public_levels"] == 1
+    exact = np.bincount(pq.read_table(internal / "encoded").column("cell").to_numpy(), minlength=2)
+    assert exact.tolist() == [1, 1]  # 'u' and 'v', not 'w'
 
 
 @pytest.mark.parametrize("workload", ["predicate", "all_range"])
@@ -211,6 +215,20 @@ def test_set_valued_records_are_grouped_per_user_before_any_statistic(tmp_path):
     s = _run(d)
     ingested = Path(s["internal_dir"]) / "ingested"
     assert sum(pq.ParquetFile(f).metadata.num_rows for f in ingested.glob("*.parquet")) == 300
+
+
+def test_kernel_kmeans_item_ids_outside_the_public_universe_are_left_out_not_refused(tmp_path):
+    """An item_count below the data's largest id is a release of the public universe, not a free answer to "is
+    the largest id below item_count?": the ids above it are left out and counted internally."""
+    from tasks import generators
+
+    generators.generate(generators.CDR, tmp_path / "cdr", users=200, seed=2, partition_rows=100)
+    d = _base(tmp_path, {"id": "cdr", "path": str(tmp_path / "cdr"), "items_column": "towers", "item_count": 300},
+              {"kind": "kernel_kmeans", "k": 3, "iterations": 2, "epsilon": 2.0, "delta": 1e-6, "features": 16,
+               "gamma": 0.05})
+    assert _run({**d, "release_id": "uni", "evaluate": False})["status"] == TEST_RUN
+    outside = json.loads((tmp_path / "runs" / "uni" / "internal" / "items_outside.json").read_text())
+    assert outside["records_trimmed"] > 0
 
 
 def test_synthetic_release_with_more_clusters_than_records_is_made_not_refused(tmp_path):

@@ -17,7 +17,7 @@ def test_records_become_sorted_distinct_sets_with_their_summaries(tmp_path):
     src = tmp_path / "t.dat.gz"
     with gzip.open(src, "wt") as fh:
         fh.write("5 3 5 1\n7\n2 2 2\n")
-    rows, parts = ingest_sets(src, "transactions", "items", tmp_path / "out")
+    rows, parts, _ = ingest_sets(src, "transactions", "items", tmp_path / "out")
     table = pq.read_table(tmp_path / "out" / "part.0.parquet")
     assert (rows, parts) == (3, 1)
     assert table.column("items").to_pylist() == [[1, 3, 5], [7], [2]]
@@ -26,6 +26,17 @@ def test_records_become_sorted_distinct_sets_with_their_summaries(tmp_path):
     validate_parquet(tmp_path / "out", suites.ingested_sets("items", 8))
     X = read_sets(str(tmp_path / "out" / "part.0.parquet"), "items", 8)
     assert X.shape == (3, 8) and X.toarray()[0].tolist() == [0, 1, 0, 1, 0, 1, 0, 0]
+
+
+def test_item_ids_outside_the_public_universe_are_left_out_and_counted(tmp_path):
+    """As numeric values are clipped to public bounds: refusing them would give whoever chose item_count the
+    largest id in the data for free."""
+    src = tmp_path / "t.dat"
+    src.write_text("1 2\n9\n7 3\n4\n")
+    rows, parts, outside = ingest_sets(src, "transactions", "items", tmp_path / "out", item_count=5)
+    assert rows == 3 and outside == {"records_trimmed": 2, "records_left_out": 1}
+    assert pq.read_table(tmp_path / "out" / "part.0.parquet").column("items").to_pylist() == [[1, 2], [3], [4]]
+    validate_parquet(tmp_path / "out", suites.ingested_sets("items", 5))
 
 
 def test_out_of_range_and_empty_records_break_the_contract(tmp_path):
@@ -77,7 +88,7 @@ def test_rows_of_one_user_become_one_record(tmp_path):
                    src / "a.parquet")
     pq.write_table(pa.table({"user": [3, 8], "items": pa.array([[0], []], type=pa.list_(pa.int32()))}),
                    src / "b.parquet")
-    rows, parts = ingest_users(src, "items", "user", tmp_path / "out")
+    rows, parts, _ = ingest_users(src, "items", "user", tmp_path / "out")
     X = read_sets(str(tmp_path / "out" / "part.0.parquet"), "items", 10)
     assert rows == 2 and parts == 1  # user 8 has no items: no record (the ingest contract refuses empty ones)
     assert [sorted(X[i].indices.tolist()) for i in range(2)] == [[0, 5], [1, 2, 9]]

@@ -12,27 +12,31 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from data_contracts.validate import parquet_files
-from tasks.errors import InputError
 from tasks.ingest import StageOutput
-from tasks.partitions import OutsideLevels, bin_partition, cell_partition, current_client, index_counts
+from tasks.partitions import bin_partition, cell_partition, current_client, index_counts
 from tasks.progress import Progress, gather
 from tasks.run import RunPaths
 
+#: The encoding's diagnostics in internal/ (raw-derived counts).
+ENCODING = "encoding.json"
+
 
 def encode(run: RunPaths, ingested: StageOutput, fn, log=None) -> StageOutput:
-    """Apply fn(src, dst) -> capped rows to every ingested partition, writing internal/encoded/; the number
-    of rows whose weight was capped at max_weight goes to internal/weights.json (raw-derived: not logged)."""
+    """Apply fn(src, dst) -> {diagnostic: count} to every ingested partition, writing internal/encoded/; the
+    summed counts (rows whose weight was capped at max_weight, records left out for a level outside the public
+    ones) go to internal/encoding.json (raw-derived: never logged; the log names the file whatever they are)."""
     out = run.internal / "encoded"
     if out.exists():
         shutil.rmtree(out)
     out.mkdir(parents=True)
     files = parquet_files(ingested.path)
-    try:
-        futures = current_client().map(fn, [str(f) for f in files], [str(out / f.name) for f in files])
-        capped = gather(current_client(), futures, Progress(log, "partitions encoded", len(files)) if log else None)
-    except OutsideLevels as exc:  # our own text (the column); any other error keeps its type only
-        raise InputError(str(exc)) from None
-    (run.internal / "weights.json").write_text(json.dumps({"rows_capped_at_max_weight": int(sum(capped))}))
+    futures = current_client().map(fn, [str(f) for f in files], [str(out / f.name) for f in files])
+    parts = gather(current_client(), futures, Progress(log, "partitions encoded", len(files)) if log else None)
+    counts = {k: int(sum(p.get(k, 0) for p in parts)) for k in sorted({k for p in parts for k in p})}
+    (run.internal / ENCODING).write_text(json.dumps(counts))
+    if log:
+        log.info("records capped or left out by the public weights and levels: counted in %s (internal)",
+                 run.internal / ENCODING)
     return StageOutput(str(out), ingested.rows, len(files))
 
 

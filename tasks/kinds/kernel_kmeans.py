@@ -88,7 +88,7 @@ def public_records(spec, limit: int = 20_000) -> sp.csr_matrix:
     src = Path(spec.release.public_sample)
     fmt = "parquet" if src.is_dir() or src.suffix == ".parquet" else "transactions"
     with tempfile.TemporaryDirectory() as tmp:
-        ingest_sets(src, fmt, ds.items_column, Path(tmp) / "public")
+        ingest_sets(src, fmt, ds.items_column, Path(tmp) / "public", item_count=ds.item_count)
         parts = [read_sets(str(f), ds.items_column, ds.item_count) for f in parquet_files(Path(tmp) / "public")]
     X = sp.vstack(parts).tocsr()
     return X[:limit]
