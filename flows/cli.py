@@ -90,9 +90,9 @@ def cmd_run(args) -> int:
     if not args.json:
         print(f"release id: {spec.release_id}  (to resume after a failure: --release-id {spec.release_id})",
               flush=True)
-    from flows.logs import run_logging
+    from flows.logs import log_path, run_logging
 
-    with run_logging(Path(spec.output_dir) / ".logs" / f"{spec.release_id}.log", debug=args.debug) as log_file:
+    with run_logging(log_path(spec.output_dir, spec.release_id), debug=args.debug) as log_file:
         from flows.release import import_stage_libraries
 
         import_stage_libraries(spec.evaluate)

@@ -115,15 +115,32 @@ def _operator_configured_dask_logging() -> bool:
                                                                                 None))
 
 
+def log_path(output_dir: str | Path, release_id: str) -> Path:
+    """A run's internal log file."""
+    return Path(output_dir) / ".logs" / f"{release_id}.log"
+
+
+#: How many `run_logging` contexts are open in this process (the CLI opens one before the flow starts; a flow
+#: run that a Prefect worker started has none, and the flow opens its own).
+_open = 0
+
+
+def in_run_logging() -> bool:
+    return _open > 0
+
+
 @contextmanager
-def run_logging(log_file: Path, debug: bool = False) -> Iterator[Path]:
+def run_logging(log_file: Path, debug: bool = False, configure: bool = True) -> Iterator[Path]:
+    """configure=False: inside a running flow, whose logging Prefect has set up already."""
+    global _open
     from prefect.logging.configuration import setup_logging
     from prefect.logging.handlers import APILogHandler, PrefectConsoleHandler
 
     # dask's configuration is read from the environment when dask is imported: this process's is read now,
     # before the worker processes' setting is put there (it is theirs; here it would replace the root handlers).
     operator_dask_logging = _operator_configured_dask_logging()
-    setup_logging()
+    if configure:
+        setup_logging()
     root = logging.getLogger()
     log_file.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     log_file.touch(mode=0o600)  # internal: tracebacks may quote raw values
@@ -158,9 +175,11 @@ def run_logging(log_file: Path, debug: bool = False) -> Iterator[Path]:
     previous_env = os.environ.get(WORKER_LOGGING_ENV)
     if not operator_dask_logging:
         os.environ[WORKER_LOGGING_ENV] = repr(worker_logging_config(log_file.resolve()))
+    _open += 1
     try:
         yield log_file
     finally:
+        _open -= 1
         if not operator_dask_logging:
             if previous_env is None:
                 os.environ.pop(WORKER_LOGGING_ENV, None)

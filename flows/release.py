@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Literal
@@ -17,6 +17,7 @@ from prefect.runtime import flow_run
 
 from data_contracts import suites
 from data_contracts.project import build_docs
+from flows.logs import in_run_logging, log_path, run_logging
 from tasks.artifacts import StageProgress, emit_failed, emit_if_budget_low, emit_published, publish_artifacts
 from tasks.contracts import check_contract
 from tasks.errors import ReleaseConflict, ReleaseError, StageFailed
@@ -146,14 +147,17 @@ def release(spec: ReleaseSpec | None = None, spec_file: str | None = None, relea
     log = get_run_logger()
     spec, release_id = resolve(spec, spec_file, release_id, period)
     _tag_run(spec)
-    try:
-        return _release(spec, release_id, log)
-    except Exception as exc:
-        if not ours(exc):  # a text the pipeline did not write may quote raw values: the internal log only
-            INTERNAL_LOG.error("release %s failed", release_id, exc_info=True)
-            exc = StageFailed(f"{type(exc).__name__} in the release flow (details in the run's internal log)")
-        emit_failed(release_id, spec.dataset.id, spec.release.kind, str(exc))
-        raise exc from None
+    # Started by a Prefect worker, not the CLI: the same split of the logs (library records and tracebacks to the
+    # run's internal log file only, never the worker's console or Prefect's API).
+    with nullcontext() if in_run_logging() else run_logging(log_path(spec.output_dir, release_id), configure=False):
+        try:
+            return _release(spec, release_id, log)
+        except Exception as exc:
+            if not ours(exc):  # a text the pipeline did not write may quote raw values: the internal log only
+                INTERNAL_LOG.error("release %s failed", release_id, exc_info=True)
+                exc = StageFailed(f"{type(exc).__name__} in the release flow (details in the run's internal log)")
+            emit_failed(release_id, spec.dataset.id, spec.release.kind, str(exc))
+            raise exc from None
 
 
 def _release(spec: ReleaseSpec, release_id: str, log) -> dict:

@@ -89,3 +89,27 @@ def test_library_records_and_warnings_reach_neither_the_terminal_nor_prefects_ap
     assert out.stderr.count("distributed logged") == 1  # once per library
     text = log.read_text()
     assert all(f"{SECRET}-{i}" in text for i in range(1, 6))
+
+
+def test_a_flow_run_started_without_the_cli_splits_its_logs_the_same_way(tmp_path):
+    """As a Prefect worker starts it (the flow function in a flow-run process, no CLI around it): the library's
+    record and the traceback go to the run's internal log, not to the process's console."""
+    from tests.conftest import budget
+
+    budget("blobs")
+    d = {**spec_dict(tmp_path, _csv_with_a_planted_value(tmp_path / "b.csv")), "release_id": "by-worker",
+         "dask": {"n_workers": 1, "threads_per_worker": 1, "processes": False}}
+    script = textwrap.dedent(f"""
+        from flows.release import release
+        from tasks.spec import parse_spec
+        try:
+            release(spec=parse_spec({d!r}))
+        except Exception as exc:
+            print("failed:", type(exc).__name__)
+    """)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=tmp_path, timeout=300,
+                         env={**os.environ, "PREFECT_HOME": str(tmp_path / ".prefect-home")})
+    assert "failed: InputError" in out.stdout, out.stderr[-2000:]
+    assert SECRET not in out.stdout + out.stderr
+    log = tmp_path / "runs" / ".logs" / "by-worker.log"
+    assert SECRET in log.read_text() and oct(log.stat().st_mode & 0o777) == "0o600"
