@@ -104,6 +104,22 @@ def _run_name() -> str:
         return "release-invalid-spec"
 
 
+def _refuse_environment_overrides() -> None:
+    """A flow run whose job variables set environment variables is refused before anything runs: the machine's
+    settings (the ledger, test mode, the evaluation in the UI, the dask scheduler) are environment variables of
+    the worker, and whoever can trigger a run could otherwise set them for it (`prefect deployment run
+    --job-variable env=...`). The deployment's own job variables (prefect.yaml, the operator's) are not a
+    run's and stay allowed."""
+    run_id = flow_run.get_id()
+    if run_id is None:
+        return
+    with get_client(sync_client=True) as client:
+        env = (client.read_flow_run(run_id).job_variables or {}).get("env")
+    if env:
+        raise ReleaseError(f"this flow run sets environment variables in its job variables ({', '.join(sorted(env))}): "
+                           f"the machine's settings are the worker's or its deployment's, never a run's; nothing was run")
+
+
 def _tag_run(spec: ReleaseSpec) -> None:
     """Tags `dataset:<id>` and `kind:<kind>` on the flow run, for filters and automations."""
     run_id = flow_run.get_id()
@@ -145,6 +161,7 @@ def release(spec: ReleaseSpec | None = None, spec_file: str | None = None, relea
     spec's `output_dir`, not a flow parameter; the ledger is the machine's.
     """
     log = get_run_logger()
+    _refuse_environment_overrides()
     spec, release_id = resolve(spec, spec_file, release_id, period)
     _tag_run(spec)
     # Started by a Prefect worker, not the CLI: the same split of the logs (library records and tracebacks to the

@@ -56,9 +56,11 @@ def ops_data(tmp_path_factory) -> Path:
     return write_csv(tmp / "blobs.csv", blobs(100_000, seed=9))
 
 
-def _deployment_run(env: dict, *params: str, start_at: str | None = None) -> subprocess.Popen:
+def _deployment_run(env: dict, *params: str, start_at: str | None = None,
+                    job_variables: list[str] = ()) -> subprocess.Popen:
     args = ["deployment", "run", "release/example-kmeans", "--watch", "--watch-interval", "1"]
     args += [a for p in params for a in ("--param", p)] + (["--start-at", start_at] if start_at else [])
+    args += [a for v in job_variables for a in ("--job-variable", v)]
     return subprocess.Popen(PREFECT + args, env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True)
 
@@ -96,8 +98,17 @@ def test_prefect_deployment_run_publishes_a_release(prefect_server, tmp_path):
         seconds = time.perf_counter() - t0
         retry = _deployment_run(env, f"spec_file={spec_file}", start_at="2026-11-20 09:30:00")
         outputs.append((retry.wait(300), retry.stdout.read()))
+        # A run that sets the machine's settings in its job variables (here: test mode, which reads the data
+        # without a charge) is refused before anything runs.
+        override = _deployment_run(env, f"spec_file={spec_file}", "release_id=override",
+                                   job_variables=['env={"DPRELEASE_TEST_MODE": "allowed"}'])
+        refused = (override.wait(300), override.stdout.read())
     finally:
         stop(worker)
+    assert refused[0] != 0 and "Failed" in refused[1], refused[1][-1500:]
+    assert "sets environment variables in its job variables (DPRELEASE_TEST_MODE)" in \
+        (tmp_path / "worker.log").read_text()
+    assert not (out / "override").exists()
     assert all(code == 0 and "Completed" in text for code, text in outputs), \
         [text[-1500:] for _, text in outputs] + [(tmp_path / "worker.log").read_text()[-3000:]]
     release_id = "example-sensors-20261120"
