@@ -61,10 +61,12 @@ def load_run_spec(args):
         spec = load_spec(args.spec, **overrides)
     if not spec.test_mode:
         from tasks.errors import NoBudget, ReleaseConflict
-        from tasks.ledger import require_budget
+        from tasks.ledger import require_budget, require_public
+        from tasks.params import public_inputs
 
         try:
             require_budget(spec.dataset.id, source=spec.dataset.path)
+            require_public(public_inputs(spec.release))
         except (NoBudget, ReleaseConflict) as exc:
             raise UsageError(str(exc)) from None
     _fail_early(_unwritable(spec.output_dir))
@@ -246,6 +248,33 @@ def cmd_budget_set(args) -> int:
     return 0
 
 
+def cmd_public_register(args) -> int:
+    from tasks.errors import ReleaseConflict
+    from tasks.ledger import PrivacyLedger, configured_path
+
+    args.ledger = args.ledger or str(configured_path())
+    if not Path(args.path).exists():
+        print(f"error: {args.path} does not exist", file=sys.stderr)
+        return 2
+    try:
+        digest = PrivacyLedger(args.ledger).register_public(args.path, args.source)
+    except ReleaseConflict as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(f"{Path(args.path).resolve()} is public ({args.source}; sha256 {digest[:16]}...) in {args.ledger}")
+    return 0
+
+
+def cmd_public_list(args) -> int:
+    from tasks.ledger import PrivacyLedger, configured_path
+
+    args.ledger = args.ledger or str(configured_path())
+    rows = PrivacyLedger(args.ledger).public_inputs() if Path(args.ledger).exists() else []
+    for r in rows:
+        print(f"{r['path']}  sha256 {r['sha256'][:16]}...  {r['source']}  (registered {r['registered_at']})")
+    return 0
+
+
 SHAPES = {"points": "numeric columns with public bounds", "values": "one numeric column with public bounds",
           "categories": "categorical columns with public levels", "sets": "set-valued records (a list of item ids)",
           "numeric": "numeric columns, no bounds needed"}
@@ -386,6 +415,24 @@ def build_parser() -> argparse.ArgumentParser:
     setb.add_argument("--ledger", default=None, help="ledger file (default: $DPRELEASE_LEDGER, config.toml, or "
                                                      "~/.local/state/dprelease/privacy-ledger.sqlite)")
     setb.set_defaults(func=cmd_budget_set)
+
+    public = sub.add_parser("public", help="declare a file public (public marginals, a public sample)",
+                            description="Public inputs of releases (public marginals, public samples) are files "
+                                        "the operator declared public, with where they come from; a release "
+                                        "naming any other file as public is refused before anything runs.")
+    psub = public.add_subparsers(dest="public_command", required=True)
+    reg = psub.add_parser("register", help="declare a file or folder public",
+                          description="Record a file (or folder) as public in the ledger, with its sha256: a "
+                                      "release refuses it once its content changes. A dataset's own data cannot "
+                                      "be declared public.")
+    reg.add_argument("path", help="the public file or folder")
+    reg.add_argument("--source", required=True, help="where it comes from (e.g. 'census 2021, table P12')")
+    reg.add_argument("--ledger", default=None, help="ledger file (default: $DPRELEASE_LEDGER, config.toml, or "
+                                                    "~/.local/state/dprelease/privacy-ledger.sqlite)")
+    reg.set_defaults(func=cmd_public_register)
+    plist = psub.add_parser("list", help="list the files declared public", description="List the public inputs.")
+    plist.add_argument("--ledger", default=None, help="ledger file (default: as `register`)")
+    plist.set_defaults(func=cmd_public_list)
 
     kinds = sub.add_parser("kinds", help="list the release kinds (a Markdown table)",
                            description="Print every registered release kind, its data shape and its method.")

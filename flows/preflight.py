@@ -9,9 +9,10 @@ from pathlib import Path
 import yaml
 
 from tasks.example_data import is_builtin
+from tasks.params import PUBLIC_INPUTS
 
 #: The spec's input files: (section, field). Relative paths are taken from the working directory.
-INPUT_FIELDS = (("dataset", "path"), ("release", "public_sample"), ("release", "public_marginals"))
+INPUT_FIELDS = (("dataset", "path"),) + tuple(("release", f) for f in PUBLIC_INPUTS)
 
 
 def spec_problems(spec_file: str | Path) -> list[str]:

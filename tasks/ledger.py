@@ -12,6 +12,7 @@ Statuses: charged -> drawing (noise is being drawn, nothing committed) -> measur
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -57,6 +58,8 @@ CREATE TABLE IF NOT EXISTS spends (
     created_at TEXT NOT NULL, updated_at TEXT NOT NULL, attempts INTEGER NOT NULL DEFAULT 1, location TEXT,
     extra_delta REAL NOT NULL DEFAULT 0, owner TEXT);
 CREATE INDEX IF NOT EXISTS spends_by_dataset ON spends (dataset_id);
+CREATE TABLE IF NOT EXISTS public_inputs (
+    path TEXT PRIMARY KEY, sha256 TEXT NOT NULL, source TEXT NOT NULL, registered_at TEXT NOT NULL);
 """
 #: Relative slack on the budget comparison, for the floating-point sum of equal shares.
 _TOLERANCE = 1e-12
@@ -139,6 +142,25 @@ class PrivacyLedger:
                        "ON CONFLICT(dataset_id) DO UPDATE SET epsilon=excluded.epsilon, delta=excluded.delta, "
                        "updated_at=excluded.updated_at, source=COALESCE(excluded.source, budgets.source)",
                        (dataset_id, epsilon, delta, _now(), None if source is None else data_source(source)))
+
+    def register_public(self, path: str, source: str) -> str:
+        """Declare a file (or folder) public, with where it comes from: an operator's decision, as a budget is.
+        Refused for the data of a dataset (a bound source, or inside one). Returns its sha256."""
+        where = data_source(path)
+        with self._transaction(immediate=True) as db:
+            for row in db.execute("SELECT dataset_id, source FROM budgets WHERE source IS NOT NULL"):
+                if within(where, row["source"]) or within(row["source"], where):
+                    raise ReleaseConflict(f"{where} holds the data of dataset '{row['dataset_id']}': it cannot "
+                                          f"be declared public")
+            digest = content_sha256(Path(where))
+            db.execute("INSERT INTO public_inputs VALUES (?, ?, ?, ?) ON CONFLICT(path) DO UPDATE SET "
+                       "sha256=excluded.sha256, source=excluded.source, registered_at=excluded.registered_at",
+                       (where, digest, source, _now()))
+        return digest
+
+    def public_inputs(self) -> list[dict]:
+        with self._transaction() as db:
+            return [dict(r) for r in db.execute("SELECT * FROM public_inputs ORDER BY path")]
 
     def source(self, dataset_id: str) -> str | None:
         """The data source the dataset id is bound to (None: not yet)."""
@@ -332,6 +354,38 @@ def require_budget(dataset_id: str, path: Path | None = None, source: str | None
     if source is not None and bound is not None and not within(data_source(source), bound):
         raise ReleaseConflict(source_conflict_message(dataset_id, bound, data_source(source)))
     return budget
+
+
+def require_public(paths: list[str], path: Path | None = None) -> None:
+    """Every public input of a release (public marginals, a public sample) was declared public by the operator
+    (`dprelease public register`) and is unchanged since: a spec naming a file "public" does not make it so
+    (an audit released a dataset's exact table by naming its own file as the public marginals)."""
+    if not paths:
+        return
+    path = path or configured_path()
+    registered = {r["path"]: r for r in PrivacyLedger(path).public_inputs()} if path.exists() else {}
+    for p in paths:
+        where = data_source(p)
+        row = registered.get(where)
+        if row is None:
+            raise ReleaseConflict(f"the public input {where} was not declared public in the ledger {path}: an "
+                                  f"operator declares it with `dprelease public register {where} --source "
+                                  f"WHERE-IT-COMES-FROM`. Nothing was run")
+        if content_sha256(Path(where)) != row["sha256"]:
+            raise ReleaseConflict(f"the public input {where} changed since it was declared public: an operator "
+                                  f"declares it again. Nothing was run")
+
+
+def content_sha256(path: Path) -> str:
+    """sha256 of a file, or of a folder's files (their relative paths and contents, in order)."""
+    h = hashlib.sha256()
+    for f in sorted(path.rglob("*")) if path.is_dir() else [path]:
+        if f.is_file():
+            h.update(str(f.relative_to(path) if path.is_dir() else f.name).encode())
+            with open(f, "rb") as fh:
+                for block in iter(lambda: fh.read(1 << 20), b""):
+                    h.update(block)
+    return h.hexdigest()
 
 
 def data_source(path: str) -> str:

@@ -20,6 +20,13 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from tasks.errors import ReleaseError
 
 ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
+#: The release fields that name a PUBLIC input file (kinds define them); the operator declares each public.
+PUBLIC_INPUTS = ("public_sample", "public_marginals")
+
+
+def public_inputs(release) -> list[str]:
+    """The public input paths a release's parameters name."""
+    return [str(v) for f in PUBLIC_INPUTS if (v := getattr(release, f, None))]
 
 
 class Strict(BaseModel):

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from tasks.example_data import is_builtin
 from tasks.ingest import StageOutput
+from tasks.params import PUBLIC_INPUTS
 
 _PACKAGES = ("dpalgos", "tasks", "data_contracts")
 
@@ -52,8 +53,7 @@ def stage_key(stage: str, spec, *parts: str) -> str:
     of the stages it reads (`parts`)."""
     basis = {"stage": stage, "spec": spec.fingerprint(), "dataset": spec.dataset.model_dump(mode="json"),
              "inputs": _files(spec.dataset.path),
-             "public": {k: _files(v) for k in ("public_sample", "public_marginals")
-                        if (v := getattr(spec.release, k, None))},
+             "public": {k: _files(v) for k in PUBLIC_INPUTS if (v := getattr(spec.release, k, None))},
              "code": code_hash(), "after": list(parts)}
     return hashlib.sha256(json.dumps(basis, sort_keys=True).encode()).hexdigest()[:24]
 

@@ -13,7 +13,8 @@ import yaml
 
 from tests.conftest import blobs, spec_dict, write_csv
 
-HELP = [[], ["run"], ["experiment"], ["generate"], ["budget"], ["budget", "show"], ["budget", "set"], ["spec"], ["spec", "check"]]
+HELP = [[], ["run"], ["experiment"], ["generate"], ["budget"], ["budget", "show"], ["budget", "set"], ["public"],
+        ["public", "register"], ["public", "list"], ["spec"], ["spec", "check"]]
 
 
 def dprelease(*args, cwd=None, timeout=300) -> subprocess.CompletedProcess:

@@ -6,7 +6,7 @@ import pytest
 
 from dpalgos import accounting, dpkmeans
 from tasks.errors import BudgetExceeded, NoBudget, ReleaseConflict, ReleaseError
-from tasks.ledger import PrivacyLedger, data_source, require_budget
+from tasks.ledger import PrivacyLedger, data_source, require_budget, require_public
 
 BUDGET = (1.0, 1e-6)
 
@@ -254,3 +254,23 @@ def test_a_budget_bound_to_no_data_is_bound_by_its_first_release_not_by_a_dry_ru
     with pytest.raises(ReleaseConflict):
         ledger.charge(release_id="r2", source=str(tmp_path / "b.csv"), **kw)
     assert data_source("builtin:example-sensors") == "builtin:example-sensors"
+
+
+def test_a_public_input_is_one_the_operator_declared_public_and_unchanged_since(tmp_path):
+    """The audit's attack: a dataset's own file named as its public marginals released its exact table."""
+    ledger = PrivacyLedger(tmp_path / "l.sqlite")
+    data, public = tmp_path / "data.csv", tmp_path / "m1.csv"
+    data.write_text("a\nu\n")
+    public.write_text("a,count\nu,1\n")
+    ledger.set_budget("d", *BUDGET, source=str(data))
+    with pytest.raises(ReleaseConflict, match="holds the data of dataset 'd'"):
+        ledger.register_public(str(data), "the data itself")
+    with pytest.raises(ReleaseConflict, match="was not declared public"):
+        require_public([str(data)], ledger.path)
+    with pytest.raises(ReleaseConflict, match="was not declared public"):
+        require_public([str(public)], ledger.path)
+    ledger.register_public(str(public), "census 2021")
+    require_public([str(public)], ledger.path)
+    public.write_text("a,count\nu,2\n")
+    with pytest.raises(ReleaseConflict, match="changed since it was declared public"):
+        require_public([str(public)], ledger.path)

@@ -405,3 +405,38 @@ def test_more_clusters_than_rows_is_released_not_refused(tmp_path):
     s = _run({**spec_dict(tmp_path, write_csv(tmp_path / "s.csv", blobs(4)), k=5, postprocess=[]),
               "release_id": "k-gt-n", "evaluate": False})
     assert s["status"] == "published" and [r["status"] for r in ledger().releases("blobs")] == ["published"]
+
+
+def test_a_spec_cannot_make_a_file_public_by_naming_it(tmp_path):
+    """The audit's attack: the data's own file named as its public marginals released the exact table (every
+    cell 'consistent' with itself). A public input is one the operator declared public; the data cannot be."""
+    data = tmp_path / "t.csv"
+    data.write_text("a,count\nu,7\nv,3\n")
+    PrivacyLedger(ledger().path).set_budget("t", 10.0, 1e-6, source=str(data))
+    d = {"dataset": {"id": "t", "path": str(data), "categories": {"a": ["u", "v"]}, "weight_column": "count",
+                     "weights_count_records": True},
+         "release": {"kind": "contingency", "epsilon": 0.01, "public_marginals": str(data),
+                     "public_marginals_source": "census"},
+         "output_dir": str(tmp_path / "runs"), "release_id": "self-public"}
+    with pytest.raises(ReleaseConflict, match="was not declared public"):
+        _run(d)
+    assert not (tmp_path / "runs" / "self-public").exists() and ledger().releases("t") == []
+    with pytest.raises(ReleaseConflict, match="holds the data of dataset 't'"):
+        ledger().register_public(str(data), "census")
+
+
+def test_a_malformed_public_sample_is_refused_before_the_charge(tmp_path):
+    from tasks import generators
+
+    generators.generate(generators.CDR, tmp_path / "cdr", users=200, seed=1, partition_rows=100)
+    sample = tmp_path / "public.dat"
+    sample.write_text("1 2\n3 foo\n")
+    PrivacyLedger(ledger().path).set_budget("cdr", 10.0, 1e-6, source=str(tmp_path / "cdr"))
+    ledger().register_public(str(sample), "the test's own")
+    d = {"dataset": {"id": "cdr", "path": str(tmp_path / "cdr"), "items_column": "towers", "item_count": 1303},
+         "release": {"kind": "kernel_kmeans", "k": 2, "iterations": 2, "epsilon": 1.0, "delta": 1e-6,
+                     "features": 16, "public_sample": str(sample)},
+         "output_dir": str(tmp_path / "runs"), "release_id": "bad-sample"}
+    with pytest.raises(InputError, match="item ids must be integers"):
+        _run(d)
+    assert ledger().releases("cdr") == []

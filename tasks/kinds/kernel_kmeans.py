@@ -77,9 +77,15 @@ def _sigma(spec) -> float:
 
 
 def check_public_sample(spec) -> None:
-    """A missing public sample is refused before anything is charged (it is a public input)."""
-    if spec.release.public_sample and not Path(spec.release.public_sample).exists():
+    """A public sample that is missing, unreadable or empty is refused before anything is charged: it is read
+    here in full, as the release will read it after the charge (an audit had a malformed sample refused after
+    it, the charge kept)."""
+    if not spec.release.public_sample:
+        return
+    if not Path(spec.release.public_sample).exists():
         raise InputError(f"public_sample {spec.release.public_sample} does not exist")
+    if public_records(spec).shape[0] == 0:
+        raise InputError(f"public_sample {spec.release.public_sample} has no records")
 
 
 def public_records(spec, limit: int = 20_000) -> sp.csr_matrix:

@@ -147,7 +147,7 @@ def main() -> None:
     if args.release == "synthetic":
         release_params.update(kind="synthetic", iterations=10, epsilon=args.epsilon or 1.74, model=args.model,
                               steps=args.steps, q=args.q, max_items=100)
-    operator_ledger(tmp, {"cdr-bench": (1000.0, 1e-6)})
+    operator_ledger(tmp, {"cdr-bench": (1000.0, 1e-6)}, public=[public])
     spec = parse_spec({
         "dataset": {"id": "cdr-bench", "path": str(data), "items_column": "towers", "item_count": 1303},
         "release": release_params,

@@ -16,6 +16,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _data import operator_ledger  # noqa: E402
+from tasks.params import PUBLIC_INPUTS  # noqa: E402
 
 SPECS = {"kmeans": "deployments/specs/s1-kmeans.yaml",
          "histogram": "deployments/specs/adult-capital-loss-histogram.yaml",
@@ -56,7 +57,8 @@ def main() -> None:
     specs = {k: yaml.safe_load(Path(p).read_text()) for k, p in SPECS.items()}
     specs.update(set_valued_specs(out, args.users))
     wanted = args.kinds.split(",") if args.kinds else list(specs)
-    operator_ledger(out, {specs[k]["dataset"]["id"]: (100.0, 1e-6) for k in wanted})
+    operator_ledger(out, {specs[k]["dataset"]["id"]: (100.0, 1e-6) for k in wanted},
+                    public=[v for k in wanted for f in PUBLIC_INPUTS if (v := specs[k]["release"].get(f))])
     results = {}
     for kind in wanted:
         d = {**specs[kind], "output_dir": str(out / "runs"), "evaluate": False, "release_id": f"bench-{kind}"}
