@@ -62,10 +62,10 @@ def load_run_spec(args):
     if not spec.test_mode:
         from tasks.errors import NoBudget, ReleaseConflict
         from tasks.ledger import require_budget, require_public
-        from tasks.params import public_inputs
+        from tasks.params import dataset_reading, public_inputs
 
         try:
-            require_budget(spec.dataset.id, source=spec.dataset.path)
+            require_budget(spec.dataset.id, source=spec.dataset.path, reading=dataset_reading(spec.dataset))
             require_public(public_inputs(spec.release))
         except (NoBudget, ReleaseConflict) as exc:
             raise UsageError(str(exc)) from None
@@ -218,11 +218,13 @@ def cmd_budget_show(args) -> int:
     rows = ledger.releases(args.dataset)
     if args.json:
         print(json.dumps({"dataset_id": args.dataset, "source": ledger.source(args.dataset),
+                          "reading": ledger.reading(args.dataset),
                           "budget": {"epsilon": budget[0], "delta": budget[1]},
                           "spent": spent.__dict__, "releases": rows}, indent=2))
         return 0
     print(f"dataset '{args.dataset}'  ledger {args.ledger}")
     print(f"  data source      {ledger.source(args.dataset) or '(none yet: bound by its first release)'}")
+    print(f"  read as          {ledger.reading(args.dataset) or '(bound by its first release)'}")
     print(f"  lifetime budget  epsilon={budget[0]:g}  delta={budget[1]:g}")
     print(f"  spent            epsilon={spent.epsilon:.6g}  delta={spent.delta:g}  ({spent.method})")
     print(f"  remaining        epsilon={max(budget[0] - spent.epsilon, 0.0):.6g}")

@@ -24,7 +24,7 @@ from tasks.errors import ReleaseConflict, ReleaseError, StageFailed
 from tasks.ingest import StageOutput, ingest
 from tasks.kinds import kind_of
 from tasks.ledger import PrivacyLedger, require_budget, require_public
-from tasks.params import public_inputs
+from tasks.params import dataset_reading, public_inputs
 from tasks.manifest import publish_release
 from tasks.partitions import dask_client
 from tasks.report import write_report
@@ -180,7 +180,8 @@ def release(spec: ReleaseSpec | None = None, spec_file: str | None = None, relea
 
 def _release(spec: ReleaseSpec, release_id: str, log) -> dict:
     if not spec.test_mode:
-        require_budget(spec.dataset.id, source=spec.dataset.path)  # before anything runs or is written
+        # before anything runs or is written
+        require_budget(spec.dataset.id, source=spec.dataset.path, reading=dataset_reading(spec.dataset))
         require_public(public_inputs(spec.release))
     created = not (Path(spec.output_dir) / release_id).exists()
     run = open_run(spec.output_dir, release_id, test=spec.test_mode)

@@ -72,9 +72,10 @@ def _read_csv(dataset: DatasetSpec, path: Path):
     names = None
     if not header:
         if len(tokens) != len(dataset.columns):
-            raise InputError(f"dataset '{dataset.id}': the headerless file {path} has {len(tokens)} fields per "
-                             f"line but the spec's bounds name {len(dataset.columns)} columns "
-                             f"({dataset.columns}); give bounds for every field, in order")
+            # Not the number of fields found: it is a count over the first record.
+            raise InputError(f"dataset '{dataset.id}': the headerless file {path} does not have one field per "
+                             f"column the spec's bounds name ({dataset.columns}); give bounds for every field, in "
+                             f"order")
         names = dataset.columns
     gz = path.suffix == ".gz"
     return dd.read_csv(str(path), sep=sep or r"\s+", header=0 if header else None, names=names,

@@ -100,8 +100,11 @@ class PrivacyLedger:
                 db.execute("ALTER TABLE spends ADD COLUMN extra_delta REAL NOT NULL DEFAULT 0")
             if "owner" not in columns:
                 db.execute("ALTER TABLE spends ADD COLUMN owner TEXT")
-            if "source" not in [r[1] for r in db.execute("PRAGMA table_info(budgets)")]:  # before data sources
+            budget_columns = [r[1] for r in db.execute("PRAGMA table_info(budgets)")]
+            if "source" not in budget_columns:  # before data sources were bound
                 db.execute("ALTER TABLE budgets ADD COLUMN source TEXT")
+            if "reading" not in budget_columns:  # ... or how they are read
+                db.execute("ALTER TABLE budgets ADD COLUMN reading TEXT")
         except sqlite3.DatabaseError as exc:
             raise ReleaseError(f"privacy ledger {self.path} is unusable: {exc}") from None
         finally:
@@ -176,7 +179,7 @@ class PrivacyLedger:
     def charge(self, *, dataset_id: str, release_id: str, kind: str, fingerprint: str, event: dpe.DpEvent,
                release_delta: float | None = None, redraw: bool = False, location: str | None = None,
                extra_delta: float = 0.0, owner: str | None = None, dry_run: bool = False,
-               source: str | None = None) -> Charge:
+               source: str | None = None, reading: dict | None = None) -> Charge:
         """Record the spend of `release_id` unless it is recorded already; refuse it if over budget.
 
         redraw : the measurements are not committed here. If an earlier attempt drew noise and did not commit
@@ -196,11 +199,13 @@ class PrivacyLedger:
         dry_run : every check and refusal of the charge, nothing recorded (a run's check before it reads data).
         source : the data the release reads (`data_source`): it must be the dataset's bound source or inside it;
         a dataset bound to none is bound to it here. Without it (the ledger's own tests) nothing is checked.
+        reading : how the release reads the data and what one record is (`tasks.params.dataset_reading`): bound
+        by the dataset's first release, then the same for every release of it.
         """
         with self._transaction(immediate=True, keep=not dry_run) as db:
             bud_eps, bud_delta = self._budget_locked(db, dataset_id)
             if source is not None:
-                self._bind_locked(db, dataset_id, data_source(source))
+                self._bind_locked(db, dataset_id, data_source(source), reading)
             if release_delta and release_delta > bud_delta:
                 raise BudgetExceeded(f"release '{release_id}' asks delta={release_delta:g}, above the lifetime delta "
                                      f"{bud_delta:g} of dataset '{dataset_id}'. No noise was drawn.")
@@ -323,12 +328,20 @@ class PrivacyLedger:
         return accounting.epsilon_at(accounting.compose_events(events), delta, extra)
 
     @staticmethod
-    def _bind_locked(db, dataset_id: str, source: str) -> None:
-        bound = db.execute("SELECT source FROM budgets WHERE dataset_id=?", (dataset_id,)).fetchone()["source"]
-        if bound is None:
-            db.execute("UPDATE budgets SET source=? WHERE dataset_id=?", (source, dataset_id))
-        elif not within(source, bound):
-            raise ReleaseConflict(source_conflict_message(dataset_id, bound, source))
+    def _bind_locked(db, dataset_id: str, source: str, reading: dict | None) -> None:
+        row = db.execute("SELECT source, reading FROM budgets WHERE dataset_id=?", (dataset_id,)).fetchone()
+        if row["source"] is not None and not within(source, row["source"]):
+            raise ReleaseConflict(source_conflict_message(dataset_id, row["source"], source))
+        if row["reading"] is not None and reading is not None and json.loads(row["reading"]) != reading:
+            raise ReleaseConflict(reading_conflict_message(dataset_id, json.loads(row["reading"]), reading))
+        db.execute("UPDATE budgets SET source=COALESCE(source, ?), reading=COALESCE(reading, ?) WHERE dataset_id=?",
+                   (source, None if reading is None else json.dumps(reading, sort_keys=True), dataset_id))
+
+    def reading(self, dataset_id: str) -> dict | None:
+        """How the dataset's data is read, as its first release bound it (None: not yet)."""
+        with self._transaction() as db:
+            row = db.execute("SELECT reading FROM budgets WHERE dataset_id=?", (dataset_id,)).fetchone()
+        return json.loads(row["reading"]) if row and row["reading"] else None
 
     def _budget_locked(self, db, dataset_id: str) -> tuple[float, float]:
         row = db.execute("SELECT epsilon, delta FROM budgets WHERE dataset_id=?", (dataset_id,)).fetchone()
@@ -342,9 +355,10 @@ def no_budget_message(dataset_id: str, path: Path) -> str:
             f"`dprelease budget set {dataset_id} --epsilon E --delta D` (nothing was run)")
 
 
-def require_budget(dataset_id: str, path: Path | None = None, source: str | None = None) -> tuple[float, float]:
+def require_budget(dataset_id: str, path: Path | None = None, source: str | None = None,
+                   reading: dict | None = None) -> tuple[float, float]:
     """The dataset's registered lifetime budget; refuses (before anything runs) a dataset without one, or one
-    bound to another data source than `source`."""
+    bound to another data source than `source` or read otherwise than `reading`."""
     path = path or configured_path()
     ledger = PrivacyLedger(path) if path.exists() else None
     budget = ledger.budget(dataset_id) if ledger else None
@@ -353,7 +367,19 @@ def require_budget(dataset_id: str, path: Path | None = None, source: str | None
     bound = ledger.source(dataset_id)
     if source is not None and bound is not None and not within(data_source(source), bound):
         raise ReleaseConflict(source_conflict_message(dataset_id, bound, data_source(source)))
+    bound_reading = ledger.reading(dataset_id)
+    if reading is not None and bound_reading is not None and bound_reading != reading:
+        raise ReleaseConflict(reading_conflict_message(dataset_id, bound_reading, reading))
     return budget
+
+
+def reading_conflict_message(dataset_id: str, bound: dict, reading: dict) -> str:
+    changed = {k: reading.get(k) for k in sorted(set(bound) | set(reading)) if bound.get(k) != reading.get(k)}
+    was = ", ".join(f"{k}={bound.get(k)!r}" for k in changed)
+    asked = ", ".join(f"{k}={v!r}" for k, v in changed.items())
+    return (f"dataset '{dataset_id}' is read as its first release read it ({was}); this spec asks {asked}: how a "
+            f"dataset is parsed and what one record is are fixed for its budget (otherwise a spec's choice of them "
+            f"would make the data's refusals answer its questions). Nothing was run")
 
 
 def require_public(paths: list[str], path: Path | None = None) -> None:

@@ -29,6 +29,7 @@ from tasks.errors import ReleaseConflict
 from tasks.ingest import StageOutput
 from tasks.kinds import kind_of
 from tasks.ledger import PrivacyLedger
+from tasks.params import dataset_reading
 from tasks.retry import SAFE, sanitised
 from tasks.run import META, RunPaths, commit_once, read_meta
 from tasks.spec import ReleaseSpec
@@ -122,7 +123,7 @@ def _charge(ledger: PrivacyLedger, spec: ReleaseSpec, release_id: str, run: RunP
                          fingerprint=spec.fingerprint(), event=plan.event(),
                          release_delta=getattr(spec.release, "delta", None), redraw=not run.measurements.exists(),
                          location=str(run.root.resolve()), extra_delta=plan.extra_delta, owner=owner, dry_run=dry_run,
-                         source=spec.dataset.path)
+                         source=spec.dataset.path, reading=dataset_reading(spec.dataset))
 
 
 def _draw_and_commit(spec, release_id, run, prepared, plan, ledger, owner, log) -> None:

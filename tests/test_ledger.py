@@ -274,3 +274,21 @@ def test_a_public_input_is_one_the_operator_declared_public_and_unchanged_since(
     public.write_text("a,count\nu,2\n")
     with pytest.raises(ReleaseConflict, match="changed since it was declared public"):
         require_public([str(public)], ledger.path)
+
+
+def test_how_a_dataset_is_read_is_bound_by_its_first_release(tmp_path):
+    """The audit's attack: a delimiter of the spec's choice turned the parser's refusals into substring queries
+    on the data ("has 4 fields per line" counted a digit of the first record)."""
+    ledger = PrivacyLedger(tmp_path / "l.sqlite")
+    ledger.set_budget("d", *BUDGET, source=str(tmp_path / "d.csv"))
+    reading = {"format": "csv", "header": False, "delimiter": None, "user_column": None, "weight_column": None,
+               "weights_count_records": False}
+    kw = dict(dataset_id="d", kind="kmeans", fingerprint="f", event=dpkmeans.plan(epsilon=0.1, iterations=5).event(),
+              source=str(tmp_path / "d.csv"))
+    ledger.charge(release_id="r1", reading=reading, **kw)
+    for change in ({"delimiter": "5"}, {"header": True}, {"weights_count_records": True}):
+        with pytest.raises(ReleaseConflict, match="is read as its first release read it"):
+            ledger.charge(release_id="r2", reading={**reading, **change}, **kw)
+        with pytest.raises(ReleaseConflict, match="is read as its first release read it"):
+            require_budget("d", ledger.path, reading={**reading, **change})
+    assert ledger.charge(release_id="r2", reading=reading, **kw).state == "charged"

@@ -440,3 +440,16 @@ def test_a_malformed_public_sample_is_refused_before_the_charge(tmp_path):
     with pytest.raises(InputError, match="item ids must be integers"):
         _run(d)
     assert ledger().releases("cdr") == []
+
+
+def test_a_spec_cannot_choose_how_the_data_is_parsed_once_a_release_has(tmp_path, csv_data):
+    """A delimiter of the spec's choice made the parser's refusals answer questions about the data for free:
+    the first release binds how the dataset is read, and a spec that reads it otherwise is refused before
+    anything is read."""
+    d = {**spec_dict(tmp_path, csv_data), "release_id": "first"}
+    _run(d)
+    probe = {**d, "dataset": {**d["dataset"], "delimiter": "5", "header": False}, "release_id": "probe"}
+    with pytest.raises(ReleaseConflict, match="is read as its first release read it") as refused:
+        _run(probe)
+    assert "fields per line" not in str(refused.value) and not (tmp_path / "runs" / "probe").exists()
+    assert [r["release_id"] for r in ledger().releases("blobs")] == ["first"]
