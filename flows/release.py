@@ -23,7 +23,7 @@ from tasks.contracts import check_contract
 from tasks.errors import ReleaseConflict, ReleaseError, StageFailed
 from tasks.ingest import StageOutput, ingest
 from tasks.kinds import kind_of
-from tasks.ledger import PrivacyLedger, require_budget, require_public
+from tasks.ledger import PrivacyLedger, data_source, require_budget, require_public
 from tasks.params import dataset_reading, public_inputs
 from tasks.manifest import publish_release
 from tasks.partitions import dask_client
@@ -105,6 +105,26 @@ def _run_name() -> str:
         return "release-invalid-spec"
 
 
+def _pinned(spec: ReleaseSpec) -> ReleaseSpec:
+    """The spec with its data path resolved once (symlinks included): the ledger's binding and every stage then
+    read the same file (an audit swapped a symlink between the check and the ingest)."""
+    path = data_source(spec.dataset.path)
+    return spec if path == spec.dataset.path else \
+        spec.model_copy(update={"dataset": spec.dataset.model_copy(update={"path": path})})
+
+
+@contextmanager
+def _owner_only():
+    """Everything the run writes (internal/ holds a copy of the raw data) is readable by its owner only, whatever
+    the process's umask (an audit read internal/ingested/ as another local user): release/ is published by
+    copying it, not by its mode."""
+    previous = os.umask(0o077)
+    try:
+        yield
+    finally:
+        os.umask(previous)
+
+
 def _refuse_environment_overrides() -> None:
     """A flow run whose job variables set environment variables is refused before anything runs: the machine's
     settings (the ledger, test mode, the evaluation in the UI, the dask scheduler) are environment variables of
@@ -164,10 +184,12 @@ def release(spec: ReleaseSpec | None = None, spec_file: str | None = None, relea
     log = get_run_logger()
     _refuse_environment_overrides()
     spec, release_id = resolve(spec, spec_file, release_id, period)
+    spec = _pinned(spec)
     _tag_run(spec)
     # Started by a Prefect worker, not the CLI: the same split of the logs (library records and tracebacks to the
     # run's internal log file only, never the worker's console or Prefect's API).
-    with nullcontext() if in_run_logging() else run_logging(log_path(spec.output_dir, release_id), configure=False):
+    with _owner_only(), (nullcontext() if in_run_logging() else
+                         run_logging(log_path(spec.output_dir, release_id), configure=False)):
         try:
             return _release(spec, release_id, log)
         except Exception as exc:

@@ -96,6 +96,9 @@ def test_release_end_to_end(tmp_path, csv_data):
     internal = run / "internal"
     for stage in ("ingested", "normalised", "measurements", "release"):
         assert json.loads((internal / "contracts" / f"{stage}.json").read_text())["success"]
+    # owner-only, whatever the umask: internal/ holds a copy of the raw data
+    written = [run, internal, *internal.rglob("*"), *release.rglob("*")]
+    assert all(p.stat().st_mode & 0o077 == 0 for p in written), [p for p in written if p.stat().st_mode & 0o077]
     P = domain.scale_to_unit_box(np.loadtxt(csv_data, delimiter=",", skiprows=1), [0, 0], [100, 100])[0]
     ev = json.loads((internal / "evaluation" / "evaluation.json").read_text())
     assert ev["wcss"] == pytest.approx(metrics.wcss(P, cents), rel=1e-9)
@@ -453,3 +456,27 @@ def test_a_spec_cannot_choose_how_the_data_is_parsed_once_a_release_has(tmp_path
         _run(probe)
     assert "fields per line" not in str(refused.value) and not (tmp_path / "runs" / "probe").exists()
     assert [r["release_id"] for r in ledger().releases("blobs")] == ["first"]
+
+
+def test_the_data_path_is_resolved_once_for_the_check_and_the_read(tmp_path, csv_data, monkeypatch):
+    """An audit swapped a symlink between the ledger's check of the bound source and the ingest: the run reads
+    the file the check resolved."""
+    import flows.release
+
+    (tmp_path / "bound").mkdir()
+    real = tmp_path / "bound" / "blobs.csv"
+    shutil.copy(csv_data, real)
+    other = write_csv(tmp_path / "other.csv", blobs(15))
+    link = tmp_path / "bound" / "current.csv"
+    link.symlink_to(real)
+    PrivacyLedger(ledger().path).set_budget("blobs", 10.0, 1e-6, source=str(tmp_path / "bound"))
+    checked = flows.release.preflight
+
+    def check_then_swap(*args):
+        checked(*args)
+        link.unlink()
+        link.symlink_to(other)
+    monkeypatch.setattr(flows.release, "preflight", check_then_swap)
+    _run({**spec_dict(tmp_path, link), "release_id": "swap"})
+    ingested = tmp_path / "runs" / "swap" / "internal" / "ingested"
+    assert pq.ParquetDataset(ingested).read().num_rows == 3000
