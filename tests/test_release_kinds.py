@@ -241,3 +241,18 @@ def test_synthetic_release_with_more_clusters_than_records_is_made_not_refused(t
               {"kind": "synthetic", "k": 5, "iterations": 2, "epsilon": 2.0, "delta": 1e-6, "features": 16,
                "gamma": 0.05, "steps": 5, "q": 0.05, "hidden": [8], "queries": 20, "max_items": 30})
     assert _run({**d, "evaluate": False})["status"] == TEST_RUN
+
+
+@pytest.mark.parametrize("kind", ["kernel_kmeans", "synthetic"])
+def test_a_release_whose_records_are_all_outside_the_public_universe_is_made_from_noise(tmp_path, kind):
+    """Refusing it would answer "is every id at or above item_count?", a bisection for the smallest id."""
+    data = tmp_path / "t.dat"
+    data.write_text("55 60\n70\n90 80\n")
+    release = {"kind": kind, "k": 2, "iterations": 2, "epsilon": 2.0, "delta": 1e-6, "features": 16, "gamma": 0.05}
+    if kind == "synthetic":
+        release.update(steps=3, q=0.5, hidden=[4], queries=10, max_items=3)
+    d = _base(tmp_path, {"id": "t", "path": str(data), "format": "transactions", "items_column": "items",
+                         "item_count": 50}, release)
+    assert _run({**d, "release_id": "none-inside", "evaluate": False})["status"] == TEST_RUN
+    outside = json.loads((tmp_path / "runs" / "none-inside" / "internal" / "items_outside.json").read_text())
+    assert outside["records_left_out"] == 3
