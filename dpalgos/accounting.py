@@ -94,6 +94,33 @@ def epsilon_at(event: dpe.DpEvent, delta: float, extra_delta: float = 0.0) -> Gu
     return Guarantee(epsilon=eps, delta=0.0 if method.startswith("basic") else delta, method=method)
 
 
+class CalibrationError(ValueError):
+    """The noise cannot be calibrated to the asked (epsilon, delta): a parameter error, known before any data."""
+
+
+def calibrate(make_event, epsilon: float, delta: float, **search) -> float:
+    """dp_accounting's calibration search with the RDP accountant, checked: the parameter it returns must
+    certify between epsilon/2 and epsilon. Below a floor set by delta and the number of mechanisms, RDP's
+    conversion certifies no smaller epsilon however large the noise, and the search then fails or returns
+    noise that certifies far less than asked (an audit's kernel k-means got sigma = 1e9 for epsilon 0.001 and
+    0.01 alike): refused as a parameter error."""
+    from dp_accounting.mechanism_calibration import NoBracketIntervalFoundError
+
+    refused = CalibrationError(f"the noise cannot be calibrated to epsilon={epsilon:g} at delta={delta:g} (the RDP "
+                               f"accountant certifies no epsilon that small for this mechanism): raise epsilon or "
+                               f"delta, or run fewer iterations")
+    try:
+        value = float(dp_accounting.calibrate_dp_mechanism(RdpAccountant, make_event, epsilon, delta,
+                                                           bracket_interval=None, **search))
+    except NoBracketIntervalFoundError:
+        raise refused from None
+    accountant = RdpAccountant()
+    accountant.compose(make_event(value))
+    if not epsilon / 2 <= accountant.get_epsilon(delta) <= epsilon * (1 + 1e-6):
+        raise refused
+    return value
+
+
 def release_guarantee(event: dpe.DpEvent, delta: float, extra_delta: float = 0.0) -> Guarantee:
     """The guarantee to state for one release: pure (epsilon, 0) when every part is pure DP (the plainest
     true statement), else the best (epsilon, delta) at `delta` (of which `extra_delta` is outside the event)."""

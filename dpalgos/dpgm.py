@@ -28,10 +28,7 @@ import numpy as np
 import scipy.sparse as sp
 from threadpoolctl import threadpool_limits
 
-from dp_accounting import calibrate_dp_mechanism
-from dp_accounting.rdp import RdpAccountant
-
-from dpalgos import counting, dpsgd
+from dpalgos import accounting, counting, dpsgd
 from dpalgos import kernel_kmeans as kk
 from dpalgos.generative import RBM, VAE, log_exponentials, race, records_of_lengths
 from dpalgos.noise import Measure
@@ -100,7 +97,7 @@ def calibrate(*, epsilon: float, delta: float, kmeans_iterations: int, q: float,
     of the clustering and the marginals are zCDP events, which the PLD accountant does not take)."""
     if not epsilon > 0 or not 0 < delta < 1:
         raise ValueError(f"need epsilon > 0 and 0 < delta < 1, got {epsilon}, {delta}")
-    cal = lambda make, eps: float(calibrate_dp_mechanism(RdpAccountant, make, eps, delta / 3, bracket_interval=None))
+    cal = lambda make, eps: accounting.calibrate(make, eps, delta / 3)
     # The searches probe multipliers of 0 (no noise, infinite loss): a tiny positive one stands for it.
     alone = lambda t, s: plan(NoisePlan(*(max(s, 1e-9) if i == t else 1.0 for i in range(3))),
                               kmeans_iterations=kmeans_iterations, q=q, steps=steps, max_items=max_items)
@@ -108,7 +105,7 @@ def calibrate(*, epsilon: float, delta: float, kmeans_iterations: int, q: float,
     base = NoisePlan(*(cal(lambda s, t=t: _event(alone(t, s), parts[t]), shares[t] * epsilon) for t in range(3)))
     scaled = lambda t: NoisePlan(*(max(s * t, 1e-9) for s in (base.sigma_kmeans, base.sigma_marginals, base.sigma_sgd)))
     make = lambda t: plan(scaled(t), kmeans_iterations=kmeans_iterations, q=q, steps=steps, max_items=max_items).event()
-    t = float(calibrate_dp_mechanism(RdpAccountant, make, epsilon, delta, bracket_interval=None, tol=0.002))
+    t = accounting.calibrate(make, epsilon, delta, tol=0.002)
     return scaled(t)
 
 

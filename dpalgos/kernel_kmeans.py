@@ -21,7 +21,7 @@ from typing import Callable
 import numpy as np
 import scipy.sparse as sp
 
-from dpalgos import lloyd
+from dpalgos import accounting, lloyd
 from dpalgos.noise import Measure
 from dpalgos.plan import ADD_REMOVE_USER, Mechanism, Plan
 
@@ -163,12 +163,9 @@ def plan(*, iterations: int, sigma: float, dpnorm: bool = False, k: int | None =
 def calibrate_sigma(*, epsilon: float, delta: float, iterations: int, dpnorm: bool = False) -> float:
     """The smallest sigma (shared by every Gaussian mechanism of the run) giving (epsilon, delta), by
     dp_accounting's RDP accountant and its calibration search on the plan's event."""
-    from dp_accounting import calibrate_dp_mechanism
-    from dp_accounting.rdp import RdpAccountant
-
     # The search probes sigma = 0 (no noise, infinite loss): a tiny positive multiplier stands for it.
     make = lambda s: plan(iterations=iterations, sigma=max(s, 1e-9), dpnorm=dpnorm).event()
-    return float(calibrate_dp_mechanism(RdpAccountant, make, epsilon, delta, bracket_interval=None))
+    return accounting.calibrate(make, epsilon, delta)
 
 
 def lemma1_log_moment(lam: float, sigma: float) -> float:

@@ -25,7 +25,7 @@ from prefect.cache_policies import NO_CACHE
 
 from dpalgos import accounting
 from dpalgos.noise import ExactNoise, Measure, SeededNoise
-from tasks.errors import ReleaseConflict
+from tasks.errors import ReleaseConflict, SpecError
 from tasks.ingest import StageOutput
 from tasks.kinds import kind_of
 from tasks.ledger import PrivacyLedger
@@ -102,8 +102,12 @@ def preflight(spec: ReleaseSpec, release_id: str, run: RunPaths) -> None:
     level outside the public ones, a malformed record) would answer a question about the data for free, and
     for a spec over the budget as often as it is asked. Records nothing."""
     _stored_measurements(spec, release_id, run)
+    try:
+        plan = kind_of(spec).plan(spec)
+    except accounting.CalibrationError as exc:  # public parameters only: the spec's problem
+        raise SpecError(f"invalid release spec: {exc}") from None
     if not spec.test_mode:
-        _charge(PrivacyLedger(spec.ledger_path), spec, release_id, run, kind_of(spec).plan(spec), None, dry_run=True)
+        _charge(PrivacyLedger(spec.ledger_path), spec, release_id, run, plan, None, dry_run=True)
 
 
 def _stored_measurements(spec: ReleaseSpec, release_id: str, run: RunPaths) -> bool:

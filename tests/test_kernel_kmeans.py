@@ -202,3 +202,16 @@ def test_a_degenerate_clustering_is_a_failure_not_a_reassuring_ratio():
     assert report["degenerate"] is False and report["largest_cluster_share"] == 0.5
     assert report["feature_wcss_ratio_to_noise_free_lloyd"] == pytest.approx(1.0, abs=1e-6)
 
+
+
+def test_noise_that_cannot_reach_the_asked_epsilon_is_refused_not_returned():
+    """An audit got sigma = 1e9 for epsilon 0.001 and 0.01 alike (charged about 0): below RDP's floor the
+    calibration is refused as a parameter error; above it the noise certifies the epsilon asked."""
+    from dpalgos.accounting import CalibrationError
+
+    with pytest.raises(CalibrationError, match="cannot be calibrated to epsilon=0.001"):
+        kk.calibrate_sigma(epsilon=0.001, delta=1e-9, iterations=5)
+    sigma = kk.calibrate_sigma(epsilon=0.05, delta=1e-9, iterations=5)
+    accountant = RdpAccountant()
+    accountant.compose(kk.plan(iterations=5, sigma=sigma).event())
+    assert 0.025 <= accountant.get_epsilon(1e-9) <= 0.05 * (1 + 1e-6)

@@ -256,3 +256,15 @@ def test_a_release_whose_records_are_all_outside_the_public_universe_is_made_fro
     assert _run({**d, "release_id": "none-inside", "evaluate": False})["status"] == TEST_RUN
     outside = json.loads((tmp_path / "runs" / "none-inside" / "internal" / "items_outside.json").read_text())
     assert outside["records_left_out"] == 3
+
+
+def test_an_epsilon_the_noise_cannot_reach_is_a_spec_error_before_the_data_is_read(tmp_path):
+    from tasks.errors import SpecError
+
+    d = _base(tmp_path, {"id": "t", "path": str(tmp_path / "absent.dat"), "format": "transactions",
+                         "items_column": "items", "item_count": 50},
+              {"kind": "kernel_kmeans", "k": 2, "iterations": 5, "epsilon": 0.001, "delta": 1e-9, "features": 16,
+               "gamma": 0.05})
+    with pytest.raises(SpecError, match="cannot be calibrated to epsilon=0.001"):
+        _run({**d, "release_id": "tiny-eps"})
+    assert not (tmp_path / "runs" / "tiny-eps").exists()
