@@ -32,7 +32,8 @@ def _csv_with_a_planted_value(path: Path) -> Path:
     return write_csv(path, rows)
 
 
-@pytest.mark.parametrize("processes", [False, True], ids=["threaded-worker", "worker-process"])
+@pytest.mark.parametrize("processes", [False, pytest.param(True, marks=pytest.mark.slow)],  # 14 s each
+                         ids=["threaded-worker", "worker-process"])
 def test_a_value_quoted_by_a_dask_worker_reaches_the_internal_log_only(tmp_path, processes):
     d = spec_dict(tmp_path, _csv_with_a_planted_value(tmp_path / "b.csv"))
     d["dask"] = {"n_workers": 1, "threads_per_worker": 1, "processes": processes}
