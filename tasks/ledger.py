@@ -16,6 +16,7 @@ import hashlib
 import json
 import math
 import os
+import shutil
 import sqlite3
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -141,6 +142,8 @@ class PrivacyLedger:
         if not (math.isfinite(epsilon) and epsilon > 0) or not 0 <= delta < 1:
             raise ValueError(f"need a finite epsilon > 0 and 0 <= delta < 1, got ({epsilon}, {delta})")
         with self._transaction(immediate=True) as db:
+            if source is not None:
+                self._one_id_per_source_locked(db, dataset_id, data_source(source))
             db.execute("INSERT INTO budgets (dataset_id, epsilon, delta, updated_at, source) VALUES (?, ?, ?, ?, ?) "
                        "ON CONFLICT(dataset_id) DO UPDATE SET epsilon=excluded.epsilon, delta=excluded.delta, "
                        "updated_at=excluded.updated_at, source=COALESCE(excluded.source, budgets.source)",
@@ -328,10 +331,22 @@ class PrivacyLedger:
         return accounting.epsilon_at(accounting.compose_events(events), delta, extra)
 
     @staticmethod
-    def _bind_locked(db, dataset_id: str, source: str, reading: dict | None) -> None:
+    def _one_id_per_source_locked(db, dataset_id: str, source: str) -> None:
+        """One data source is one dataset (one budget): the same records under two ids would compose outside
+        either budget."""
+        for row in db.execute("SELECT dataset_id, source FROM budgets WHERE source IS NOT NULL AND dataset_id != ?",
+                              (dataset_id,)):
+            if within(source, row["source"]) or within(row["source"], source):
+                raise ReleaseConflict(f"the data {source} is dataset '{row['dataset_id']}''s ({row['source']}): one "
+                                      f"data source has one budget (its releases under another id would compose "
+                                      f"outside it); release it as '{row['dataset_id']}'. Nothing was run")
+
+    def _bind_locked(self, db, dataset_id: str, source: str, reading: dict | None) -> None:
         row = db.execute("SELECT source, reading FROM budgets WHERE dataset_id=?", (dataset_id,)).fetchone()
         if row["source"] is not None and not within(source, row["source"]):
             raise ReleaseConflict(source_conflict_message(dataset_id, row["source"], source))
+        if row["source"] is None:
+            self._one_id_per_source_locked(db, dataset_id, source)
         if row["reading"] is not None and reading is not None and json.loads(row["reading"]) != reading:
             raise ReleaseConflict(reading_conflict_message(dataset_id, json.loads(row["reading"]), reading))
         db.execute("UPDATE budgets SET source=COALESCE(source, ?), reading=COALESCE(reading, ?) WHERE dataset_id=?",
@@ -400,6 +415,25 @@ def require_public(paths: list[str], path: Path | None = None) -> None:
         if content_sha256(Path(where)) != row["sha256"]:
             raise ReleaseConflict(f"the public input {where} changed since it was declared public: an operator "
                                   f"declares it again. Nothing was run")
+
+
+def public_copy(path: str, into: Path, ledger: Path | None) -> Path:
+    """A private copy of a public input, checked: the bytes a release reads are those the operator declared
+    public (the copy's sha256 against the registry; `ledger` None: test mode, unchecked). Reading the copy and
+    not the path closes the window in which the file could be swapped after a check (an audit swapped the
+    registered marginals for the data mid-run and released its exact table)."""
+    src = Path(data_source(path))
+    dst = into / src.name
+    if src.is_dir():
+        shutil.copytree(src, dst)
+    else:
+        shutil.copyfile(src, dst)
+    if ledger is not None:
+        registered = {r["path"]: r["sha256"] for r in PrivacyLedger(ledger).public_inputs()} if ledger.exists() else {}
+        if registered.get(str(src)) != content_sha256(dst):
+            raise ReleaseConflict(f"the public input {src} is not, or no longer, what the operator declared public "
+                                  f"(`dprelease public list`); nothing was released")
+    return dst
 
 
 def content_sha256(path: Path) -> str:

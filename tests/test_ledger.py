@@ -6,7 +6,7 @@ import pytest
 
 from dpalgos import accounting, dpkmeans
 from tasks.errors import BudgetExceeded, NoBudget, ReleaseConflict, ReleaseError
-from tasks.ledger import PrivacyLedger, data_source, require_budget, require_public
+from tasks.ledger import PrivacyLedger, data_source, public_copy, require_budget, require_public
 
 BUDGET = (1.0, 1e-6)
 
@@ -292,3 +292,39 @@ def test_how_a_dataset_is_read_is_bound_by_its_first_release(tmp_path):
         with pytest.raises(ReleaseConflict, match="is read as its first release read it"):
             require_budget("d", ledger.path, reading={**reading, **change})
     assert ledger.charge(release_id="r2", reading=reading, **kw).state == "charged"
+
+
+def test_one_data_source_is_one_dataset_id(tmp_path):
+    """The same records under two ids would have two budgets (the shipped Adult specs had three)."""
+    ledger = PrivacyLedger(tmp_path / "l.sqlite")
+    (tmp_path / "data").mkdir()
+    ledger.set_budget("a", *BUDGET, source=str(tmp_path / "data"))
+    for other in (tmp_path / "data", tmp_path / "data" / "part.csv", tmp_path):
+        with pytest.raises(ReleaseConflict, match="is dataset 'a''s"):
+            ledger.set_budget("b", *BUDGET, source=str(other))
+    ledger.set_budget("c", *BUDGET)  # no source yet: its first release binds it, under the same rule
+    kw = dict(kind="kmeans", fingerprint="f", event=dpkmeans.plan(epsilon=0.1, iterations=5).event())
+    with pytest.raises(ReleaseConflict, match="is dataset 'a''s"):
+        ledger.charge(dataset_id="c", release_id="r", source=str(tmp_path / "data" / "x.csv"), **kw)
+    ledger.charge(dataset_id="c", release_id="r", source=str(tmp_path / "elsewhere.csv"), **kw)
+
+
+def test_a_public_input_is_read_from_a_checked_private_copy(tmp_path):
+    """The audit's attack: the registered marginals swapped for the data mid-run, after the check at the start."""
+    ledger = PrivacyLedger(tmp_path / "l.sqlite")
+    public, data = tmp_path / "m1.csv", tmp_path / "data.csv"
+    public.write_text("a,count\nu,1\n")
+    data.write_text("a,count\nu,7\n")
+    ledger.register_public(str(public), "census")
+    (tmp_path / "c1").mkdir()
+    assert public_copy(str(public), tmp_path / "c1", ledger.path).read_text() == "a,count\nu,1\n"
+    public.unlink()
+    public.symlink_to(data)  # swapped after its registration
+    (tmp_path / "c2").mkdir()
+    with pytest.raises(ReleaseConflict, match="not, or no longer, what the operator declared public"):
+        public_copy(str(public), tmp_path / "c2", ledger.path)
+    public.unlink()
+    public.write_text("a,count\nu,7\n")  # or rewritten in place
+    (tmp_path / "c3").mkdir()
+    with pytest.raises(ReleaseConflict, match="not, or no longer, what the operator declared public"):
+        public_copy(str(public), tmp_path / "c3", ledger.path)

@@ -410,6 +410,7 @@ def test_more_clusters_than_rows_is_released_not_refused(tmp_path):
     assert s["status"] == "published" and [r["status"] for r in ledger().releases("blobs")] == ["published"]
 
 
+@pytest.mark.slow  # 17 s: tests/test_ledger.py checks the same refusal without a run
 def test_a_spec_cannot_make_a_file_public_by_naming_it(tmp_path):
     """The audit's attack: the data's own file named as its public marginals released the exact table (every
     cell 'consistent' with itself). A public input is one the operator declared public; the data cannot be."""
@@ -445,6 +446,7 @@ def test_a_malformed_public_sample_is_refused_before_the_charge(tmp_path):
     assert ledger().releases("cdr") == []
 
 
+@pytest.mark.slow  # 24 s: tests/test_ledger.py checks the same refusal without a run
 def test_a_spec_cannot_choose_how_the_data_is_parsed_once_a_release_has(tmp_path, csv_data):
     """A delimiter of the spec's choice made the parser's refusals answer questions about the data for free:
     the first release binds how the dataset is read, and a spec that reads it otherwise is refused before
@@ -480,3 +482,31 @@ def test_the_data_path_is_resolved_once_for_the_check_and_the_read(tmp_path, csv
     _run({**spec_dict(tmp_path, link), "release_id": "swap"})
     ingested = tmp_path / "runs" / "swap" / "internal" / "ingested"
     assert pq.ParquetDataset(ingested).read().num_rows == 3000
+
+
+@pytest.mark.slow  # 20 s: tests/test_ledger.py checks the copy without a run
+def test_public_marginals_swapped_after_the_check_are_refused_not_released(tmp_path, monkeypatch):
+    """The audit's attack: registered marginals swapped for the data file once the run had checked them
+    released the exact table. The kind reads a private copy, checked against the registration."""
+    import flows.release
+
+    data, public = tmp_path / "t.csv", tmp_path / "m0.csv"
+    data.write_text("a,count\nu,7\nv,3\n")
+    public.write_text("a,count\n,10\n")
+    PrivacyLedger(ledger().path).set_budget("t", 10.0, 1e-6, source=str(data))
+    ledger().register_public(str(public), "census")
+    checked = flows.release.preflight
+
+    def check_then_swap(*args):
+        checked(*args)
+        public.unlink()
+        public.symlink_to(data)
+    monkeypatch.setattr(flows.release, "preflight", check_then_swap)
+    d = {"dataset": {"id": "t", "path": str(data), "categories": {"a": ["u", "v"]}, "weight_column": "count",
+                     "weights_count_records": True},
+         "release": {"kind": "contingency", "epsilon": 0.5, "public_marginals": str(public),
+                     "public_marginals_source": "census"},
+         "output_dir": str(tmp_path / "runs"), "release_id": "swapped"}
+    with pytest.raises(ReleaseConflict, match="no longer, what the operator declared public"):
+        _run(d)
+    assert not (tmp_path / "runs" / "swapped" / "release").exists()

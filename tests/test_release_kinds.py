@@ -217,6 +217,7 @@ def test_set_valued_records_are_grouped_per_user_before_any_statistic(tmp_path):
     assert sum(pq.ParquetFile(f).metadata.num_rows for f in ingested.glob("*.parquet")) == 300
 
 
+@pytest.mark.slow  # 18 s: tests/test_sets.py checks the same on the ingest alone
 def test_kernel_kmeans_item_ids_outside_the_public_universe_are_left_out_not_refused(tmp_path):
     """An item_count below the data's largest id is a release of the public universe, not a free answer to "is
     the largest id below item_count?": the ids above it are left out and counted internally."""
@@ -243,7 +244,7 @@ def test_synthetic_release_with_more_clusters_than_records_is_made_not_refused(t
     assert _run({**d, "evaluate": False})["status"] == TEST_RUN
 
 
-@pytest.mark.parametrize("kind", ["kernel_kmeans", "synthetic"])
+@pytest.mark.parametrize("kind", ["kernel_kmeans", pytest.param("synthetic", marks=pytest.mark.slow)])
 def test_a_release_whose_records_are_all_outside_the_public_universe_is_made_from_noise(tmp_path, kind):
     """Refusing it would answer "is every id at or above item_count?", a bisection for the smallest id."""
     data = tmp_path / "t.dat"

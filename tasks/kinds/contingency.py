@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import tempfile
 from pathlib import Path
 from typing import Literal
 
@@ -15,6 +16,7 @@ from dpalgos import contingency
 from tasks.errors import InputError
 from tasks.kinds import counts
 from tasks.kinds.base import Draw, ReleaseKind
+from tasks.ledger import public_copy
 from tasks.params import ConsistencyBase
 
 class ContingencyParams(ConsistencyBase):
@@ -51,11 +53,14 @@ def table_of(spec) -> contingency.Table:
     return contingency.Table(tuple(cats), tuple(tuple(v) for v in cats.values()))
 
 
-def read_public_marginals(path: str | Path, table: contingency.Table) -> tuple[list[dict], np.ndarray]:
+def read_public_marginals(path: str | Path, table: contingency.Table, ledger: Path | None = None
+                          ) -> tuple[list[dict], np.ndarray]:
     """The public marginals file: one column per attribute (an empty value sums the attribute out) and
-    `count`. Returns the marginal cells as {attribute: level} and their counts."""
+    `count`. Returns the marginal cells as {attribute: level} and their counts. Read from a private copy
+    checked against the operator's declaration (`public_copy`; `ledger` None: test mode)."""
     try:
-        frame = pd.read_csv(path, dtype=str, keep_default_na=False)
+        with tempfile.TemporaryDirectory() as tmp:
+            frame = pd.read_csv(public_copy(str(path), Path(tmp), ledger), dtype=str, keep_default_na=False)
     except (OSError, pd.errors.ParserError, pd.errors.EmptyDataError) as exc:
         raise InputError(f"cannot read the public marginals {path}: {exc}") from None
     unknown = [c for c in frame.columns if c != "count" and c not in table.names]
@@ -110,7 +115,8 @@ class ContingencyKind(ReleaseKind):
 
     def _marginals(self, spec):
         p, table = spec.release, table_of(spec)
-        marginals, values = (read_public_marginals(p.public_marginals, table) if p.public_marginals
+        ledger = None if spec.test_mode else Path(spec.ledger_path)
+        marginals, values = (read_public_marginals(p.public_marginals, table, ledger) if p.public_marginals
                              else ([], np.zeros(0)))
         A = table.constraint_matrix(marginals)
         try:

@@ -27,6 +27,7 @@ from dpalgos import kernel_kmeans as kk
 from dpalgos import lloyd
 from tasks.errors import InputError
 from tasks.kinds.base import Draw, ReleaseKind
+from tasks.ledger import public_copy
 from tasks.params import ReleaseBase
 from tasks.partitions import Partitioned, current_client
 from tasks.run import read_meta
@@ -91,9 +92,10 @@ def check_public_sample(spec) -> None:
 def public_records(spec, limit: int = 20_000) -> sp.csr_matrix:
     """The PUBLIC sample of the spec as CSR (first `limit` records)."""
     ds = spec.dataset
-    src = Path(spec.release.public_sample)
-    fmt = "parquet" if src.is_dir() or src.suffix == ".parquet" else "transactions"
     with tempfile.TemporaryDirectory() as tmp:
+        # a private copy checked against the operator's declaration (test mode: unchecked)
+        src = public_copy(spec.release.public_sample, Path(tmp), None if spec.test_mode else Path(spec.ledger_path))
+        fmt = "parquet" if src.is_dir() or src.suffix == ".parquet" else "transactions"
         ingest_sets(src, fmt, ds.items_column, Path(tmp) / "public", item_count=ds.item_count)
         parts = [read_sets(str(f), ds.items_column, ds.item_count) for f in parquet_files(Path(tmp) / "public")]
     X = sp.vstack(parts).tocsr()

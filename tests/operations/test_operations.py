@@ -111,7 +111,7 @@ def test_prefect_deployment_run_publishes_a_release(prefect_server, tmp_path):
     assert not (out / "override").exists()
     assert all(code == 0 and "Completed" in text for code, text in outputs), \
         [text[-1500:] for _, text in outputs] + [(tmp_path / "worker.log").read_text()[-3000:]]
-    release_id = "example-sensors-20261120"
+    release_id = "example-sensors-kmeans-20261120"
     run = out / release_id
     manifest = json.loads((run / "release" / "manifest.json").read_text())
     assert manifest["privacy"]["epsilon"] == pytest.approx(1.0) and manifest["dataset_id"] == "example-sensors"
