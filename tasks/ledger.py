@@ -423,6 +423,7 @@ def public_copy(path: str, into: Path, ledger: Path | None) -> Path:
     not the path closes the window in which the file could be swapped after a check (an audit swapped the
     registered marginals for the data mid-run and released its exact table)."""
     src = Path(data_source(path))
+    into.mkdir(parents=True, exist_ok=True)
     dst = into / src.name
     if src.is_dir():
         shutil.copytree(src, dst)

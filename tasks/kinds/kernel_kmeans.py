@@ -94,7 +94,8 @@ def public_records(spec, limit: int = 20_000) -> sp.csr_matrix:
     ds = spec.dataset
     with tempfile.TemporaryDirectory() as tmp:
         # a private copy checked against the operator's declaration (test mode: unchecked)
-        src = public_copy(spec.release.public_sample, Path(tmp), None if spec.test_mode else Path(spec.ledger_path))
+        src = public_copy(spec.release.public_sample, Path(tmp) / "source",
+                          None if spec.test_mode else Path(spec.ledger_path))
         fmt = "parquet" if src.is_dir() or src.suffix == ".parquet" else "transactions"
         ingest_sets(src, fmt, ds.items_column, Path(tmp) / "public", item_count=ds.item_count)
         parts = [read_sets(str(f), ds.items_column, ds.item_count) for f in parquet_files(Path(tmp) / "public")]
