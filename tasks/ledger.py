@@ -352,6 +352,15 @@ class PrivacyLedger:
         db.execute("UPDATE budgets SET source=COALESCE(source, ?), reading=COALESCE(reading, ?) WHERE dataset_id=?",
                    (source, None if reading is None else json.dumps(reading, sort_keys=True), dataset_id))
 
+    def bind(self, dataset_id: str, source: str, reading: dict | None) -> None:
+        """Bind a dataset with no source or reading yet to these, committed at once: a run's check before it
+        reads the data, so that a run refused while reading (never charged) still fixes how the dataset is read
+        (an audit probed the data with one delimiter after another until a release first succeeded). Refuses
+        as `charge` would for a dataset bound otherwise."""
+        with self._transaction(immediate=True) as db:
+            self._budget_locked(db, dataset_id)
+            self._bind_locked(db, dataset_id, data_source(source), reading)
+
     def reading(self, dataset_id: str) -> dict | None:
         """How the dataset's data is read, as its first release bound it (None: not yet)."""
         with self._transaction() as db:

@@ -61,7 +61,10 @@ class DatasetSpec(Strict):
         None, description="default: from the file suffix; transactions: one record per line, item ids separated "
                           "by spaces (optionally gzipped)")
     header: bool | None = Field(None, description="CSV only; default: detected from the first line")
-    delimiter: str | None = Field(None, description="CSV only; default: ',' or tab if present, else whitespace")
+    delimiter: str | None = Field(None, min_length=1, max_length=1,
+                                  description="CSV only, one character (a longer one would be a pattern: an audit "
+                                              "made the parser's refusals answer substring queries with one); "
+                                              "default: ',' or tab if present, else whitespace")
     bounds: dict[str, tuple[float, float]] | None = None
     numeric: list[str] | None = Field(None, description="numeric columns WITHOUT public bounds (FriendlyCore "
                                                         "kinds need none); refused by kinds that need bounds")

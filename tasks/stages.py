@@ -107,7 +107,9 @@ def preflight(spec: ReleaseSpec, release_id: str, run: RunPaths) -> None:
     except accounting.CalibrationError as exc:  # public parameters only: the spec's problem
         raise SpecError(f"invalid release spec: {exc}") from None
     if not spec.test_mode:
-        _charge(PrivacyLedger(spec.ledger_path), spec, release_id, run, plan, None, dry_run=True)
+        ledger = PrivacyLedger(spec.ledger_path)
+        ledger.bind(spec.dataset.id, spec.dataset.path, dataset_reading(spec.dataset))
+        _charge(ledger, spec, release_id, run, plan, None, dry_run=True)
 
 
 def _stored_measurements(spec: ReleaseSpec, release_id: str, run: RunPaths) -> bool:

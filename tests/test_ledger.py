@@ -328,3 +328,16 @@ def test_a_public_input_is_read_from_a_checked_private_copy(tmp_path):
     (tmp_path / "c3").mkdir()
     with pytest.raises(ReleaseConflict, match="not, or no longer, what the operator declared public"):
         public_copy(str(public), tmp_path / "c3", ledger.path)
+
+
+def test_a_run_refused_while_reading_still_fixes_how_the_dataset_is_read(tmp_path):
+    """The third audit probed with one delimiter after another, each refused while reading (never charged), until
+    a release first succeeded: the binding is committed by the run's check, before it reads the data."""
+    ledger = PrivacyLedger(tmp_path / "l.sqlite")
+    ledger.set_budget("d", *BUDGET, source=str(tmp_path / "d.csv"))
+    reading = {"format": "csv", "header": False, "delimiter": ";", "user_column": None, "weight_column": None,
+               "weights_count_records": False}
+    ledger.bind("d", str(tmp_path / "d.csv"), reading)  # the probe's check; its read then fails, no charge
+    assert ledger.reading("d") == reading and ledger.releases("d") == []
+    with pytest.raises(ReleaseConflict, match="is read as its first release read it"):
+        ledger.bind("d", str(tmp_path / "d.csv"), {**reading, "delimiter": "|"})

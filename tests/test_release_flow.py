@@ -510,3 +510,15 @@ def test_public_marginals_swapped_after_the_check_are_refused_not_released(tmp_p
     with pytest.raises(ReleaseConflict, match="no longer, what the operator declared public"):
         _run(d)
     assert not (tmp_path / "runs" / "swapped" / "release").exists()
+
+
+def test_a_probe_refused_while_reading_fixes_the_reading_for_the_next(tmp_path, csv_data):
+    """The third audit: delimiters probed one after another, each refused while reading and so never charged."""
+    d = spec_dict(tmp_path, csv_data)
+    probe = {**d, "dataset": {**d["dataset"], "delimiter": ";", "header": False}, "release_id": "probe-1"}
+    with pytest.raises(InputError):
+        _run(probe)
+    again = {**probe, "dataset": {**probe["dataset"], "delimiter": "|"}, "release_id": "probe-2"}
+    with pytest.raises(ReleaseConflict, match="is read as its first release read it"):
+        _run(again)
+    assert ledger().releases("blobs") == [] and not (tmp_path / "runs" / "probe-2").exists()
