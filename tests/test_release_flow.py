@@ -309,8 +309,9 @@ def test_no_raw_value_reaches_logs_exceptions_or_flow_states(tmp_path, caplog, m
     from flows.release import release
 
     caplog.set_level(logging.INFO)
-    budget("c")
-    bad = write_parquet(tmp_path / "bad.parquet", {"a": ["u"] * 1235 + [PLANTED, None], "count": np.ones(1237)})
+    (tmp_path / "c").mkdir()  # the contingency's data: both its files, one bound source
+    PrivacyLedger(ledger().path).set_budget("c", 10.0, 1e-6, source=str(tmp_path / "c"))
+    bad = write_parquet(tmp_path / "c" / "bad.parquet", {"a": ["u"] * 1235 + [PLANTED, None], "count": np.ones(1237)})
     d = {"dataset": {"id": "c", "path": str(bad), "categories": {"a": ["u", "v"]}, "weight_column": "count",
                      "weights_count_records": True},
          "release": {"kind": "contingency", "epsilon": 1.0},
@@ -326,7 +327,7 @@ def test_no_raw_value_reaches_logs_exceptions_or_flow_states(tmp_path, caplog, m
     assert list((tmp_path / "runs" / ".quarantine").glob("planted-*/contracts/ingested.json"))
 
     caplog.clear()
-    outside = write_parquet(tmp_path / "outside.parquet", {"a": ["u"] * 1236 + [PLANTED], "count": np.ones(1237)})
+    outside = write_parquet(tmp_path / "c" / "outside.parquet", {"a": ["u"] * 1236 + [PLANTED], "count": np.ones(1237)})
     caplog.clear()  # a level outside the public ones is left out: a release, and nothing of it in the texts
     state = release(spec=parse_spec({**d, "dataset": {**d["dataset"], "path": str(outside)}, "release_id": "left-out"}),
                     return_state=True)
