@@ -72,13 +72,14 @@ def period_key(start: datetime, period: Period) -> str:
 
 
 def default_release_id(spec: ReleaseSpec, period: Period | None) -> str:
-    """A scheduled release is <dataset>-<period of its scheduled start>: every run of one period (a backlog of
-    missed runs, a manual retry after midnight, two runs started at once) is the same release id, which the
-    ledger draws once. Other runs: <dataset>-<scheduled start>-<flow run id prefix>, both fixed when the flow
-    run is created, so stable under Prefect's retries of the same flow run."""
+    """A scheduled release is <dataset>-<kind>-<period of its scheduled start>: every run of one period (a backlog
+    of missed runs, a manual retry after midnight, two runs started at once) is the same release id, which the
+    ledger draws once; the kind keeps apart the deployments of one dataset (one data source is one dataset id).
+    Other runs: <dataset>-<scheduled start>-<flow run id prefix>, both fixed when the flow run is created, so
+    stable under Prefect's retries of the same flow run."""
     start = flow_run.scheduled_start_time or datetime.now(timezone.utc)
     if period is not None:
-        return f"{spec.dataset.id}-{period_key(start, period)}"
+        return f"{spec.dataset.id}-{spec.release.kind}-{period_key(start, period)}"
     return f"{spec.dataset.id}-{start.astimezone(timezone.utc):%Y%m%dT%H%M%S}-{str(flow_run.get_id() or 'local')[:8]}"
 
 
