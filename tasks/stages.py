@@ -100,7 +100,8 @@ def measure(spec: ReleaseSpec, release_id: str, run: RunPaths, prepared: StageOu
 def preflight(spec: ReleaseSpec, release_id: str, run: RunPaths) -> None:
     """Every refusal of the charge, made before the data is read: a refusal that came after reading it (a
     level outside the public ones, a malformed record) would answer a question about the data for free, and
-    for a spec over the budget as often as it is asked. Records nothing."""
+    for a spec over the budget as often as it is asked. Records no spend; binds the dataset to its source and
+    reading if nothing has (`PrivacyLedger.bind`)."""
     _stored_measurements(spec, release_id, run)
     try:
         plan = kind_of(spec).plan(spec)
