@@ -14,6 +14,7 @@ import pytest
 
 from data_contracts import ContractViolation
 from dpalgos import domain, leekifer, metrics
+import flows.release
 from flows.release import TEST_RUN
 from tasks.errors import BudgetExceeded, InputError, ReleaseConflict, StageFailed
 from tasks.kinds import kind_of
@@ -418,13 +419,8 @@ def test_a_spec_cannot_make_a_file_public_by_naming_it(tmp_path):
     data = tmp_path / "t.csv"
     data.write_text("a,count\nu,7\nv,3\n")
     PrivacyLedger(ledger().path).set_budget("t", 10.0, 1e-6, source=str(data))
-    d = {"dataset": {"id": "t", "path": str(data), "categories": {"a": ["u", "v"]}, "weight_column": "count",
-                     "weights_count_records": True},
-         "release": {"kind": "contingency", "epsilon": 0.01, "public_marginals": str(data),
-                     "public_marginals_source": "census"},
-         "output_dir": str(tmp_path / "runs"), "release_id": "self-public"}
     with pytest.raises(ReleaseConflict, match="was not declared public"):
-        _run(d)
+        _run(_contingency(tmp_path, data, data, "self-public", 0.01))
     assert not (tmp_path / "runs" / "self-public").exists() and ledger().releases("t") == []
     with pytest.raises(ReleaseConflict, match="holds the data of dataset 't'"):
         ledger().register_public(str(data), "census")
@@ -464,8 +460,6 @@ def test_a_spec_cannot_choose_how_the_data_is_parsed_once_a_release_has(tmp_path
 def test_the_data_path_is_resolved_once_for_the_check_and_the_read(tmp_path, csv_data, monkeypatch):
     """An audit swapped a symlink between the ledger's check of the bound source and the ingest: the run reads
     the file the check resolved."""
-    import flows.release
-
     (tmp_path / "bound").mkdir()
     real = tmp_path / "bound" / "blobs.csv"
     shutil.copy(csv_data, real)
@@ -473,13 +467,7 @@ def test_the_data_path_is_resolved_once_for_the_check_and_the_read(tmp_path, csv
     link = tmp_path / "bound" / "current.csv"
     link.symlink_to(real)
     PrivacyLedger(ledger().path).set_budget("blobs", 10.0, 1e-6, source=str(tmp_path / "bound"))
-    checked = flows.release.preflight
-
-    def check_then_swap(*args):
-        checked(*args)
-        link.unlink()
-        link.symlink_to(other)
-    monkeypatch.setattr(flows.release, "preflight", check_then_swap)
+    _swap_after_the_check(monkeypatch, link, other)
     _run({**spec_dict(tmp_path, link), "release_id": "swap"})
     ingested = tmp_path / "runs" / "swap" / "internal" / "ingested"
     assert pq.ParquetDataset(ingested).read().num_rows == 3000
@@ -489,27 +477,14 @@ def test_the_data_path_is_resolved_once_for_the_check_and_the_read(tmp_path, csv
 def test_public_marginals_swapped_after_the_check_are_refused_not_released(tmp_path, monkeypatch):
     """The audit's attack: registered marginals swapped for the data file once the run had checked them
     released the exact table. The kind reads a private copy, checked against the registration."""
-    import flows.release
-
     data, public = tmp_path / "t.csv", tmp_path / "m0.csv"
     data.write_text("a,count\nu,7\nv,3\n")
     public.write_text("a,count\n,10\n")
     PrivacyLedger(ledger().path).set_budget("t", 10.0, 1e-6, source=str(data))
     ledger().register_public(str(public), "census")
-    checked = flows.release.preflight
-
-    def check_then_swap(*args):
-        checked(*args)
-        public.unlink()
-        public.symlink_to(data)
-    monkeypatch.setattr(flows.release, "preflight", check_then_swap)
-    d = {"dataset": {"id": "t", "path": str(data), "categories": {"a": ["u", "v"]}, "weight_column": "count",
-                     "weights_count_records": True},
-         "release": {"kind": "contingency", "epsilon": 0.5, "public_marginals": str(public),
-                     "public_marginals_source": "census"},
-         "output_dir": str(tmp_path / "runs"), "release_id": "swapped"}
+    _swap_after_the_check(monkeypatch, public, data)
     with pytest.raises(ReleaseConflict, match="no longer, what the operator declared public"):
-        _run(d)
+        _run(_contingency(tmp_path, data, public, "swapped", 0.5))
     assert not (tmp_path / "runs" / "swapped" / "release").exists()
 
 
@@ -523,3 +498,23 @@ def test_a_probe_refused_while_reading_fixes_the_reading_for_the_next(tmp_path, 
     with pytest.raises(ReleaseConflict, match="is read as its first release read it"):
         _run(again)
     assert ledger().releases("blobs") == [] and not (tmp_path / "runs" / "probe-2").exists()
+
+
+def _contingency(tmp_path, data, public, release_id: str, epsilon: float) -> dict:
+    """A contingency release of the two-level column `a` (weights count records) with public marginals."""
+    return {"dataset": {"id": "t", "path": str(data), "categories": {"a": ["u", "v"]}, "weight_column": "count",
+                        "weights_count_records": True},
+            "release": {"kind": "contingency", "epsilon": epsilon, "public_marginals": str(public),
+                        "public_marginals_source": "census"},
+            "output_dir": str(tmp_path / "runs"), "release_id": release_id}
+
+
+def _swap_after_the_check(monkeypatch, link, target) -> None:
+    """Point `link` at `target` right after the run's check (the audits' race, made deterministic)."""
+    checked = flows.release.preflight
+
+    def check_then_swap(*args):
+        checked(*args)
+        link.unlink()
+        link.symlink_to(target)
+    monkeypatch.setattr(flows.release, "preflight", check_then_swap)
