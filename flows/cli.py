@@ -202,10 +202,17 @@ def cmd_generate(args) -> int:
     return 0
 
 
-def cmd_budget_show(args) -> int:
-    from tasks.ledger import PrivacyLedger, configured_path
+def _ledger_arg(args) -> str:
+    """--ledger, else the machine's configured ledger."""
+    from tasks.ledger import configured_path
 
-    args.ledger = args.ledger or str(configured_path())
+    return args.ledger or str(configured_path())
+
+
+def cmd_budget_show(args) -> int:
+    from tasks.ledger import PrivacyLedger
+
+    args.ledger = _ledger_arg(args)
     if not Path(args.ledger).exists():
         print(f"error: no privacy ledger at {args.ledger}", file=sys.stderr)
         return 1
@@ -236,9 +243,9 @@ def cmd_budget_show(args) -> int:
 
 
 def cmd_budget_set(args) -> int:
-    from tasks.ledger import PrivacyLedger, configured_path
+    from tasks.ledger import PrivacyLedger
 
-    args.ledger = args.ledger or str(configured_path())
+    args.ledger = _ledger_arg(args)
     ledger = PrivacyLedger(args.ledger)
     if args.source is None and ledger.source(args.dataset) is None:
         print(f"error: dataset '{args.dataset}' is bound to no data yet: give its --source (the file or folder its "
@@ -252,9 +259,9 @@ def cmd_budget_set(args) -> int:
 
 def cmd_public_register(args) -> int:
     from tasks.errors import ReleaseConflict
-    from tasks.ledger import PrivacyLedger, configured_path
+    from tasks.ledger import PrivacyLedger
 
-    args.ledger = args.ledger or str(configured_path())
+    args.ledger = _ledger_arg(args)
     if not Path(args.path).exists():
         print(f"error: {args.path} does not exist", file=sys.stderr)
         return 2
@@ -268,9 +275,9 @@ def cmd_public_register(args) -> int:
 
 
 def cmd_public_list(args) -> int:
-    from tasks.ledger import PrivacyLedger, configured_path
+    from tasks.ledger import PrivacyLedger
 
-    args.ledger = args.ledger or str(configured_path())
+    args.ledger = _ledger_arg(args)
     rows = PrivacyLedger(args.ledger).public_inputs() if Path(args.ledger).exists() else []
     for r in rows:
         print(f"{r['path']}  sha256 {r['sha256'][:16]}...  {r['source']}  (registered {r['registered_at']})")

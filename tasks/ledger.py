@@ -153,12 +153,12 @@ class PrivacyLedger:
         """Declare a file (or folder) public, with where it comes from: an operator's decision, as a budget is.
         Refused for the data of a dataset (a bound source, or inside one). Returns its sha256."""
         where = data_source(path)
+        digest = content_sha256(Path(where))  # before the ledger's lock: a folder may take a while to read
         with self._transaction(immediate=True) as db:
             for row in db.execute("SELECT dataset_id, source FROM budgets WHERE source IS NOT NULL"):
                 if within(where, row["source"]) or within(row["source"], where):
                     raise ReleaseConflict(f"{where} holds the data of dataset '{row['dataset_id']}': it cannot "
                                           f"be declared public")
-            digest = content_sha256(Path(where))
             db.execute("INSERT INTO public_inputs VALUES (?, ?, ?, ?) ON CONFLICT(path) DO UPDATE SET "
                        "sha256=excluded.sha256, source=excluded.source, registered_at=excluded.registered_at",
                        (where, digest, source, _now()))
