@@ -124,13 +124,15 @@ def _run_release(spec, args, log_file: Path) -> int:
 def _example_ledger(spec, quiet: bool = False) -> None:
     """The example draws on its own ledger, beside its outputs, with a budget it registers itself."""
     from tasks.ledger import LEDGER_ENV, PrivacyLedger
+    from tasks.params import dataset_reading
 
     path = (Path(spec.output_dir) / "example-privacy-ledger.sqlite").resolve()
     path.parent.mkdir(parents=True, exist_ok=True)
     os.environ[LEDGER_ENV] = str(path)
     ledger = PrivacyLedger(path)
     if ledger.budget(spec.dataset.id) is None:
-        ledger.set_budget(spec.dataset.id, *EXAMPLE_BUDGET, source=spec.dataset.path)
+        ledger.set_budget(spec.dataset.id, *EXAMPLE_BUDGET, source=spec.dataset.path,
+                          reading=dataset_reading(spec.dataset))
     if not quiet:
         print(f"the example uses its own ledger {path}, where it registered dataset '{spec.dataset.id}' with a "
               f"lifetime budget epsilon={EXAMPLE_BUDGET[0]:g}, delta={EXAMPLE_BUDGET[1]:g}", flush=True)
@@ -231,7 +233,8 @@ def cmd_budget_show(args) -> int:
         return 0
     print(f"dataset '{args.dataset}'  ledger {args.ledger}")
     print(f"  data source      {ledger.source(args.dataset) or '(none yet: bound by its first release)'}")
-    print(f"  read as          {ledger.reading(args.dataset) or '(bound by its first release)'}")
+    unbound = "(not bound yet: by its first release, or by `budget set --reading-from SPEC`)"
+    print(f"  read as          {ledger.reading(args.dataset) or unbound}")
     print(f"  lifetime budget  epsilon={budget[0]:g}  delta={budget[1]:g}")
     print(f"  spent            epsilon={spent.epsilon:.6g}  delta={spent.delta:g}  ({spent.method})")
     print(f"  remaining        epsilon={max(budget[0] - spent.epsilon, 0.0):.6g}")
@@ -243,6 +246,7 @@ def cmd_budget_show(args) -> int:
 
 
 def cmd_budget_set(args) -> int:
+    from tasks.errors import ReleaseConflict, SpecError
     from tasks.ledger import PrivacyLedger
 
     args.ledger = _ledger_arg(args)
@@ -251,10 +255,38 @@ def cmd_budget_set(args) -> int:
         print(f"error: dataset '{args.dataset}' is bound to no data yet: give its --source (the file or folder its "
               f"releases read; a dataset id spends the budget of its own data only)", file=sys.stderr)
         return 2
-    ledger.set_budget(args.dataset, args.epsilon, args.delta, source=args.source)
+    try:
+        source = args.source or ledger.source(args.dataset)
+        reading = _reading_of(args.reading_from, args.dataset, source) if args.reading_from else None
+        ledger.set_budget(args.dataset, args.epsilon, args.delta, source=args.source, reading=reading)
+    except SpecError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except ReleaseConflict as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
     print(f"dataset '{args.dataset}' ({ledger.source(args.dataset)}): lifetime budget set to epsilon={args.epsilon:g}, "
           f"delta={args.delta:g} in {args.ledger}")
+    bound = ledger.reading(args.dataset)
+    print(f"  read as {bound}" if bound else "  how its data is read is not bound yet: its first release will bind "
+          "it (bind it now with --reading-from SPEC, a spec you reviewed)")
     return 0
+
+
+def _reading_of(spec_path: str, dataset_id: str, source: str) -> dict:
+    """The reading (`tasks.params.dataset_reading`) of a spec's dataset section, which must be the dataset's."""
+    from tasks.errors import SpecError
+    from tasks.ledger import data_source, within
+    from tasks.params import dataset_reading
+    from tasks.spec import load_spec
+
+    dataset = load_spec(spec_path).dataset
+    if dataset.id != dataset_id:
+        raise SpecError(f"--reading-from {spec_path} is a spec of dataset '{dataset.id}', not '{dataset_id}'")
+    if not within(data_source(dataset.path), data_source(source)):
+        raise SpecError(f"--reading-from {spec_path} reads {data_source(dataset.path)}, not the dataset's data "
+                        f"{data_source(source)}")
+    return dataset_reading(dataset)
 
 
 def cmd_public_register(args) -> int:
@@ -421,6 +453,11 @@ def build_parser() -> argparse.ArgumentParser:
                       help="the data the dataset id stands for: a file, a folder (releases may read anything "
                            "inside it) or a built-in dataset's name; required the first time, kept when omitted "
                            "after. A release that reads other data under this id is refused")
+    setb.add_argument("--reading-from", metavar="SPEC", default=None,
+                      help="bind how the data is read (format, header, delimiter, user_column, weight_column, "
+                           "weights_count_records) to this spec's dataset section, which you reviewed: a release "
+                           "that reads it otherwise is refused. Without it the dataset's first release binds them. "
+                           "Changeable until the dataset's first release")
     setb.add_argument("--ledger", default=None, help="ledger file (default: $DPRELEASE_LEDGER, config.toml, or "
                                                      "~/.local/state/dprelease/privacy-ledger.sqlite)")
     setb.set_defaults(func=cmd_budget_set)

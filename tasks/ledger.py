@@ -135,19 +135,37 @@ class PrivacyLedger:
         finally:
             db.close()
 
-    def set_budget(self, dataset_id: str, epsilon: float, delta: float, source: str | None = None) -> None:
+    def set_budget(self, dataset_id: str, epsilon: float, delta: float, source: str | None = None,
+                   reading: dict | None = None) -> None:
         """Set (or change) a dataset's lifetime budget: an explicit operator decision. `source` binds the dataset
         id to its data (`data_source`; None keeps the bound one; a budget bound to none is bound by its first
-        release)."""
+        release); `reading` (`tasks.params.dataset_reading`) binds how its data is read, else its first release
+        does. A reading differs from the bound one only while the dataset has no release: a release's privacy
+        unit is what the reading makes one record, and releases of two units do not compose."""
         if not (math.isfinite(epsilon) and epsilon > 0) or not 0 <= delta < 1:
             raise ValueError(f"need a finite epsilon > 0 and 0 <= delta < 1, got ({epsilon}, {delta})")
         with self._transaction(immediate=True) as db:
             if source is not None:
                 self._one_id_per_source_locked(db, dataset_id, data_source(source))
-            db.execute("INSERT INTO budgets (dataset_id, epsilon, delta, updated_at, source) VALUES (?, ?, ?, ?, ?) "
-                       "ON CONFLICT(dataset_id) DO UPDATE SET epsilon=excluded.epsilon, delta=excluded.delta, "
-                       "updated_at=excluded.updated_at, source=COALESCE(excluded.source, budgets.source)",
-                       (dataset_id, epsilon, delta, _now(), None if source is None else data_source(source)))
+            if reading is not None:
+                self._check_rebinding_locked(db, dataset_id, reading)
+            db.execute("INSERT INTO budgets (dataset_id, epsilon, delta, updated_at, source, reading) "
+                       "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT(dataset_id) DO UPDATE SET epsilon=excluded.epsilon, "
+                       "delta=excluded.delta, updated_at=excluded.updated_at, "
+                       "source=COALESCE(excluded.source, budgets.source), "
+                       "reading=COALESCE(excluded.reading, budgets.reading)",
+                       (dataset_id, epsilon, delta, _now(), None if source is None else data_source(source),
+                        None if reading is None else json.dumps(reading, sort_keys=True)))
+
+    @staticmethod
+    def _check_rebinding_locked(db, dataset_id: str, reading: dict) -> None:
+        row = db.execute("SELECT reading FROM budgets WHERE dataset_id=?", (dataset_id,)).fetchone()
+        if row is None or row["reading"] is None or json.loads(row["reading"]) == reading:
+            return
+        if db.execute("SELECT 1 FROM spends WHERE dataset_id=? LIMIT 1", (dataset_id,)).fetchone():
+            raise ReleaseConflict(reading_conflict_message(
+                dataset_id, json.loads(row["reading"]), reading, asker="the new reading",
+                outcome="The dataset has releases, whose privacy unit is the bound reading's: nothing was changed"))
 
     def register_public(self, path: str, source: str) -> str:
         """Declare a file (or folder) public, with where it comes from: an operator's decision, as a budget is.
@@ -203,7 +221,7 @@ class PrivacyLedger:
         source : the data the release reads (`data_source`): it must be the dataset's bound source or inside it;
         a dataset bound to none is bound to it here. Without it (the ledger's own tests) nothing is checked.
         reading : how the release reads the data and what one record is (`tasks.params.dataset_reading`): bound
-        by the dataset's first release, then the same for every release of it.
+        by the operator (`set_budget`) or else by the dataset's first release, then the same for every release.
         """
         with self._transaction(immediate=True, keep=not dry_run) as db:
             bud_eps, bud_delta = self._budget_locked(db, dataset_id)
@@ -362,7 +380,7 @@ class PrivacyLedger:
             self._bind_locked(db, dataset_id, data_source(source), reading)
 
     def reading(self, dataset_id: str) -> dict | None:
-        """How the dataset's data is read, as its first release bound it (None: not yet)."""
+        """How the dataset's data is read, as the operator or its first release bound it (None: not yet)."""
         with self._transaction() as db:
             row = db.execute("SELECT reading FROM budgets WHERE dataset_id=?", (dataset_id,)).fetchone()
         return json.loads(row["reading"]) if row and row["reading"] else None
@@ -397,13 +415,14 @@ def require_budget(dataset_id: str, path: Path | None = None, source: str | None
     return budget
 
 
-def reading_conflict_message(dataset_id: str, bound: dict, reading: dict) -> str:
+def reading_conflict_message(dataset_id: str, bound: dict, reading: dict, asker: str = "this spec",
+                             outcome: str = "Nothing was run") -> str:
     changed = {k: reading.get(k) for k in sorted(set(bound) | set(reading)) if bound.get(k) != reading.get(k)}
     was = ", ".join(f"{k}={bound.get(k)!r}" for k in changed)
     asked = ", ".join(f"{k}={v!r}" for k, v in changed.items())
-    return (f"dataset '{dataset_id}' is read as its first release read it ({was}); this spec asks {asked}: how a "
+    return (f"dataset '{dataset_id}' is read as bound to its budget ({was}); {asker} asks {asked}: how a "
             f"dataset is parsed and what one record is are fixed for its budget (otherwise a spec's choice of them "
-            f"would make the data's refusals answer its questions). Nothing was run")
+            f"would make the data's refusals answer its questions). {outcome}")
 
 
 def require_public(paths: list[str], path: Path | None = None) -> None:

@@ -24,8 +24,8 @@ ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
 PUBLIC_INPUTS = ("public_sample", "public_marginals")
 
 
-#: How a dataset is parsed and what one record (the privacy unit) is: bound to the dataset by its first release
-#: (`tasks.ledger`), so that a spec cannot vary them (a delimiter of its choice turned the parser's refusals
+#: How a dataset is parsed and what one record (the privacy unit) is: bound to the dataset by the operator
+#: (`dprelease budget set --reading-from SPEC`) or else by its first release (`tasks.ledger`), so that a spec cannot vary them (a delimiter of its choice turned the parser's refusals
 #: into substring queries on the data; a user column or `weights_count_records` of its choice would redefine
 #: the neighbouring relation).
 READING_FIELDS = ("format", "header", "delimiter", "user_column", "weight_column", "weights_count_records")

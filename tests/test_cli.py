@@ -160,6 +160,30 @@ def test_the_terminal_summary_names_the_evaluation_but_shows_none_of_its_figures
     assert str(evaluation) in text and "11.78" not in text and "MSE" not in text
 
 
+def test_the_operator_binds_how_the_data_is_read_before_any_release_does(tmp_path):
+    """Bound by the first release only, the reading was trust on first use: whoever ran first chose the
+    delimiter, the user column, what one record is (a probe that the binding then kept)."""
+    data = write_csv(tmp_path / "b.csv", blobs(50))
+    for name, change in (("reviewed", {}), ("probe", {"delimiter": ";"}), ("other-id", {"id": "other"}),
+                         ("other-data", {"path": str(tmp_path / "c.csv")})):
+        d = spec_dict(tmp_path, data)
+        d["dataset"].update(change)
+        (tmp_path / f"{name}.yaml").write_text(yaml.safe_dump(d))
+
+    def budget_set(spec):
+        return dprelease("budget", "set", "blobs", "--epsilon", "1", "--source", str(data), "--reading-from",
+                         str(tmp_path / spec), cwd=tmp_path)
+
+    for spec, problem in (("other-id.yaml", "is a spec of dataset 'other'"), ("other-data.yaml", "not the dataset's data")):
+        refused = budget_set(spec)
+        assert refused.returncode == 2 and problem in refused.stderr and len(refused.stderr.splitlines()) == 1
+    bound = budget_set("reviewed.yaml")
+    assert bound.returncode == 0 and "'delimiter': None" in bound.stdout
+    probe = dprelease("run", str(tmp_path / "probe.yaml"), cwd=tmp_path)
+    assert probe.returncode == 2 and "is read as bound to its budget (delimiter=None)" in probe.stderr
+    assert len(probe.stderr.strip().splitlines()) == 1 and not (tmp_path / "runs").exists()
+
+
 def test_a_budget_is_set_for_named_data_and_a_release_of_other_data_is_refused(tmp_path):
     no_source = dprelease("budget", "set", "blobs", "--epsilon", "1")
     assert no_source.returncode == 2 and "--source" in no_source.stderr

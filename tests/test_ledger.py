@@ -287,11 +287,32 @@ def test_how_a_dataset_is_read_is_bound_by_its_first_release(tmp_path):
               source=str(tmp_path / "d.csv"))
     ledger.charge(release_id="r1", reading=reading, **kw)
     for change in ({"delimiter": "5"}, {"header": True}, {"weights_count_records": True}):
-        with pytest.raises(ReleaseConflict, match="is read as its first release read it"):
+        with pytest.raises(ReleaseConflict, match="is read as bound to its budget"):
             ledger.charge(release_id="r2", reading={**reading, **change}, **kw)
-        with pytest.raises(ReleaseConflict, match="is read as its first release read it"):
+        with pytest.raises(ReleaseConflict, match="is read as bound to its budget"):
             require_budget("d", ledger.path, reading={**reading, **change})
     assert ledger.charge(release_id="r2", reading=reading, **kw).state == "charged"
+
+
+def test_the_operator_binds_the_reading_and_may_change_it_until_the_first_release(tmp_path):
+    ledger = PrivacyLedger(tmp_path / "l.sqlite")
+    reading = {"format": "csv", "header": True, "delimiter": ",", "user_column": None, "weight_column": None,
+               "weights_count_records": False}
+    ledger.set_budget("d", *BUDGET, source=str(tmp_path / "d.csv"), reading=reading)
+    assert ledger.reading("d") == reading
+    kw = dict(dataset_id="d", kind="kmeans", fingerprint="f", event=dpkmeans.plan(epsilon=0.1, iterations=5).event(),
+              source=str(tmp_path / "d.csv"))
+    with pytest.raises(ReleaseConflict, match="is read as bound to its budget"):
+        ledger.bind("d", str(tmp_path / "d.csv"), {**reading, "delimiter": ";"})  # a first run's check
+    changed = {**reading, "header": False}
+    ledger.set_budget("d", *BUDGET, reading=changed)  # no release yet: the operator may correct it
+    ledger.set_budget("d", *BUDGET)  # a budget change keeps it
+    assert ledger.reading("d") == changed
+    ledger.charge(release_id="r1", reading=changed, **kw)
+    with pytest.raises(ReleaseConflict, match="The dataset has releases"):
+        ledger.set_budget("d", *BUDGET, reading=reading)
+    ledger.set_budget("d", *BUDGET, reading=changed)
+    assert ledger.reading("d") == changed
 
 
 def test_one_data_source_is_one_dataset_id(tmp_path):
@@ -339,5 +360,5 @@ def test_a_run_refused_while_reading_still_fixes_how_the_dataset_is_read(tmp_pat
                "weights_count_records": False}
     ledger.bind("d", str(tmp_path / "d.csv"), reading)  # the probe's check; its read then fails, no charge
     assert ledger.reading("d") == reading and ledger.releases("d") == []
-    with pytest.raises(ReleaseConflict, match="is read as its first release read it"):
+    with pytest.raises(ReleaseConflict, match="is read as bound to its budget"):
         ledger.bind("d", str(tmp_path / "d.csv"), {**reading, "delimiter": "|"})

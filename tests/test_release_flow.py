@@ -451,7 +451,7 @@ def test_a_spec_cannot_choose_how_the_data_is_parsed_once_a_release_has(tmp_path
     d = {**spec_dict(tmp_path, csv_data), "release_id": "first"}
     _run(d)
     probe = {**d, "dataset": {**d["dataset"], "delimiter": "5", "header": False}, "release_id": "probe"}
-    with pytest.raises(ReleaseConflict, match="is read as its first release read it") as refused:
+    with pytest.raises(ReleaseConflict, match="is read as bound to its budget") as refused:
         _run(probe)
     assert "fields per line" not in str(refused.value) and not (tmp_path / "runs" / "probe").exists()
     assert [r["release_id"] for r in ledger().releases("blobs")] == ["first"]
@@ -495,7 +495,7 @@ def test_a_probe_refused_while_reading_fixes_the_reading_for_the_next(tmp_path, 
     with pytest.raises(InputError):
         _run(probe)
     again = {**probe, "dataset": {**probe["dataset"], "delimiter": "|"}, "release_id": "probe-2"}
-    with pytest.raises(ReleaseConflict, match="is read as its first release read it"):
+    with pytest.raises(ReleaseConflict, match="is read as bound to its budget"):
         _run(again)
     assert ledger().releases("blobs") == [] and not (tmp_path / "runs" / "probe-2").exists()
 
