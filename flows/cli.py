@@ -274,7 +274,8 @@ def cmd_budget_set(args) -> int:
 
 
 def _reading_of(spec_path: str, dataset_id: str, source: str) -> dict:
-    """The reading (`tasks.params.dataset_reading`) of a spec's dataset section, which must be the dataset's."""
+    """The reading (`tasks.params.dataset_reading`) of a spec's dataset section, which must be the dataset's,
+    and its path: the operator's reading names the exact file or folder releases read (`ledger.check_reading`)."""
     from tasks.errors import SpecError
     from tasks.ledger import data_source, within
     from tasks.params import dataset_reading
@@ -286,7 +287,7 @@ def _reading_of(spec_path: str, dataset_id: str, source: str) -> dict:
     if not within(data_source(dataset.path), data_source(source)):
         raise SpecError(f"--reading-from {spec_path} reads {data_source(dataset.path)}, not the dataset's data "
                         f"{data_source(source)}")
-    return dataset_reading(dataset)
+    return {**dataset_reading(dataset), "path": data_source(dataset.path)}
 
 
 def cmd_public_register(args) -> int:

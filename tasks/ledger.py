@@ -139,9 +139,11 @@ class PrivacyLedger:
                    reading: dict | None = None) -> None:
         """Set (or change) a dataset's lifetime budget: an explicit operator decision. `source` binds the dataset
         id to its data (`data_source`; None keeps the bound one; a budget bound to none is bound by its first
-        release); `reading` (`tasks.params.dataset_reading`) binds how its data is read, else its first release
-        does. A reading differs from the bound one only while the dataset has no release: a release's privacy
-        unit is what the reading makes one record, and releases of two units do not compose."""
+        release); `reading` (`tasks.params.dataset_reading`, with the exact `path` releases read: see
+        `check_reading`) binds how its data is read, else its first release does. Its fields may differ from the
+        bound ones only while the dataset has no release: a release's privacy unit is what the reading makes one
+        record, and releases of two units do not compose (releases recorded before readings were leave no bound
+        reading: the operator's is then their statement of how those were read)."""
         if not (math.isfinite(epsilon) and epsilon > 0) or not 0 <= delta < 1:
             raise ValueError(f"need a finite epsilon > 0 and 0 <= delta < 1, got ({epsilon}, {delta})")
         with self._transaction(immediate=True) as db:
@@ -160,11 +162,14 @@ class PrivacyLedger:
     @staticmethod
     def _check_rebinding_locked(db, dataset_id: str, reading: dict) -> None:
         row = db.execute("SELECT reading FROM budgets WHERE dataset_id=?", (dataset_id,)).fetchone()
-        if row is None or row["reading"] is None or json.loads(row["reading"]) == reading:
+        if row is None or row["reading"] is None:
             return
+        bound = json.loads(row["reading"])
+        if {k: v for k, v in bound.items() if k != "path"} == {k: v for k, v in reading.items() if k != "path"}:
+            return  # the privacy unit is unchanged (the path stays inside the bound source)
         if db.execute("SELECT 1 FROM spends WHERE dataset_id=? LIMIT 1", (dataset_id,)).fetchone():
             raise ReleaseConflict(reading_conflict_message(
-                dataset_id, json.loads(row["reading"]), reading, asker="the new reading",
+                dataset_id, bound, reading, asker="the new reading",
                 outcome="The dataset has releases, whose privacy unit is the bound reading's: nothing was changed"))
 
     def register_public(self, path: str, source: str) -> str:
@@ -365,8 +370,7 @@ class PrivacyLedger:
             raise ReleaseConflict(source_conflict_message(dataset_id, row["source"], source))
         if row["source"] is None:
             self._one_id_per_source_locked(db, dataset_id, source)
-        if row["reading"] is not None and reading is not None and json.loads(row["reading"]) != reading:
-            raise ReleaseConflict(reading_conflict_message(dataset_id, json.loads(row["reading"]), reading))
+        check_reading(dataset_id, json.loads(row["reading"]) if row["reading"] else None, reading, source)
         db.execute("UPDATE budgets SET source=COALESCE(source, ?), reading=COALESCE(reading, ?) WHERE dataset_id=?",
                    (source, None if reading is None else json.dumps(reading, sort_keys=True), dataset_id))
 
@@ -409,10 +413,21 @@ def require_budget(dataset_id: str, path: Path | None = None, source: str | None
     bound = ledger.source(dataset_id)
     if source is not None and bound is not None and not within(data_source(source), bound):
         raise ReleaseConflict(source_conflict_message(dataset_id, bound, data_source(source)))
-    bound_reading = ledger.reading(dataset_id)
-    if reading is not None and bound_reading is not None and bound_reading != reading:
-        raise ReleaseConflict(reading_conflict_message(dataset_id, bound_reading, reading))
+    check_reading(dataset_id, ledger.reading(dataset_id), reading, None if source is None else data_source(source))
     return budget
+
+
+def check_reading(dataset_id: str, bound: dict | None, reading: dict | None, source: str | None) -> None:
+    """Refuse a release that reads the dataset otherwise than bound. A reading the operator bound
+    (`dprelease budget set --reading-from`) names the path too: its releases read exactly that file or folder,
+    not another file inside a bound folder (an audit read the first line of a note beside the data through the
+    missing-column refusal)."""
+    if bound is None or reading is None:
+        return
+    if "path" in bound:
+        reading = {**reading, "path": bound["path"] if source is None else source}
+    if reading != bound:
+        raise ReleaseConflict(reading_conflict_message(dataset_id, bound, reading))
 
 
 def reading_conflict_message(dataset_id: str, bound: dict, reading: dict, asker: str = "this spec",

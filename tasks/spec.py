@@ -93,6 +93,8 @@ def load_spec(path: str | Path, **overrides) -> ReleaseSpec:
         data = yaml.safe_load(path.read_text())
     except FileNotFoundError:
         raise SpecError(f"spec file {path} does not exist") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise SpecError(f"spec file {path} cannot be read ({type(exc).__name__})") from None
     except yaml.YAMLError as exc:
         raise SpecError(f"spec file {path} is not valid YAML/JSON: {exc}") from None
     if not isinstance(data, dict):

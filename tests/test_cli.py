@@ -162,26 +162,33 @@ def test_the_terminal_summary_names_the_evaluation_but_shows_none_of_its_figures
 
 def test_the_operator_binds_how_the_data_is_read_before_any_release_does(tmp_path):
     """Bound by the first release only, the reading was trust on first use: whoever ran first chose the
-    delimiter, the user column, what one record is (a probe that the binding then kept)."""
-    data = write_csv(tmp_path / "b.csv", blobs(50))
+    delimiter, the user column, what one record is (a probe that the binding then kept). The operator's reading
+    names the exact file too: a review read the first line of a note beside the data, in the bound folder,
+    through the missing-column refusal."""
+    (tmp_path / "data").mkdir()
+    data = write_csv(tmp_path / "data" / "b.csv", blobs(50))
+    (tmp_path / "data" / "note.txt").write_text("secret other words\n")
     for name, change in (("reviewed", {}), ("probe", {"delimiter": ";"}), ("other-id", {"id": "other"}),
-                         ("other-data", {"path": str(tmp_path / "c.csv")})):
+                         ("other-data", {"path": str(tmp_path / "c.csv")}),
+                         ("sibling", {"path": str(tmp_path / "data" / "note.txt"), "bounds": {"secret": [0, 1]}})):
         d = spec_dict(tmp_path, data)
         d["dataset"].update(change)
         (tmp_path / f"{name}.yaml").write_text(yaml.safe_dump(d))
 
     def budget_set(spec):
-        return dprelease("budget", "set", "blobs", "--epsilon", "1", "--source", str(data), "--reading-from",
-                         str(tmp_path / spec), cwd=tmp_path)
+        return dprelease("budget", "set", "blobs", "--epsilon", "1", "--source", str(tmp_path / "data"),
+                         "--reading-from", str(tmp_path / spec), cwd=tmp_path)
 
-    for spec, problem in (("other-id.yaml", "is a spec of dataset 'other'"), ("other-data.yaml", "not the dataset's data")):
+    for spec, problem in (("other-id.yaml", "is a spec of dataset 'other'"), ("other-data.yaml", "not the dataset's data"),
+                          (".", "cannot be read")):
         refused = budget_set(spec)
         assert refused.returncode == 2 and problem in refused.stderr and len(refused.stderr.splitlines()) == 1
     bound = budget_set("reviewed.yaml")
     assert bound.returncode == 0 and "'delimiter': None" in bound.stdout
-    probe = dprelease("run", str(tmp_path / "probe.yaml"), cwd=tmp_path)
-    assert probe.returncode == 2 and "is read as bound to its budget (delimiter=None)" in probe.stderr
-    assert len(probe.stderr.strip().splitlines()) == 1 and not (tmp_path / "runs").exists()
+    for spec, problem in (("probe", "(delimiter=None)"), ("sibling", f"(path='{data}')")):
+        refused = dprelease("run", str(tmp_path / f"{spec}.yaml"), cwd=tmp_path)
+        assert refused.returncode == 2 and f"is read as bound to its budget {problem}" in refused.stderr
+        assert len(refused.stderr.strip().splitlines()) == 1 and not (tmp_path / "runs").exists()
 
 
 def test_a_budget_is_set_for_named_data_and_a_release_of_other_data_is_refused(tmp_path):

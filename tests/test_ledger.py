@@ -298,7 +298,7 @@ def test_the_operator_binds_the_reading_and_may_change_it_until_the_first_releas
     ledger = PrivacyLedger(tmp_path / "l.sqlite")
     reading = {"format": "csv", "header": True, "delimiter": ",", "user_column": None, "weight_column": None,
                "weights_count_records": False}
-    ledger.set_budget("d", *BUDGET, source=str(tmp_path / "d.csv"), reading=reading)
+    ledger.set_budget("d", *BUDGET, source=str(tmp_path), reading=reading)  # a folder
     assert ledger.reading("d") == reading
     kw = dict(dataset_id="d", kind="kmeans", fingerprint="f", event=dpkmeans.plan(epsilon=0.1, iterations=5).event(),
               source=str(tmp_path / "d.csv"))
@@ -313,6 +313,11 @@ def test_the_operator_binds_the_reading_and_may_change_it_until_the_first_releas
         ledger.set_budget("d", *BUDGET, reading=reading)
     ledger.set_budget("d", *BUDGET, reading=changed)
     assert ledger.reading("d") == changed
+    exact = {**changed, "path": data_source(str(tmp_path / "d.csv"))}
+    ledger.set_budget("d", *BUDGET, reading=exact)  # naming the exact path changes no privacy unit
+    with pytest.raises(ReleaseConflict, match="is read as bound to its budget \\(path="):
+        ledger.charge(release_id="r2", reading=changed, **{**kw, "source": str(tmp_path / "d2.csv")})
+    assert ledger.charge(release_id="r2", reading=changed, **kw).state == "charged"
 
 
 def test_one_data_source_is_one_dataset_id(tmp_path):
