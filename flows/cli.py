@@ -273,21 +273,33 @@ def cmd_budget_set(args) -> int:
     return 0
 
 
-def _reading_of(spec_path: str, dataset_id: str, source: str) -> dict:
-    """The reading (`tasks.params.dataset_reading`) of a spec's dataset section, which must be the dataset's,
-    and its path: the operator's reading names the exact file or folder releases read (`ledger.check_reading`)."""
+def _reading_of(spec_paths: list[str], dataset_id: str, source: str) -> dict:
+    """The reading (`tasks.params.dataset_reading`) of reviewed specs' dataset sections, which must be the
+    dataset's and read its data alike, with their path and the union of their columns: the operator's reading names
+    the exact file or folder releases read and the columns they may read (`ledger.check_reading`)."""
     from tasks.errors import SpecError
-    from tasks.ledger import data_source, within
+    from tasks.ledger import data_source, unit_fields, within
     from tasks.params import dataset_reading
     from tasks.spec import load_spec
 
-    dataset = load_spec(spec_path).dataset
-    if dataset.id != dataset_id:
-        raise SpecError(f"--reading-from {spec_path} is a spec of dataset '{dataset.id}', not '{dataset_id}'")
-    if not within(data_source(dataset.path), data_source(source)):
-        raise SpecError(f"--reading-from {spec_path} reads {data_source(dataset.path)}, not the dataset's data "
-                        f"{data_source(source)}")
-    return {**dataset_reading(dataset), "path": data_source(dataset.path)}
+    bound: dict = {}
+    for spec_path in spec_paths:
+        dataset = load_spec(spec_path).dataset
+        if dataset.id != dataset_id:
+            raise SpecError(f"--reading-from {spec_path} is a spec of dataset '{dataset.id}', not '{dataset_id}'")
+        if not within(data_source(dataset.path), data_source(source)):
+            raise SpecError(f"--reading-from {spec_path} reads {data_source(dataset.path)}, not the dataset's data "
+                            f"{data_source(source)}")
+        reading = {**dataset_reading(dataset), "path": data_source(dataset.path)}
+        if bound and unit_fields(bound) | {"path": bound["path"]} != unit_fields(reading) | {"path": reading["path"]}:
+            raise SpecError(f"--reading-from: {spec_path} reads the data otherwise than {spec_paths[0]} (format, "
+                            f"header, delimiter, user or weight column, or path)")
+        clash = sorted(c for c, how in reading["columns"].items() if bound.get("columns", {}).get(c, how) != how)
+        if clash:
+            raise SpecError(f"--reading-from: {spec_path} parses column(s) {', '.join(clash)} otherwise than an "
+                            f"earlier spec")
+        bound = {**reading, "columns": {**bound.get("columns", {}), **reading["columns"]}}
+    return bound
 
 
 def cmd_public_register(args) -> int:
@@ -454,11 +466,12 @@ def build_parser() -> argparse.ArgumentParser:
                       help="the data the dataset id stands for: a file, a folder (releases may read anything "
                            "inside it) or a built-in dataset's name; required the first time, kept when omitted "
                            "after. A release that reads other data under this id is refused")
-    setb.add_argument("--reading-from", metavar="SPEC", default=None,
-                      help="bind how the data is read (format, header, delimiter, user_column, weight_column, "
-                           "weights_count_records) to this spec's dataset section, which you reviewed: a release "
-                           "that reads it otherwise is refused. Without it the dataset's first release binds them. "
-                           "Changeable until the dataset's first release")
+    setb.add_argument("--reading-from", metavar="SPEC", nargs="+", default=None,
+                      help="bind how the data is read to these specs' dataset sections, which you reviewed: format, "
+                           "header, delimiter, user_column, weight_column, weights_count_records (alike in every "
+                           "spec; changeable until the dataset's first release), the path, and the columns (their "
+                           "union, each parsed as its spec says). A release that reads the data otherwise, or "
+                           "other columns, is refused. Without it the dataset's first release binds the six fields")
     setb.add_argument("--ledger", default=None, help="ledger file (default: $DPRELEASE_LEDGER, config.toml, or "
                                                      "~/.local/state/dprelease/privacy-ledger.sqlite)")
     setb.set_defaults(func=cmd_budget_set)

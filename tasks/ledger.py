@@ -165,11 +165,11 @@ class PrivacyLedger:
         if row is None or row["reading"] is None:
             return
         bound = json.loads(row["reading"])
-        if {k: v for k, v in bound.items() if k != "path"} == {k: v for k, v in reading.items() if k != "path"}:
+        if unit_fields(bound) == unit_fields(reading):
             return  # the privacy unit is unchanged (the path stays inside the bound source)
         if db.execute("SELECT 1 FROM spends WHERE dataset_id=? LIMIT 1", (dataset_id,)).fetchone():
             raise ReleaseConflict(reading_conflict_message(
-                dataset_id, bound, reading, asker="the new reading",
+                dataset_id, unit_fields(bound), unit_fields(reading), asker="the new reading",
                 outcome="The dataset has releases, whose privacy unit is the bound reading's: nothing was changed"))
 
     def register_public(self, path: str, source: str) -> str:
@@ -372,7 +372,8 @@ class PrivacyLedger:
             self._one_id_per_source_locked(db, dataset_id, source)
         check_reading(dataset_id, json.loads(row["reading"]) if row["reading"] else None, reading, source)
         db.execute("UPDATE budgets SET source=COALESCE(source, ?), reading=COALESCE(reading, ?) WHERE dataset_id=?",
-                   (source, None if reading is None else json.dumps(reading, sort_keys=True), dataset_id))
+                   (source, None if reading is None else json.dumps(unit_fields(reading), sort_keys=True),
+                    dataset_id))
 
     def bind(self, dataset_id: str, source: str, reading: dict | None) -> None:
         """Bind a dataset with no source or reading yet to these, committed at once: a run's check before it
@@ -417,17 +418,37 @@ def require_budget(dataset_id: str, path: Path | None = None, source: str | None
     return budget
 
 
+def unit_fields(reading: dict) -> dict:
+    """The fields of a reading that decide how records are parsed and what one is (`tasks.params.READING_FIELDS`)."""
+    return {k: v for k, v in reading.items() if k not in ("path", "columns")}
+
+
 def check_reading(dataset_id: str, bound: dict | None, reading: dict | None, source: str | None) -> None:
     """Refuse a release that reads the dataset otherwise than bound. A reading the operator bound
-    (`dprelease budget set --reading-from`) names the path too: its releases read exactly that file or folder,
-    not another file inside a bound folder (an audit read the first line of a note beside the data through the
-    missing-column refusal)."""
+    (`dprelease budget set --reading-from`) also names the path and the columns, with how each is parsed: its
+    releases read exactly that file or folder (an audit read the first line of a note beside the data, in the
+    bound folder, through the missing-column refusal), and only those columns (otherwise a spec picks the columns
+    whose refusals answer "has any value missing or not a number")."""
     if bound is None or reading is None:
         return
+    asked = unit_fields(reading)
     if "path" in bound:
-        reading = {**reading, "path": bound["path"] if source is None else source}
-    if reading != bound:
-        raise ReleaseConflict(reading_conflict_message(dataset_id, bound, reading))
+        asked["path"] = bound["path"] if source is None else source
+    plain = {k: v for k, v in bound.items() if k != "columns"}
+    if asked != plain:
+        raise ReleaseConflict(reading_conflict_message(dataset_id, plain, asked))
+    if "columns" in bound:
+        asked_columns = reading.get("columns", {})
+        other = {c: how for c, how in sorted(asked_columns.items()) if bound["columns"].get(c) != how}
+        if other:
+            raise ReleaseConflict(
+                f"dataset '{dataset_id}' is read as bound to its budget, whose columns are {_columns(bound['columns'])}; "
+                f"this spec reads {_columns(other)}: a release reads the columns the operator declared (`dprelease "
+                f"budget set --reading-from`), as declared. Nothing was run")
+
+
+def _columns(columns: dict) -> str:
+    return ", ".join(f"{c} ({how})" for c, how in sorted(columns.items()))
 
 
 def reading_conflict_message(dataset_id: str, bound: dict, reading: dict, asker: str = "this spec",

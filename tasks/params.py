@@ -32,7 +32,13 @@ READING_FIELDS = ("format", "header", "delimiter", "user_column", "weight_column
 
 
 def dataset_reading(dataset) -> dict:
-    return {f: getattr(dataset, f) for f in READING_FIELDS}
+    """The reading fields, and under "columns" the columns the spec reads with how each is parsed (numeric,
+    categorical, items): an operator's reading binds those too, a first release's does not (`ledger.check_reading`)."""
+    columns = {c: "numeric" for c in [*(dataset.bounds or {}), *(dataset.numeric or [])]}
+    columns |= {c: "categorical" for c in dataset.categories or {}}
+    if dataset.items_column:
+        columns[dataset.items_column] = "items"
+    return {**{f: getattr(dataset, f) for f in READING_FIELDS}, "columns": columns}
 
 
 def public_inputs(release) -> list[str]:

@@ -170,24 +170,30 @@ def test_the_operator_binds_how_the_data_is_read_before_any_release_does(tmp_pat
     (tmp_path / "data" / "note.txt").write_text("secret other words\n")
     for name, change in (("reviewed", {}), ("probe", {"delimiter": ";"}), ("other-id", {"id": "other"}),
                          ("other-data", {"path": str(tmp_path / "c.csv")}),
-                         ("sibling", {"path": str(tmp_path / "data" / "note.txt"), "bounds": {"secret": [0, 1]}})):
+                         ("sibling", {"path": str(tmp_path / "data" / "note.txt"), "bounds": {"secret": [0, 1]}}),
+                         ("other-column", {"bounds": {"x": [0, 100], "label": [0, 1]}}),
+                         ("x-categorical", {"bounds": None, "categories": {"x": ["1", "2"]}})):  # a table of x
         d = spec_dict(tmp_path, data)
         d["dataset"].update(change)
+        if "categories" in change:
+            d["release"] = {"kind": "contingency", "epsilon": 1.0}
         (tmp_path / f"{name}.yaml").write_text(yaml.safe_dump(d))
 
-    def budget_set(spec):
+    def budget_set(*specs):
         return dprelease("budget", "set", "blobs", "--epsilon", "1", "--source", str(tmp_path / "data"),
-                         "--reading-from", str(tmp_path / spec), cwd=tmp_path)
+                         "--reading-from", *(str(tmp_path / spec) for spec in specs), cwd=tmp_path)
 
-    for spec, problem in (("other-id.yaml", "is a spec of dataset 'other'"), ("other-data.yaml", "not the dataset's data"),
-                          (".", "cannot be read")):
-        refused = budget_set(spec)
+    for specs, problem in ((["other-id.yaml"], "is a spec of dataset 'other'"),
+                           (["other-data.yaml"], "not the dataset's data"), (["."], "cannot be read"),
+                           (["reviewed.yaml", "x-categorical.yaml"], "parses column(s) x otherwise")):
+        refused = budget_set(*specs)
         assert refused.returncode == 2 and problem in refused.stderr and len(refused.stderr.splitlines()) == 1
     bound = budget_set("reviewed.yaml")
     assert bound.returncode == 0 and "'delimiter': None" in bound.stdout
-    for spec, problem in (("probe", "(delimiter=None)"), ("sibling", f"(path='{data}')")):
+    for spec, problem in (("probe", " (delimiter=None)"), ("sibling", f" (path='{data}')"),
+                          ("other-column", ", whose columns are x (numeric), y (numeric); this spec reads label")):
         refused = dprelease("run", str(tmp_path / f"{spec}.yaml"), cwd=tmp_path)
-        assert refused.returncode == 2 and f"is read as bound to its budget {problem}" in refused.stderr
+        assert refused.returncode == 2 and f"is read as bound to its budget{problem}" in refused.stderr
         assert len(refused.stderr.strip().splitlines()) == 1 and not (tmp_path / "runs").exists()
 
 

@@ -318,6 +318,11 @@ def test_the_operator_binds_the_reading_and_may_change_it_until_the_first_releas
     with pytest.raises(ReleaseConflict, match="is read as bound to its budget \\(path="):
         ledger.charge(release_id="r2", reading=changed, **{**kw, "source": str(tmp_path / "d2.csv")})
     assert ledger.charge(release_id="r2", reading=changed, **kw).state == "charged"
+    ledger.set_budget("d", *BUDGET, reading={**exact, "columns": {"a": "numeric", "b": "categorical"}})
+    for columns in ({"a": "categorical"}, {"c": "numeric"}):  # another parse of a column, a column not declared
+        with pytest.raises(ReleaseConflict, match="whose columns are a \\(numeric\\), b \\(categorical\\)"):
+            require_budget("d", ledger.path, source=str(tmp_path / "d.csv"), reading={**changed, "columns": columns})
+    require_budget("d", ledger.path, source=str(tmp_path / "d.csv"), reading={**changed, "columns": {"b": "categorical"}})
 
 
 def test_one_data_source_is_one_dataset_id(tmp_path):
@@ -363,7 +368,7 @@ def test_a_run_refused_while_reading_still_fixes_how_the_dataset_is_read(tmp_pat
     ledger.set_budget("d", *BUDGET, source=str(tmp_path / "d.csv"))
     reading = {"format": "csv", "header": False, "delimiter": ";", "user_column": None, "weight_column": None,
                "weights_count_records": False}
-    ledger.bind("d", str(tmp_path / "d.csv"), reading)  # the probe's check; its read then fails, no charge
-    assert ledger.reading("d") == reading and ledger.releases("d") == []
+    ledger.bind("d", str(tmp_path / "d.csv"), {**reading, "columns": {"x": "numeric"}})  # the probe's check; its
+    assert ledger.reading("d") == reading and ledger.releases("d") == []  # read then fails, no charge; no columns
     with pytest.raises(ReleaseConflict, match="is read as bound to its budget"):
         ledger.bind("d", str(tmp_path / "d.csv"), {**reading, "delimiter": "|"})
