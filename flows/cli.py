@@ -44,8 +44,8 @@ def _fail_early(problems: list[str], where: str = "") -> None:
 
 
 def load_run_spec(args):
-    """The spec of `dprelease run`, checked before the flow starts: the schema, the budget, the output folder
-    (the file and its inputs were checked by `spec_problems`)."""
+    """The spec of `dprelease run`, checked before the flow starts: the schema, the budget and how its data is
+    read, the output folder (the file, its data path and its inputs were checked by `spec_problems`)."""
     from tasks.spec import load_spec  # after the checks that need none of its imports
 
     overrides = {"release_id": args.release_id, "output_dir": args.output_dir}
@@ -59,6 +59,16 @@ def load_run_spec(args):
         _example_ledger(spec, quiet=args.json)
     else:
         spec = load_spec(args.spec, **overrides)
+    _fail_early(spec_ledger_problems(spec))
+    _fail_early(_unwritable(spec.output_dir))
+    if spec.release_id is None:
+        spec = spec.model_copy(update={"release_id": _new_release_id(spec.dataset.id)})
+    return spec
+
+
+def spec_ledger_problems(spec) -> list[str]:
+    """The ledger's refusal of the parsed spec: no budget, other data or reading than bound, an input not
+    declared public."""
     if not spec.test_mode:
         from tasks.errors import NoBudget, ReleaseConflict
         from tasks.ledger import require_budget, require_public
@@ -68,11 +78,8 @@ def load_run_spec(args):
             require_budget(spec.dataset.id, source=spec.dataset.path, reading=dataset_reading(spec.dataset))
             require_public(public_inputs(spec.release))
         except (NoBudget, ReleaseConflict) as exc:
-            raise UsageError(str(exc)) from None
-    _fail_early(_unwritable(spec.output_dir))
-    if spec.release_id is None:
-        spec = spec.model_copy(update={"release_id": _new_release_id(spec.dataset.id)})
-    return spec
+            return [str(exc)]
+    return []
 
 
 def _unwritable(output_dir: str) -> list[str]:
@@ -353,6 +360,7 @@ def cmd_spec_check(args) -> int:
     from tasks.spec import load_spec  # after the checks that need none of its imports
 
     spec = load_spec(args.spec)
+    _fail_early(spec_ledger_problems(spec), f"{args.spec}: ")
     if args.json:
         print(json.dumps({"spec": args.spec, "valid": True, "kind": spec.release.kind, "dataset_id": spec.dataset.id,
                           "columns": spec.dataset.columns, "epsilon": spec.release.epsilon,

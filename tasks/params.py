@@ -20,6 +20,8 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from tasks.errors import ReleaseError
 
 ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
+#: The operator's setting that allows seeded, non-private test-mode runs on this machine.
+TEST_MODE_ENV = "DPRELEASE_TEST_MODE"
 #: The release fields that name a PUBLIC input file (kinds define them); the operator declares each public.
 PUBLIC_INPUTS = ("public_sample", "public_marginals")
 

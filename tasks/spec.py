@@ -20,10 +20,7 @@ from pydantic import Field, ValidationError, model_validator
 from tasks.errors import SpecError
 from tasks.kinds import REGISTRY
 from tasks.ledger import configured_path
-from tasks.params import ID_PATTERN, DaskSpec, DatasetSpec, Strict
-
-#: The operator's setting that allows seeded, non-private test-mode runs on this machine.
-TEST_MODE_ENV = "DPRELEASE_TEST_MODE"
+from tasks.params import ID_PATTERN, TEST_MODE_ENV, DaskSpec, DatasetSpec, Strict
 
 #: The `release:` section: the parameters model of one registered kind, chosen by its `kind` field.
 ReleaseParams = Annotated[Union[tuple(k.Params for k in REGISTRY.values())], Field(discriminator="kind")]

@@ -112,7 +112,8 @@ def test_a_dataset_without_a_registered_budget_is_refused_before_anything_runs(t
     assert refused.returncode == 2 and "has no lifetime budget" in refused.stderr
     assert "budget set unregistered" in refused.stderr
     assert not (tmp_path / "runs").exists()
-    (tmp_path / "l.yaml").write_text(yaml.safe_dump({**d, "ledger": {"lifetime_epsilon": 1e6}}))
+    budgeted = {**d, "dataset": {**d["dataset"], "id": "blobs"}}  # a spec of a budgeted dataset bringing its own
+    (tmp_path / "l.yaml").write_text(yaml.safe_dump({**budgeted, "ledger": {"lifetime_epsilon": 1e6}}))
     own = dprelease("run", str(tmp_path / "l.yaml"), cwd=tmp_path)
     assert own.returncode == 2 and "operator configuration, not spec fields" in own.stderr
 
@@ -172,6 +173,7 @@ def test_the_operator_binds_how_the_data_is_read_before_any_release_does(tmp_pat
                          ("other-data", {"path": str(tmp_path / "c.csv")}),
                          ("sibling", {"path": str(tmp_path / "data" / "note.txt"), "bounds": {"secret": [0, 1]}}),
                          ("other-column", {"bounds": {"x": [0, 100], "label": [0, 1]}}),
+                         ("absent", {"path": str(tmp_path / "data" / "city=Springfield")}),
                          ("x-categorical", {"bounds": None, "categories": {"x": ["1", "2"]}})):  # a table of x
         d = spec_dict(tmp_path, data)
         d["dataset"].update(change)
@@ -191,10 +193,13 @@ def test_the_operator_binds_how_the_data_is_read_before_any_release_does(tmp_pat
     bound = budget_set("reviewed.yaml")
     assert bound.returncode == 0 and "'delimiter': None" in bound.stdout
     for spec, problem in (("probe", " (delimiter=None)"), ("sibling", f" (path='{data}')"),
+                          ("absent", f" (path='{data}')"),  # not "does not exist": a free question on the folder
                           ("other-column", ", whose columns are x (numeric), y (numeric); this spec reads label")):
         refused = dprelease("run", str(tmp_path / f"{spec}.yaml"), cwd=tmp_path)
         assert refused.returncode == 2 and f"is read as bound to its budget{problem}" in refused.stderr
         assert len(refused.stderr.strip().splitlines()) == 1 and not (tmp_path / "runs").exists()
+    checked = dprelease("spec", "check", str(tmp_path / "absent.yaml"), cwd=tmp_path)
+    assert checked.returncode == 2 and f"is read as bound to its budget (path='{data}')" in checked.stderr
 
 
 def test_a_budget_is_set_for_named_data_and_a_release_of_other_data_is_refused(tmp_path):
