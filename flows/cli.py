@@ -298,7 +298,7 @@ def _reading_of(spec_paths: list[str], dataset_id: str, source: str) -> dict:
             raise SpecError(f"--reading-from {spec_path} reads {data_source(dataset.path)}, not the dataset's data "
                             f"{data_source(source)}")
         reading = {**dataset_reading(dataset), "path": data_source(dataset.path)}
-        if bound and unit_fields(bound) | {"path": bound["path"]} != unit_fields(reading) | {"path": reading["path"]}:
+        if bound and {**unit_fields(bound), "path": bound["path"]} != {**unit_fields(reading), "path": reading["path"]}:
             raise SpecError(f"--reading-from: {spec_path} reads the data otherwise than {spec_paths[0]} (format, "
                             f"header, delimiter, user or weight column, or path)")
         clash = sorted(c for c, how in reading["columns"].items() if bound.get("columns", {}).get(c, how) != how)

@@ -11,7 +11,9 @@ from pathlib import Path
 
 import yaml
 
+from tasks.errors import NoBudget, ReleaseConflict, ReleaseError
 from tasks.example_data import is_builtin
+from tasks.ledger import require_budget, require_public
 from tasks.params import PUBLIC_INPUTS, TEST_MODE_ENV
 
 #: The spec's input files: (section, field). Relative paths are taken from the working directory.
@@ -30,22 +32,23 @@ def spec_problems(spec_file: str | Path) -> list[str]:
         return [f"spec file {path} cannot be read as YAML/JSON: {type(exc).__name__}"]
     if not isinstance(data, dict):
         return [f"spec file {path} must hold a mapping at top level"]
-    return ledger_problems(data) or input_problems(data)
+    refused = ledger_problems(data)
+    if refused is None:  # nothing the ledger could accept: the schema refuses the spec when it is parsed
+        return []
+    return refused or input_problems(data)
 
 
-def ledger_problems(data: dict) -> list[str]:
+def ledger_problems(data: dict) -> list[str] | None:
     """The ledger's refusal of the spec's data path (no budget; not the data the dataset id is bound to, nor the
     exact path an operator's reading names) or of its public inputs (not declared public), before their existence
-    is asked. The reading's other fields are checked once the spec is parsed (`flows.cli.load_run_spec`). A
-    test-mode spec on a machine that allows test mode reads no ledger."""
-    from tasks.errors import NoBudget, ReleaseConflict, ReleaseError
-    from tasks.ledger import require_budget, require_public
-
+    is asked; None without a dataset id and path to ask about. The reading's other fields are checked once the
+    spec is parsed (`flows.cli.load_run_spec`). A test-mode spec on a machine that allows test mode reads no
+    ledger."""
     if data.get("mode") == "test" and os.environ.get(TEST_MODE_ENV) == "allowed":
         return []
     dataset, release = (data.get(k) if isinstance(data.get(k), dict) else {} for k in ("dataset", "release"))
     if not isinstance(dataset.get("id"), str) or not dataset.get("path"):
-        return []  # the schema's problem, reported when the spec is parsed
+        return None
     try:
         require_budget(dataset["id"], source=str(dataset["path"]))
         require_public([str(release[f]) for f in PUBLIC_INPUTS if release.get(f)])

@@ -447,7 +447,10 @@ def check_reading(dataset_id: str, bound: dict | None, reading: dict | None, sou
     if bound is None:
         return
     if "path" in bound and source is not None and source != bound["path"]:
-        raise ReleaseConflict(reading_conflict_message(dataset_id, {"path": bound["path"]}, {"path": source}))
+        # Not echoing the spec's path resolved: a symlink inside the data's folder would show its target.
+        raise ReleaseConflict(f"dataset '{dataset_id}' is read as bound to its budget (path={bound['path']!r}); this "
+                              f"spec reads another path: its releases read exactly that file or folder (the "
+                              f"operator's `dprelease budget set --reading-from`). Nothing was run")
     if reading is None:
         return
     if unit_fields(reading) != unit_fields(bound):

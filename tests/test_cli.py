@@ -174,6 +174,7 @@ def test_the_operator_binds_how_the_data_is_read_before_any_release_does(tmp_pat
                          ("sibling", {"path": str(tmp_path / "data" / "note.txt"), "bounds": {"secret": [0, 1]}}),
                          ("other-column", {"bounds": {"x": [0, 100], "label": [0, 1]}}),
                          ("absent", {"path": str(tmp_path / "data" / "city=Springfield")}),
+                         ("absent-bad-id", {"path": str(tmp_path / "data" / "city=Springfield"), "id": 5}),
                          ("x-categorical", {"bounds": None, "categories": {"x": ["1", "2"]}})):  # a table of x
         d = spec_dict(tmp_path, data)
         d["dataset"].update(change)
@@ -200,6 +201,8 @@ def test_the_operator_binds_how_the_data_is_read_before_any_release_does(tmp_pat
         assert len(refused.stderr.strip().splitlines()) == 1 and not (tmp_path / "runs").exists()
     checked = dprelease("spec", "check", str(tmp_path / "absent.yaml"), cwd=tmp_path)
     assert checked.returncode == 2 and f"is read as bound to its budget (path='{data}')" in checked.stderr
+    unparsed = dprelease("spec", "check", str(tmp_path / "absent-bad-id.yaml"), cwd=tmp_path)
+    assert unparsed.returncode == 2 and "dataset.id" in unparsed.stderr and "exist" not in unparsed.stderr
 
 
 def test_a_budget_is_set_for_named_data_and_a_release_of_other_data_is_refused(tmp_path):
