@@ -60,10 +60,23 @@ def load_run_spec(args):
     else:
         spec = load_spec(args.spec, **overrides)
     _fail_early(spec_ledger_problems(spec))
-    _fail_early(_unwritable(spec.output_dir))
     if spec.release_id is None:
         spec = spec.model_copy(update={"release_id": _new_release_id(spec.dataset.id)})
+    _fail_early(_run_folder_problems(spec))
     return spec
+
+
+def _run_folder_problems(spec) -> list[str]:
+    """The run folder's refusal by the ledger (inside or around a dataset's data), then whether it is writable:
+    asked in that order, since the second names the first existing folder on its path."""
+    from tasks.errors import ReleaseConflict
+    from tasks.ledger import require_outside_data
+
+    try:
+        require_outside_data(spec.output_dir, spec.release_id)
+    except ReleaseConflict as exc:
+        return [str(exc)]
+    return _unwritable(spec.output_dir)
 
 
 def spec_ledger_problems(spec) -> list[str]:
@@ -258,9 +271,10 @@ def cmd_budget_set(args) -> int:
 
     args.ledger = _ledger_arg(args)
     ledger = PrivacyLedger(args.ledger)
-    if args.source is None and ledger.source(args.dataset) is None:
+    if (args.source is None or args.reading_from is None) and ledger.source(args.dataset) is None:
         print(f"error: dataset '{args.dataset}' is bound to no data yet: give its --source (the file or folder its "
-              f"releases read; a dataset id spends the budget of its own data only)", file=sys.stderr)
+              f"releases read; a dataset id spends the budget of its own data only) and --reading-from (the specs "
+              f"you reviewed: how it is read, its exact path and columns)", file=sys.stderr)
         return 2
     try:
         source = args.source or ledger.source(args.dataset)
@@ -275,8 +289,8 @@ def cmd_budget_set(args) -> int:
     print(f"dataset '{args.dataset}' ({ledger.source(args.dataset)}): lifetime budget set to epsilon={args.epsilon:g}, "
           f"delta={args.delta:g} in {args.ledger}")
     bound = ledger.reading(args.dataset)
-    print(f"  read as {bound}" if bound else "  how its data is read is not bound yet: its first release will bind "
-          "it (bind it now with --reading-from SPEC, a spec you reviewed)")
+    print(f"  read as {bound}" if bound else "  how its data is read is not bound yet (a budget set before readings "
+          "were): its first release will bind it; bind it now with --reading-from SPEC..., the specs you reviewed")
     return 0
 
 
@@ -471,15 +485,15 @@ def build_parser() -> argparse.ArgumentParser:
                       help="lifetime delta in [0, 1) (default 0: enough for pure-DP kinds; kinds with a delta, "
                            "e.g. synthetic or mean, need one)")
     setb.add_argument("--source", default=None,
-                      help="the data the dataset id stands for: a file, a folder (releases may read anything "
-                           "inside it) or a built-in dataset's name; required the first time, kept when omitted "
-                           "after. A release that reads other data under this id is refused")
+                      help="the data the dataset id stands for: a file, a folder or a built-in dataset's name; "
+                           "required the first time (with --reading-from), kept when omitted after. A release that "
+                           "reads other data under this id is refused")
     setb.add_argument("--reading-from", metavar="SPEC", nargs="+", default=None,
                       help="bind how the data is read to these specs' dataset sections, which you reviewed: format, "
                            "header, delimiter, user_column, weight_column, weights_count_records (alike in every "
                            "spec; changeable until the dataset's first release), the path, and the columns (their "
                            "union, each parsed as its spec says). A release that reads the data otherwise, or "
-                           "other columns, is refused. Without it the dataset's first release binds the six fields")
+                           "other columns, is refused. Required with the first --source")
     setb.add_argument("--ledger", default=None, help="ledger file (default: $DPRELEASE_LEDGER, config.toml, or "
                                                      "~/.local/state/dprelease/privacy-ledger.sqlite)")
     setb.set_defaults(func=cmd_budget_set)

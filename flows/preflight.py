@@ -13,7 +13,7 @@ import yaml
 
 from tasks.errors import NoBudget, ReleaseConflict, ReleaseError
 from tasks.example_data import is_builtin
-from tasks.ledger import require_budget, require_public
+from tasks.ledger import data_source, require_budget, require_public
 from tasks.params import PUBLIC_INPUTS, TEST_MODE_ENV
 
 #: The spec's input files: (section, field). Relative paths are taken from the working directory.
@@ -65,7 +65,8 @@ def input_problems(data: dict) -> list[str]:
         value = (data.get(section) or {}).get(field) if isinstance(data.get(section), dict) else None
         if not value or (field == "path" and is_builtin(str(value))):
             continue
-        target = Path(str(value))
+        # The path the ledger judged: resolved, so that `..` past a missing folder cannot ask whether it exists.
+        target = Path(data_source(str(value)))
         if not target.exists():
             problems.append(f"{section}.{field}: {target} does not exist")
         elif not os.access(target, os.R_OK) or (target.is_dir() and not os.access(target, os.X_OK)):

@@ -23,7 +23,7 @@ from tasks.contracts import check_contract
 from tasks.errors import ReleaseConflict, ReleaseError, StageFailed
 from tasks.ingest import StageOutput, ingest
 from tasks.kinds import kind_of
-from tasks.ledger import PrivacyLedger, data_source, require_budget, require_public
+from tasks.ledger import PrivacyLedger, data_source, require_budget, require_outside_data, require_public
 from tasks.params import dataset_reading, public_inputs
 from tasks.manifest import publish_release
 from tasks.partitions import dask_client
@@ -206,6 +206,7 @@ def _release(spec: ReleaseSpec, release_id: str, log) -> dict:
         # before anything runs or is written
         require_budget(spec.dataset.id, source=spec.dataset.path, reading=dataset_reading(spec.dataset))
         require_public(public_inputs(spec.release))
+        require_outside_data(spec.output_dir, release_id)
     created = not (Path(spec.output_dir) / release_id).exists()
     run = open_run(spec.output_dir, release_id, test=spec.test_mode)
     run.clear_stale_staging()

@@ -203,6 +203,11 @@ class PrivacyLedger:
         with self._transaction() as db:
             return [dict(r) for r in db.execute("SELECT * FROM public_inputs ORDER BY path")]
 
+    def sources(self) -> list[str]:
+        """Every bound data source."""
+        with self._transaction() as db:
+            return [r["source"] for r in db.execute("SELECT source FROM budgets WHERE source IS NOT NULL")]
+
     def source(self, dataset_id: str) -> str | None:
         """The data source the dataset id is bound to (None: not yet)."""
         with self._transaction() as db:
@@ -436,6 +441,21 @@ def require_budget(dataset_id: str, path: Path | None = None, source: str | None
 def unit_fields(reading: dict) -> dict:
     """The fields of a reading that decide how records are parsed and what one is (`tasks.params.READING_FIELDS`)."""
     return {k: v for k, v in reading.items() if k not in ("path", "columns")}
+
+
+def require_outside_data(output_dir: str, release_id: str, path: Path | None = None) -> None:
+    """Refuse a run folder (and its output_dir's .logs/, .quarantine/) inside a dataset's bound data, or around
+    it: a run writes there, and clears stale or failed folders of its own (an attacker's review had runs write
+    into a dataset's folder, and tell names in it apart by the errors on the way)."""
+    path = path or configured_path()
+    if not path.exists():
+        return
+    out, run = data_source(output_dir), data_source(str(Path(output_dir) / release_id))
+    for source in PrivacyLedger(path).sources():
+        if within(out, source) or within(source, run):
+            raise ReleaseConflict(f"the output folder {output_dir} is inside a dataset's data, or its run folder "
+                                  f"{release_id} holds one: choose an output_dir outside every dataset's data. "
+                                  f"Nothing was run")
 
 
 def check_reading(dataset_id: str, bound: dict | None, reading: dict | None, source: str | None) -> None:

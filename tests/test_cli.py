@@ -55,9 +55,10 @@ def test_invalid_spec_exits_2_with_the_field_named_and_stops_the_server_it_launc
 def test_run_then_budget_show(tmp_path, operator_ledger):
     """One real run of the CLI (its own temporary Prefect API), then the ledger."""
     d = spec_dict(tmp_path, write_csv(tmp_path / "b.csv", blobs(2000)))
-    ok = dprelease("budget", "set", "blobs", "--epsilon", "1.5", "--delta", "1e-6", "--source", str(tmp_path))
-    assert ok.returncode == 0 and str(operator_ledger) in ok.stdout
     (tmp_path / "s.yaml").write_text(yaml.safe_dump(d))
+    ok = dprelease("budget", "set", "blobs", "--epsilon", "1.5", "--delta", "1e-6", "--source", str(tmp_path / "b.csv"),
+                   "--reading-from", str(tmp_path / "s.yaml"))
+    assert ok.returncode == 0 and str(operator_ledger) in ok.stdout
     ok = dprelease("run", str(tmp_path / "s.yaml"), "--release-id", "cli-1", "--json", cwd=tmp_path)
     assert ok.returncode == 0, ok.stderr[-3000:]
     summary = json.loads(ok.stdout)
@@ -78,9 +79,9 @@ def test_run_then_budget_show(tmp_path, operator_ledger):
 @pytest.mark.slow  # two CLI runs, ~45 s (pytest -m slow)
 def test_a_run_refused_at_run_time_prints_one_error_line_and_logs_the_traceback(tmp_path, operator_ledger):
     d = spec_dict(tmp_path, write_csv(tmp_path / "b.csv", blobs(2000)))
-    assert dprelease("budget", "set", "blobs", "--epsilon", "1.5", "--delta", "1e-6",
-                     "--source", str(tmp_path)).returncode == 0
     (tmp_path / "s.yaml").write_text(yaml.safe_dump(d))
+    assert dprelease("budget", "set", "blobs", "--epsilon", "1.5", "--delta", "1e-6", "--source",
+                     str(tmp_path / "b.csv"), "--reading-from", str(tmp_path / "s.yaml")).returncode == 0
     assert dprelease("run", str(tmp_path / "s.yaml"), "--release-id", "cli-1", cwd=tmp_path).returncode == 0
     refused = dprelease("run", str(tmp_path / "s.yaml"), "--release-id", "cli-2", cwd=tmp_path)
     errors = [line for line in refused.stderr.splitlines() if line.startswith("error:")]
@@ -175,6 +176,7 @@ def test_the_operator_binds_how_the_data_is_read_before_any_release_does(tmp_pat
                          ("other-column", {"bounds": {"x": [0, 100], "label": [0, 1]}}),
                          ("absent", {"path": str(tmp_path / "data" / "city=Springfield")}),
                          ("absent-bad-id", {"path": str(tmp_path / "data" / "city=Springfield"), "id": 5}),
+                         ("dotdot", {"path": f"{tmp_path}/data/city=Shelbyville/../b.csv"}),
                          ("x-categorical", {"bounds": None, "categories": {"x": ["1", "2"]}})):  # a table of x
         d = spec_dict(tmp_path, data)
         d["dataset"].update(change)
@@ -203,12 +205,24 @@ def test_the_operator_binds_how_the_data_is_read_before_any_release_does(tmp_pat
     assert checked.returncode == 2 and f"is read as bound to its budget (path='{data}')" in checked.stderr
     unparsed = dprelease("spec", "check", str(tmp_path / "absent-bad-id.yaml"), cwd=tmp_path)
     assert unparsed.returncode == 2 and "dataset.id" in unparsed.stderr and "exist" not in unparsed.stderr
+    # `..` past a missing folder: existence is asked of the path the ledger judged, not of the spelling.
+    assert dprelease("spec", "check", str(tmp_path / "dotdot.yaml"), cwd=tmp_path).returncode == 0
+    inside = yaml.safe_load((tmp_path / "reviewed.yaml").read_text())
+    inside["output_dir"] = str(tmp_path / "data" / "b.csv" / "runs")  # "not writable" named what exists in it
+    (tmp_path / "inside.yaml").write_text(yaml.safe_dump(inside))
+    refused = dprelease("run", str(tmp_path / "inside.yaml"), cwd=tmp_path)
+    assert refused.returncode == 2 and "is inside a dataset's data" in refused.stderr
+    assert sorted(p.name for p in (tmp_path / "data").iterdir()) == ["b.csv", "note.txt"]
 
 
 def test_a_budget_is_set_for_named_data_and_a_release_of_other_data_is_refused(tmp_path):
     no_source = dprelease("budget", "set", "blobs", "--epsilon", "1")
     assert no_source.returncode == 2 and "--source" in no_source.stderr
-    assert dprelease("budget", "set", "blobs", "--epsilon", "1", "--source", str(tmp_path / "a.csv")).returncode == 0
+    no_reading = dprelease("budget", "set", "blobs", "--epsilon", "1", "--source", str(tmp_path / "a.csv"))
+    assert no_reading.returncode == 2 and "--reading-from" in no_reading.stderr
+    (tmp_path / "a.yaml").write_text(yaml.safe_dump(spec_dict(tmp_path, tmp_path / "a.csv")))
+    assert dprelease("budget", "set", "blobs", "--epsilon", "1", "--source", str(tmp_path / "a.csv"),
+                     "--reading-from", str(tmp_path / "a.yaml")).returncode == 0
     (tmp_path / "s.yaml").write_text(yaml.safe_dump(spec_dict(tmp_path, write_csv(tmp_path / "b.csv", blobs(50)))))
     refused = dprelease("run", str(tmp_path / "s.yaml"), cwd=tmp_path)
     assert refused.returncode == 2 and "is bound to the data" in refused.stderr
