@@ -22,7 +22,6 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-
 from typing import TYPE_CHECKING
 
 from tasks.errors import BudgetExceeded, NoBudget, ReleaseConflict, ReleaseError
@@ -41,6 +40,7 @@ def _accounting():
     from dpalgos import accounting
 
     return accounting
+
 
 #: The operator's setting that names the ledger (an absolute path). The ledger is configuration of the
 #: machine that runs releases, never a spec field nor a flow parameter: a spec or a UI user choosing the ledger

@@ -27,9 +27,9 @@ PUBLIC_INPUTS = ("public_sample", "public_marginals")
 
 
 #: How a dataset is parsed and what one record (the privacy unit) is: bound to the dataset by the operator
-#: (`dprelease budget set --reading-from SPEC`) or else by its first release (`tasks.ledger`), so that a spec cannot vary them (a delimiter of its choice turned the parser's refusals
-#: into substring queries on the data; a user column or `weights_count_records` of its choice would redefine
-#: the neighbouring relation).
+#: (`dprelease budget set --reading-from SPEC...`; budgets set before: by its first release, `tasks.ledger`), so
+#: that a spec cannot vary them (a delimiter of its choice turned the parser's refusals into substring queries on
+#: the data; a user column or `weights_count_records` of its choice would redefine the neighbouring relation).
 READING_FIELDS = ("format", "header", "delimiter", "user_column", "weight_column", "weights_count_records")
 
 
