@@ -80,16 +80,15 @@ def _run_folder_problems(spec) -> list[str]:
 
 
 def spec_ledger_problems(spec) -> list[str]:
-    """The ledger's refusal of the parsed spec: no budget, other data or reading than bound, an input not
-    declared public."""
+    """The ledger's refusal of the parsed spec's reading (the six fields, the columns); its budget, data path and
+    public inputs were judged by `spec_problems` (the example names none)."""
     if not spec.test_mode:
         from tasks.errors import NoBudget, ReleaseConflict
-        from tasks.ledger import require_budget, require_public
-        from tasks.params import dataset_reading, public_inputs
+        from tasks.ledger import require_budget
+        from tasks.params import dataset_reading
 
         try:
             require_budget(spec.dataset.id, source=spec.dataset.path, reading=dataset_reading(spec.dataset))
-            require_public(public_inputs(spec.release))
         except (NoBudget, ReleaseConflict) as exc:
             return [str(exc)]
     return []
