@@ -57,7 +57,7 @@ def _split(line: str, sep: str | None) -> list[str]:
     return line.split() if sep is None else [t.strip().strip('"') for t in line.split(sep)]
 
 
-def _read_csv(dataset: DatasetSpec, path: Path):
+def _read_csv(dataset: DatasetSpec, path: Path, dtypes: dict[str, str]):
     import dask.dataframe as dd
 
     lines = _first_lines(path, 2)
@@ -78,7 +78,9 @@ def _read_csv(dataset: DatasetSpec, path: Path):
                              f"order")
         names = dataset.columns
     gz = path.suffix == ".gz"
-    return dd.read_csv(str(path), sep=sep or r"\s+", header=0 if header else None, names=names,
+    # The spec's columns are parsed as it declares them, never by dask's guess from a sample: a guess lets one
+    # record's value decide how the others are read (or refuse them as "mismatched dtypes").
+    return dd.read_csv(str(path), sep=sep or r"\s+", header=0 if header else None, names=names, dtype=dtypes,
                        blocksize=None if gz else _CSV_BLOCKSIZE, compression="gzip" if gz else None)
 
 
@@ -90,26 +92,27 @@ def read_source(dataset: DatasetSpec, path: Path):
 
     if not path.exists():
         raise InputError(f"dataset '{dataset.id}': {path} does not exist")
+    weight = [dataset.weight_column] if dataset.weight_column else []
+    numeric = list(dataset.bounds or {}) + list(dataset.numeric or []) + weight
+    categorical = list(dataset.categories or {})
     try:
         parquet = dataset.source_format == "parquet" or is_builtin(dataset.path)
-        ddf = dd.read_parquet(str(path)) if parquet else _read_csv(dataset, path)
+        ddf = dd.read_parquet(str(path)) if parquet else _read_csv(
+            dataset, path, {**{c: "float64" for c in numeric}, **{c: "string" for c in categorical}})
     except InputError:
         raise
     except Exception as exc:
         raise InputError(f"dataset '{dataset.id}': cannot read {path} as {dataset.source_format}: "
                          f"{reason(exc)}") from None
-    weight = [dataset.weight_column] if dataset.weight_column else []
     wanted = dataset.columns + weight
     missing = [c for c in wanted if c not in ddf.columns]
     if missing:
         raise InputError(f"dataset '{dataset.id}': columns {missing} are missing from {path}")
     ddf = ddf[wanted]
-    numeric = list(dataset.bounds or {}) + list(dataset.numeric or []) + weight
     wrong = {c: str(ddf.dtypes[c]) for c in numeric
              if not (pd.api.types.is_numeric_dtype(ddf.dtypes[c]) and not pd.api.types.is_bool_dtype(ddf.dtypes[c]))}
     if wrong:
         raise InputError(f"dataset '{dataset.id}': columns must be numeric, but {wrong} are not")
-    categorical = list(dataset.categories or {})
     meta = {c: ("string" if c in categorical else "float64") for c in wanted}
     return ddf.map_partitions(_typed, numeric, categorical, meta=meta)
 
@@ -118,13 +121,21 @@ def _typed(frame, numeric: list[str], categorical: list[str]):
     import pandas as pd
 
     out = {c: frame[c].astype("float64") for c in numeric}
-    for c in categorical:
-        col = frame[c]
-        # Integer-coded levels read as floats (a column with nulls) must print as "1", not "1.0".
-        if pd.api.types.is_float_dtype(col) and bool((col.dropna() % 1 == 0).all()):
-            col = col.astype("Int64")
-        out[c] = col.astype("string")
+    out.update({c: _level_text(frame[c]) for c in categorical})
     return pd.DataFrame(out, index=frame.index)[list(frame.columns)]
+
+
+def _level_text(col):
+    """A categorical column's values as text, each by itself: a whole number stored as a float (Parquet) prints
+    as "1", not "1.0". Never by a test over the partition: one record's 1.5 would then turn every other record's
+    "1" into "1.0", outside the public levels (one record moving every count), and change the work done."""
+    import pandas as pd
+
+    if not pd.api.types.is_float_dtype(col):
+        return col.astype("string")
+    whole = (col % 1 == 0) & (col.abs() < 2.0 ** 53)  # NaN compares False: nulls stay null
+    text = col.astype("string")
+    return text.where(~whole, col.where(whole, 0.0).astype("int64").astype("string"))
 
 
 def _ingest_sets(dataset: DatasetSpec, source: Path, out_dir: Path, log) -> StageOutput:
