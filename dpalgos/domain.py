@@ -93,6 +93,9 @@ def project_l1_ball(X, radius: float = 1.0) -> np.ndarray:
     inside the ball are returned unchanged; for the others, with u the absolute values sorted in
     decreasing order, rho = max{j : u_j - (sum_{r<=j} u_r - radius)/j > 0} and
     theta = (sum_{r<=rho} u_r - radius)/rho, the projection is sign(x) * max(|x| - theta, 0).
+    Every row is projected and the inside ones then kept: the work does not depend on how many rows are
+    outside (projecting only those made one point outside cost 1.6 ms more per 200,000 rows, in a stage
+    whose running time is published).
 
     X : array (n, d) or (d,). Returns an array of the same shape, float64.
     """
@@ -101,18 +104,15 @@ def project_l1_ball(X, radius: float = 1.0) -> np.ndarray:
     X = np.asarray(X, dtype=np.float64)
     single = X.ndim == 1
     X2 = X.reshape(1, -1) if single else X
-    out = X2.copy()
-    absx = np.abs(X2)
-    outside = absx.sum(axis=1) > radius
-    if np.any(outside):
-        a = absx[outside]
-        u = -np.sort(-a, axis=1)
-        css = np.cumsum(u, axis=1) - radius
-        j = np.arange(1, a.shape[1] + 1)
-        # The condition holds for a prefix j = 1..rho, so rho is the count of True.
-        rho = np.count_nonzero(u - css / j > 0, axis=1)
-        theta = css[np.arange(a.shape[0]), rho - 1] / rho
-        out[outside] = np.sign(X2[outside]) * np.maximum(a - theta[:, None], 0.0)
+    a = np.abs(X2)
+    outside = a.sum(axis=1) > radius
+    u = -np.sort(-a, axis=1)
+    css = np.cumsum(u, axis=1) - radius
+    j = np.arange(1, a.shape[1] + 1)
+    # The condition holds for a prefix j = 1..rho, so rho is the count of True (at least 1: radius > 0).
+    rho = np.count_nonzero(u - css / j > 0, axis=1)
+    theta = css[np.arange(a.shape[0]), rho - 1] / rho
+    out = np.where(outside[:, None], np.sign(X2) * np.maximum(a - theta[:, None], 0.0), X2)
     return out.reshape(X.shape)
 
 

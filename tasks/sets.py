@@ -37,10 +37,10 @@ def within_universe(offsets: np.ndarray, values: np.ndarray, item_count: int | N
                     ) -> tuple[np.ndarray, np.ndarray, Counter]:
     """The records' items below the public item_count (None: all), as numeric values are clipped to public
     bounds: refusing an id at or above it would tell whoever chose item_count, for free, the largest id in the
-    data. A record left with no item is left out; the counts (raw-derived) say how many records lost items."""
+    data. A record left with no item is left out; the counts (raw-derived) say how many records lost items.
+    The same work whether or not any id is outside: a shortcut for "none" made one such id cost 17 ms more per
+    200,000 records, in an ingest whose running time is published."""
     keep = values < item_count if item_count is not None else np.ones(values.size, dtype=bool)
-    if keep.all():
-        return offsets, values, Counter()
     before = np.diff(offsets)
     rows = np.repeat(np.arange(before.size), before)
     after = np.bincount(rows[keep], minlength=before.size)
