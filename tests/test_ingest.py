@@ -37,3 +37,28 @@ def test_whole_numbers_stored_as_floats_read_as_integer_levels_value_by_value(tm
     pd.DataFrame({"sex": [1.0, 2.0, 1.5, None, 1e20], "x": [0.1] * 5}).to_parquet(path)
     spec = DatasetSpec(id="t", path=str(path), bounds={"x": [0, 1]}, categories={"sex": ["1", "2"]})
     assert read_source(spec, path).compute()["sex"].tolist() == ["1", "2", "1.5", pd.NA, "1e+20"]
+
+
+def test_columns_the_spec_does_not_name_are_not_read(tmp_path):
+    """Typed by dask's guess from a sample, an undeclared integer column with one record's 40.5 (or a blank)
+    past the sample refused the whole file: a free question about any record."""
+    rng = np.random.default_rng(1)
+    rows = [f"{s},{x:.3f},{h}" for s, x, h in zip(rng.integers(1, 3, 50_000), rng.uniform(0, 1, 50_000),
+                                                    rng.integers(1, 99, 50_000))]
+    for odd in ("40.5", "", "x"):
+        path = tmp_path / f"undeclared{odd}.csv"
+        path.write_text("sex,x,hours\n" + "\n".join(rows[:49_000] + [f"1,0.5,{odd}"] + rows[49_000:]) + "\n")
+        assert sum(_levels(path).values()) == 50_001
+
+
+def test_parquet_categories_and_nullable_floats_are_read_value_by_value(tmp_path):
+    """A writer's category column turns integer codes into float categories (1.0, 2.0) once one record holds
+    1.5; a nullable Float64's null stays null (it read as the level "0")."""
+    coded = pd.Series([1.0, 2.0, 1.5, 2.0]).astype("category")
+    nullable = pd.Series([1.0, None, 2.0, 2.0], dtype="Float64")
+    for i, col in enumerate((coded, nullable)):
+        path = tmp_path / f"levels{i}.parquet"
+        pd.DataFrame({"sex": col, "x": [0.1] * 4}).to_parquet(path)
+        spec = DatasetSpec(id="t", path=str(path), bounds={"x": [0, 1]}, categories={"sex": ["1", "2"]})
+        got = read_source(spec, path).compute()["sex"].tolist()
+        assert got == (["1", "2", "1.5", "2"] if i == 0 else ["1", pd.NA, "2", "2"])
