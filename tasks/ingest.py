@@ -91,6 +91,13 @@ def _read_csv(dataset: DatasetSpec, path: Path, dtypes: dict[str, str]):
                        dtype=dtypes, blocksize=None if gz else _CSV_BLOCKSIZE, compression="gzip" if gz else None)
 
 
+def _unreadable(dataset: DatasetSpec, exc: BaseException) -> InputError:
+    """One text whether a bad value sat in dask's first sample (read when the graph is built) or after it (read
+    when computed): two texts would say where the record is."""
+    return InputError(f"dataset '{dataset.id}': cannot read {dataset.path} as {dataset.source_format}: "
+                      f"{reason(exc)} (a value that is not a number in a numeric column, or a malformed line?)")
+
+
 def read_source(dataset: DatasetSpec, path: Path):
     """The dataset at `path` as a dask DataFrame restricted to the spec's columns (not yet computed): numeric
     columns as float64, categorical ones as strings (nulls kept), the weight column as float64."""
@@ -109,8 +116,7 @@ def read_source(dataset: DatasetSpec, path: Path):
     except InputError:
         raise
     except Exception as exc:
-        raise InputError(f"dataset '{dataset.id}': cannot read {path} as {dataset.source_format}: "
-                         f"{reason(exc)}") from None
+        raise _unreadable(dataset, exc) from None
     wanted = dataset.columns + weight
     missing = [c for c in wanted if c not in ddf.columns]
     if missing:
@@ -195,9 +201,8 @@ def ingest_dataset(dataset: DatasetSpec, out_dir: Path, log) -> StageOutput:
         shutil.rmtree(out_dir)
     try:
         ddf.to_parquet(str(out_dir), write_index=False)
-    except Exception as exc:  # a value that does not parse as a number surfaces only when computed
-        raise InputError(f"dataset '{dataset.id}': cannot read {dataset.path}: {reason(exc)} (a value that is not "
-                         f"a number in a numeric column?)") from None
+    except Exception as exc:  # a value that does not parse surfaces here unless it is in dask's first sample
+        raise _unreadable(dataset, exc) from None
     rows = count_rows(out_dir)
     if rows == 0:
         raise InputError(f"dataset '{dataset.id}': {dataset.path} has no data rows")
