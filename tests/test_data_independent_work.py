@@ -68,9 +68,10 @@ def test_the_l1_projection_does_the_same_work_with_one_point_outside(monkeypatch
     rng = np.random.default_rng(0)
     X = rng.uniform(-0.1, 0.1, size=(50, 4))
     neighbour = np.vstack([X, [[0.9, -0.9, 0.1, 0.0]]])
-    calls = _counting(monkeypatch, np, "sort")
-    assert _work(calls, lambda: domain.project_l1_ball(np.vstack([X, X[:1]]))) == \
-        _work(calls, lambda: domain.project_l1_ball(neighbour))
+    for name in ("sort", "cumsum", "count_nonzero"):  # every step of the projection, not only its start
+        calls = _counting(monkeypatch, np, name)
+        assert _work(calls, lambda: domain.project_l1_ball(np.vstack([X, X[:1]]))) == \
+            _work(calls, lambda: domain.project_l1_ball(neighbour)) != []
     monkeypatch.undo()
     out = domain.project_l1_ball(neighbour)
     assert np.array_equal(out[:50], X) and np.abs(out[50]).sum() == pytest.approx(1.0)
@@ -94,6 +95,10 @@ def test_friendly_kmeans_subsets_run_the_same_lloyd_passes_with_a_far_record(mon
     rng = np.random.default_rng(4)
     X = np.concatenate([rng.normal(c, 1.0, size=(60, 2)) for c in ((0, 0), (20, 0), (0, 20))])
     passes = _counting(monkeypatch, fc, "_sq_dists")
+    argmins = _counting(monkeypatch, np, "argmin")
     work = [len(_work(passes, lambda: fc.subset_tuples(data, 3, 2, np.random.default_rng(7))))
             for data in (X, np.vstack([X, [[1e6, 1e6]]]))]
     assert work[0] == work[1] == 2 * 3 * (fc.LLOYD_PASSES + 1)  # subsets x restarts x (passes + the cost)
+    # np.argmin's time follows how predictable the labels are: the passes label points branch-free
+    # (`fc._nearest`); only k-means++ picks among its candidates with it, (k - 1) times per start.
+    assert len(argmins) == 2 * 2 * 3 * (3 - 1)
