@@ -33,12 +33,18 @@ def kmeans_reference(X: np.ndarray, k: int, *, n_init: int = 10, seed: int | Non
     from sklearn.cluster import kmeans_plusplus
 
     X = np.ascontiguousarray(X, dtype=np.float64)
+    if X.shape[0] == 0:
+        return 0.0, np.zeros((k, X.shape[1]))
+    # Fewer points than centres (a release of more clusters than records is made, not refused, and evaluated: a
+    # failing evaluation would answer "is N < K?" through the run's state): the points repeated to k rows, whose
+    # centres put every point at distance 0.
+    fit = X if X.shape[0] >= k else np.resize(X, (k, X.shape[1]))
     rng = np.random.default_rng(seed)
     best_cost, best = np.inf, None
     for _ in range(n_init):
-        C, _ = kmeans_plusplus(X, k, random_state=int(rng.integers(2 ** 31 - 1)))
+        C, _ = kmeans_plusplus(fit, k, random_state=int(rng.integers(2 ** 31 - 1)))
         for _ in range(REFERENCE_ITERATIONS):
-            sums, counts = lloyd.stats(X, C)
+            sums, counts = lloyd.stats(fit, C)
             C = np.where(counts[:, None] > 0, sums / np.maximum(counts, 1.0)[:, None], C)
         cost = lloyd.wcss(X, C)
         if cost < best_cost:

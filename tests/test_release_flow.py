@@ -406,10 +406,13 @@ def test_scratch_folders_of_dead_runs_are_cleared_and_live_ones_kept(tmp_path):
 
 def test_more_clusters_than_rows_is_released_not_refused(tmp_path):
     """A refusal on K > N would be a free, uncharged answer to "is N < K?" (for any K a spec picks): the release
-    is made, charged, from noise alone where the clusters are empty."""
+    is made, charged, from noise alone where the clusters are empty, and evaluated (a failing evaluation
+    answered the same question through the run's state)."""
     s = _run({**spec_dict(tmp_path, write_csv(tmp_path / "s.csv", blobs(4)), k=5, postprocess=[]),
-              "release_id": "k-gt-n", "evaluate": False})
+              "release_id": "k-gt-n"})
     assert s["status"] == "published" and [r["status"] for r in ledger().releases("blobs")] == ["published"]
+    evaluation = json.loads((tmp_path / "runs" / "k-gt-n" / "internal" / "evaluation" / "evaluation.json").read_text())
+    assert evaluation["kmeanspp_wcss"] == 0.0
 
 
 @pytest.mark.slow  # 17 s: tests/test_ledger.py checks the same refusal without a run

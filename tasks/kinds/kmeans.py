@@ -385,8 +385,10 @@ def _plot(per_iteration: list[float], reference: float, released: float, single:
     ax.plot(range(1, T + 1), per_iteration, "o-", color="C0", label="DP k-means iterate")
     ax.axhline(reference, color="k", ls="--", lw=1, label="k-means++ (non-private)")
     ax.axhline(single, color="C3", ls=":", lw=1, label="single centroid (non-private)")
+    # k-means++'s WCSS is 0 with no more points than clusters (such a release is made, and evaluated).
+    versus = f"{released / reference:.3f} x k-means++" if reference > 0 else "k-means++ at 0"
     ax.plot([T + 0.5], [released], marker="*", ms=16, color="C2", ls="none", zorder=5,
-            label=f"released centroids ({released / reference:.3f} x k-means++)")
+            label=f"released centroids ({versus})")
     ax.set_xticks(range(1, T + 1))
     ax.set_xlim(0.5, T + 1)
     ax.set_yscale("log")  # the single centroid is often tens of times k-means++
