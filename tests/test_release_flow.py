@@ -415,6 +415,23 @@ def test_more_clusters_than_rows_is_released_not_refused(tmp_path):
     assert evaluation["kmeanspp_wcss"] == 0.0
 
 
+def test_a_failing_evaluation_leaves_the_published_run_published(tmp_path, monkeypatch):
+    """The evaluation reads raw data after the release is published: a failed run (or task, or retry) would
+    say the data tripped it. Its failure is in the evaluation file and the internal log only."""
+    from tasks.kinds.kmeans import KMeansKind
+
+    def trips(*args, **kwargs):
+        raise ValueError("a value only this data has")
+
+    monkeypatch.setattr(KMeansKind, "evaluate", trips)
+    s = _run({**spec_dict(tmp_path, write_csv(tmp_path / "s.csv", blobs(60)), postprocess=[]),
+              "release_id": "eval-trips"})
+    assert s["status"] == "published"
+    evaluation = json.loads((tmp_path / "runs" / "eval-trips" / "internal" / "evaluation" / "evaluation.json")
+                            .read_text())
+    assert evaluation["failed"] == "ValueError" and "only this data" not in json.dumps(evaluation)
+
+
 @pytest.mark.slow  # 17 s: tests/test_ledger.py checks the same refusal without a run
 def test_a_spec_cannot_make_a_file_public_by_naming_it(tmp_path):
     """The audit's attack: the data's own file named as its public marginals released the exact table (every
