@@ -87,8 +87,9 @@ def _read_csv(dataset: DatasetSpec, path: Path, dtypes: dict[str, str]):
     gz = path.suffix == ".gz"
     # Never dask's guess from a sample: a guess lets one record's value decide how the others are read (or
     # refuse them as "mismatched dtypes").
-    return dd.read_csv(str(path), sep=sep or r"\s+", header=0 if header else None, names=names, usecols=wanted if header else None,
-                       dtype=dtypes, blocksize=None if gz else _CSV_BLOCKSIZE, compression="gzip" if gz else None)
+    return dd.read_csv(str(path), sep=sep or r"\s+", header=0 if header else None, names=names,
+                       usecols=wanted if header else None, dtype=dtypes,
+                       blocksize=None if gz else _CSV_BLOCKSIZE, compression="gzip" if gz else None)
 
 
 def _unreadable(dataset: DatasetSpec, exc: BaseException) -> InputError:
@@ -148,7 +149,7 @@ def _level_text(col):
         return _level_text(col.astype(col.dtype.categories.dtype))
     if not pd.api.types.is_float_dtype(col):
         return col.astype("string")
-    col = col.astype("float64")  # a nullable Float64's NA as NaN, which the tests below leave null
+    col = col.astype("float64")  # a nullable Float64's NA as NaN, which the comparisons below leave null
     whole = (col % 1 == 0) & (col.abs() < 2.0 ** 53)  # NaN compares False: nulls stay null
     text = col.astype("string")
     return text.where(~whole, col.where(whole, 0.0).astype("int64").astype("string"))

@@ -411,8 +411,8 @@ def test_more_clusters_than_rows_is_released_not_refused(tmp_path):
     s = _run({**spec_dict(tmp_path, write_csv(tmp_path / "s.csv", blobs(4)), k=5, postprocess=[]),
               "release_id": "k-gt-n"})
     assert s["status"] == "published" and [r["status"] for r in ledger().releases("blobs")] == ["published"]
-    evaluation = json.loads((tmp_path / "runs" / "k-gt-n" / "internal" / "evaluation" / "evaluation.json").read_text())
-    assert evaluation["kmeanspp_wcss"] == 0.0
+    evaluation = tmp_path / "runs" / "k-gt-n" / "internal" / "evaluation" / "evaluation.json"
+    assert json.loads(evaluation.read_text())["kmeanspp_wcss"] == 0.0
 
 
 def test_a_failing_evaluation_leaves_the_published_run_published(tmp_path, monkeypatch):
