@@ -708,11 +708,11 @@ def _kmeanspp(P, mask, sizes, k, rng):
 
 #: Lloyd passes per k-means++ start in every subset: always all of them, never "until the labels settle". The
 #: subsets hold raw records and the stage's running time is published: stopping when settled let the running
-#: time alone tell whether a far record was there (advantage 0.31 [0.17, 0.46] of a threshold on the time, at
-#: m = 2 subsets of 10,000 points, where eps-DP at eps 1 allows 0.46 to any test on the output; shipped 0.02
-#: [-0.15, 0.13]: tests/benchmarks/timing_channel.py). A settled subset is a fixed point of further passes, so
+#: time alone tell whether a far record was there (advantage 0.31 to 0.61 of a threshold on the time over runs
+#: of tests/benchmarks/timing_channel.py, at m = 2 subsets of 10,000 points, where eps-DP at eps 1 allows 0.46
+#: to any test on the output; shipped 0.01 [-0.13, 0.14]). A settled subset is a fixed point of further passes, so
 #: subsets that settle within LLOYD_PASSES get the centres a stop would give (same cost ratio on the
-#: friendlycore_kmeans benchmark, whose subsets settle within 10; 2.3x its time at n = 200,000).
+#: friendlycore_kmeans benchmark, whose subsets settle within 10; 1.5x its time at n = 200,000).
 LLOYD_PASSES = 20
 
 
@@ -746,7 +746,8 @@ def subset_tuples(X, k: int, subsets: int, rng: np.random.Generator, *, restarts
     Every subset's k-means++ draws from a generator of its own, spawned from `rng` (not from its stream): a
     subset's tuple is then a function of its own records and its own randomness only, so adding a record
     changes one tuple for every fixed draw of the randomness (the coupling of Lemma 9.1). A shared stream
-    would not do: how much of it the other subsets consume depends on their contents."""
+    would not do: how much of it the other subsets consume depends on their contents. The subsets run in
+    padded batches (of at most BATCH_FLOATS), which change no bit of any tuple (tests/test_friendlycore.py)."""
     X = np.asarray(X, dtype=np.float64)
     n, d = X.shape
     coins = rng.integers(0, subsets, size=n)
@@ -755,11 +756,36 @@ def subset_tuples(X, k: int, subsets: int, rng: np.random.Generator, *, restarts
     sizes = np.bincount(coins, minlength=subsets)
     starts = np.concatenate([[0], np.cumsum(sizes)])
     out = np.full((subsets, k, d), np.nan)
-    for g in np.nonzero(sizes >= k)[0]:
-        pts = X[order[starts[g]:starts[g + 1]]]
-        out[g] = _batched_kmeans(pts[None], np.ones((1, pts.shape[0]), dtype=bool), k, streams[g], restarts,
-                                 max_iter)[0][0]
+    run = np.nonzero(sizes >= k)[0]
+    width = int(sizes.max()) if n else 0
+    # Subsets batched by the public shapes only; within a batch, padding and the other subsets change no bit of
+    # a subset's tuple (`_batched_kmeans`), and each draws from its own stream as if run alone (`_RowStreams`).
+    per_batch = max(1, BATCH_FLOATS // max(1, width * k * max(d, 1)))
+    for b in range(0, run.size, per_batch):
+        group = run[b:b + per_batch]
+        P, mask = np.zeros((group.size, width, d)), np.arange(width)[None, :] < sizes[group][:, None]
+        for row, g in enumerate(group):
+            P[row, :sizes[g]] = X[order[starts[g]:starts[g + 1]]]
+        out[group] = _batched_kmeans(P, mask, k, _RowStreams([streams[g] for g in group]), restarts, max_iter)[0]
     return out
+
+
+#: Floats of the largest array a batch of subsets makes (points x centres x coordinates): 512 kB, which stays in
+#: the cache (at n = 200,000, k = 8, m = 624: 3.1 s for all subsets against 5.2 s with 128 MB batches).
+BATCH_FLOATS = 1 << 16
+
+
+class _RowStreams:
+    """Draws of shape (m, ...) whose row g comes from stream g, in the order and amount a run of subset g alone
+    would draw: a subset's k-means++ then depends on its own stream only, however it is batched (Lemma 9.1's
+    coupling needs a subset's tuple to be a function of its own records and its own randomness)."""
+
+    def __init__(self, streams):
+        self.streams = streams
+
+    def random(self, shape):
+        shape = (shape,) if isinstance(shape, int) else tuple(shape)
+        return np.stack([s.random(shape[1:]) for s in self.streams])
 
 
 _KM_SPLIT_GRID = {"radius": 0.10, "weight": 0.10, "centres": 0.80}

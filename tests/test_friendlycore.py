@@ -645,3 +645,19 @@ def test_branch_free_labels_and_sums_are_argmin_and_the_masked_sums():
             sel = mask[g] & (lab[g] == c)
             assert cnt[g, c] == sel.sum()
             assert sums[g, c] == pytest.approx(P[g][sel].sum(axis=0), rel=1e-12, abs=1e-12)
+
+
+def test_batched_subsets_get_the_tuples_each_gets_alone_from_its_own_stream(monkeypatch):
+    """subset_tuples runs the subsets in padded batches (bounded by BATCH_FLOATS); a subset's tuple must be the
+    one it gets run alone on its own points from its own stream (Lemma 9.1's coupling)."""
+    monkeypatch.setattr(fc, "BATCH_FLOATS", 3_000)  # several batches of uneven subsets
+    X = np.random.default_rng(21).normal(size=(900, 2)) * 5
+    k, m = 3, 16
+    tuples = fc.subset_tuples(X, k, m, np.random.default_rng(4))
+    rng = np.random.default_rng(4)
+    coins, streams = rng.integers(0, m, size=len(X)), rng.spawn(m)
+    for g in range(m):
+        pts = X[coins == g]
+        alone = fc._batched_kmeans(pts[None], np.ones((1, len(pts)), dtype=bool), k, streams[g], 3,
+                                   fc.LLOYD_PASSES)[0][0]
+        assert np.array_equal(tuples[g], alone)
