@@ -65,6 +65,18 @@ TUPLE_MEAN_SENSITIVITY_MULTIPLE = 8.0
 SEPARATION_FACTOR = 6.0
 #: Thresholds are shrunk by this factor so that a floating-point "yes" implies the exact inequality (§12).
 _SHRINK = 1.0 - 1e-9
+#: The largest public radius: every threshold the predicates compare with, (SEPARATION_FACTOR r)^2 (1 + 1e-9) the
+#: largest, must be a finite double. Above about 1.3e154 r^2 overflows to inf and `inf <= inf` made a record at
+#: 1e300 everyone's friend (an attacker's review released a mean of 5e296 with it, 9e152 without it).
+MAX_RADIUS = 1e150
+
+
+def check_radius(r: float, what: str = "r") -> float:
+    """A public radius whose thresholds are finite: 0 < r <= MAX_RADIUS (a ValueError otherwise)."""
+    if not (math.isfinite(r) and 0 < r <= MAX_RADIUS):
+        raise ValueError(f"{what} must be in (0, {MAX_RADIUS:g}] (its square, times the predicates' factors, must "
+                         f"be a finite number)")
+    return float(r)
 
 PREDICATES = ("distance", "grid")
 
@@ -124,22 +136,26 @@ class EuclideanFriends:
 
     def _blas_block(self, i0, i1):
         Yb = self._Y[i0:i1]
-        a2 = self._a * self._a
-        return a2[i0:i1, None] + a2[None, :] - 2.0 * (Yb @ self._Y.T)
+        with np.errstate(over="ignore", invalid="ignore"):  # overflow is sent to the defining formula (`counts`)
+            a2 = self._a * self._a
+            return a2[i0:i1, None] + a2[None, :] - 2.0 * (Yb @ self._Y.T)
 
     def counts(self, r: float) -> np.ndarray:
-        t = float(r) * float(r) * _SHRINK
+        r = check_radius(r)
+        t = r * r * _SHRINK
         out = np.empty(self.n, dtype=np.int64)
         for i0 in range(0, self.n, self._rows):
             i1 = min(self.n, i0 + self._rows)
             G = self._G[i0:i1] if self._G is not None else self._blas_block(i0, i1)
             s = self._a[i0:i1, None] + self._a[None, :]
-            margin = 1e-10 * s * s
+            with np.errstate(over="ignore", invalid="ignore"):
+                margin = 1e-10 * s * s
             friends = G <= t
-            ii, jj = np.nonzero(np.abs(G - t) <= margin)
+            # Inside the rounding band, or where BLAS overflowed (inf, or nan from inf - inf), the defining formula
+            # decides: the predicate stays a function of the pair alone.
+            ii, jj = np.nonzero((np.abs(G - t) <= margin) | ~np.isfinite(G))
             if ii.size:
-                exact = sq_dist_pairs(self._X[ii + i0], self._X[jj]) <= t
-                friends[ii, jj] = exact
+                friends[ii, jj] = _within(sq_dist_pairs(self._X[ii + i0], self._X[jj]), t)
             out[i0:i1] = friends.sum(axis=1)
         return out
 
@@ -267,9 +283,16 @@ class PairFriends:
         return out
 
 
+def _within(sq: np.ndarray, t: float) -> np.ndarray:
+    """sq <= t for a finite threshold t (`check_radius`): an overflowed (inf) or nan squared distance is "not
+    friends", whatever the threshold."""
+    return np.isfinite(sq) & (sq <= t)
+
+
 def euclidean_block_predicate(A, B, r):
     """The Euclidean predicate of `EuclideanFriends` as a block function (defining formula on every pair)."""
-    return sq_dist_pairs(np.asarray(A)[:, None, :], np.asarray(B)[None, :, :]) <= float(r) * float(r) * _SHRINK
+    r = check_radius(r)
+    return _within(sq_dist_pairs(np.asarray(A)[:, None, :], np.asarray(B)[None, :, :]), r * r * _SHRINK)
 
 
 def friend_counter(X, predicate: str = "distance", *, grid_q: int = 16) -> FriendCounter:
@@ -345,8 +368,10 @@ class RadiusGrid:
     ratio: float = 2.0 ** 0.125
 
     def __post_init__(self):
-        if not (0 < self.r_min <= self.r_max and math.isfinite(self.r_max) and self.ratio > 1):
-            raise ValueError("need 0 < r_min <= r_max < inf and ratio > 1")
+        check_radius(self.r_min, "r_min")
+        check_radius(self.r_max, "r_max")
+        if not (self.r_min <= self.r_max and self.ratio > 1):
+            raise ValueError("need r_min <= r_max and ratio > 1")
 
     @property
     def radii(self) -> np.ndarray:
@@ -414,8 +439,8 @@ class MeanParams:
             raise ValueError("rho must be positive")
         if (self.r is None) == (self.grid is None):
             raise ValueError("give exactly one of a public radius r and a radius grid")
-        if self.r is not None and not (math.isfinite(self.r) and self.r > 0):
-            raise ValueError("r must be positive")
+        if self.r is not None:
+            check_radius(self.r)
         if self.min_weight < WEIGHT_SENSITIVITY:
             raise ValueError("min_weight must be >= 2 (Theorem 6.1)")
         if not 0 < self.target <= 1:
@@ -602,7 +627,8 @@ class TupleFriends:
         return out
 
     def _count(self, r, separated):
-        t = float(r) * float(r) * _SHRINK
+        r = check_radius(r)
+        t = r * r * _SHRINK
         ok = self.valid.copy()
         if separated:
             s = SEPARATION_FACTOR * float(r)
@@ -612,7 +638,7 @@ class TupleFriends:
         for a0 in range(0, self.n, step):
             a1 = min(self.n, a0 + step)
             C = self._cost[a0:a1] if self._cost is not None else self._cost_rows(a0, a1)
-            F = (C <= t) & ok[None, :] & ok[a0:a1, None]
+            F = _within(C, t) & ok[None, :] & ok[a0:a1, None]
             out[a0:a1] = F.sum(axis=1)
         return out
 
@@ -824,6 +850,8 @@ class KMeansParams:
             raise ValueError("the number of subsets must be even and >= 2 (Lemma 9.2)")
         if (self.r is None) == (self.grid is None):
             raise ValueError("give exactly one of a public radius r and a radius grid")
+        if self.r is not None:
+            check_radius(self.r)
         if self.min_weight < TUPLE_WEIGHT_SENSITIVITY:
             raise ValueError("min_weight must be >= 3 (Theorem 9.6)")
         if not 0 < self.target <= 1:

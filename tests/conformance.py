@@ -86,7 +86,7 @@ EXTREMES = {
     "values": [[15.9, 3], [0.1, 7]],                 # a weight above max_weight is capped to it
     "categories": [["q", "z", 3], ["p", "x", 9]],
     "sets": [list(range(40)), list(range(10))],      # every item; exactly max_items items
-    "numeric": [[1e4, -1e4], [0.0, 0.0]],             # far from everything; between the clusters
+    "numeric": [[1e4, -1e4], [0.0, 0.0], [1e300, -1e300]],  # far; between the clusters; squares overflow
 }
 
 

@@ -85,6 +85,37 @@ def test_sensitivities_hold_on_worst_case_neighbours_and_the_audit_stays_within_
     assert audited, "at least one entry of every kind is audited"
 
 
+@pytest.mark.parametrize("radius", [{"r": "max"}, {"r_min": 0.5, "r_max": "max"}])
+@pytest.mark.parametrize("name", ["mean", "friendly_kmeans"])
+def test_friendlycore_at_the_largest_radius_a_far_record_stays_within_the_sensitivity(name, radius, tmp_path, client):
+    """A record at 1e300 beside D, with the largest public radius the schema accepts (a public r, or a grid up to
+    it): every statistic moves by at most the plan's sensitivity. With r = 1e155 (r^2 = inf) the record was
+    everyone's friend and moved the mean by 1e300 / n (an attacker's review)."""
+    from dpalgos.friendlycore import MAX_RADIUS
+
+    kind = REGISTRY[name]
+    release = {k: v for k, v in kind.example().items() if k not in ("r_min", "r_max")}
+    release.update({k: MAX_RADIUS if v == "max" else v for k, v in radius.items()})
+    base_spec = {**C.spec_for(kind, tmp_path / "D"), "release": release}
+    plan = kind.plan(parse_spec(base_spec))
+    base = C.measure_calls(kind, base_spec, tmp_path / "D", client)
+    folder = tmp_path / "far"
+    far = {**C.spec_for(kind, folder, extra=[[1e300, -1e300]]), "release": release}
+    worst = C.worst_changes(plan, base, C.measure_calls(kind, far, folder, client, replay=base), C.Worst())
+    assert C.sensitivity_violations(worst) == []
+
+
+@pytest.mark.parametrize("field", ["r", "r_max"])
+def test_friendlycore_radius_whose_square_overflows_is_refused_by_the_schema(field, tmp_path):
+    from tasks.errors import SpecError
+
+    kind = REGISTRY["mean"]
+    release = {**{k: v for k, v in kind.example().items() if k not in ("r_min", "r_max")},
+               **({"r": 1e155} if field == "r" else {"r_min": 1.0, "r_max": 1e200})}
+    with pytest.raises(SpecError, match=f"release.{field}"):
+        parse_spec({**C.spec_for(kind, tmp_path), "release": release})
+
+
 @pytest.mark.parametrize("name", KINDS)
 def test_a_halved_sensitivity_is_caught(name, tmp_path, client):
     """The suite fails when a plan entry understates its sensitivity by half (its noise halves with it)."""

@@ -39,10 +39,12 @@ LABEL = "FriendlyCore framework after Tsfadia et al., ICML 2022; filter and anal
 
 class _FriendlyParams(ReleaseBase):
     delta: float = Field(1e-6, gt=0, lt=1, description="delta of the release's (epsilon, delta), delta' included")
-    r: float | None = Field(None, gt=0, description="public radius of the friend predicate; default: chosen "
-                                                   "privately on the geometric grid [r_min, r_max]")
-    r_min: float | None = Field(None, gt=0, description="smallest radius of the public grid")
-    r_max: float | None = Field(None, gt=0, description="largest radius of the public grid")
+    r: float | None = Field(None, gt=0, le=fc.MAX_RADIUS,
+                            description="public radius of the friend predicate; default: chosen privately on the "
+                                        "geometric grid [r_min, r_max]. At most 1e150: the predicates compare "
+                                        "squared distances with multiples of r^2, which must be finite")
+    r_min: float | None = Field(None, gt=0, le=fc.MAX_RADIUS, description="smallest radius of the public grid")
+    r_max: float | None = Field(None, gt=0, le=fc.MAX_RADIUS, description="largest radius of the public grid")
     delta_ptr: float = Field(1e-8, gt=0, lt=1e-3, description="delta' of the propose-test-release step")
 
     @model_validator(mode="after")
