@@ -414,7 +414,7 @@ _MEAN_SPLIT_FIXED = {"weight": 0.10, "mean": 0.90}
 class MeanParams:
     """Public parameters of the friendly average (everything here is public: spec values, never data).
 
-    rho        total zCDP budget of the release (its (eps, delta) adds `delta_ptr`, see `guarantee`).
+    rho        total zCDP budget of the release (its (eps, delta) adds `delta_ptr`, `Plan.guarantee`).
     r          a public radius, or None to choose it privately over `grid`.
     grid       the public radius grid (required when r is None).
     delta_ptr  delta' of the propose-test-release step (§6).
@@ -465,8 +465,14 @@ def _nm(rho: float) -> float:
     return 1.0 / math.sqrt(2.0 * rho)
 
 
+#: Why a FriendlyCore plan's extra delta (`Plan.extra_delta`) is its PTR delta'.
+PTR_ARGUMENT = ("the propose-test-release test passes with L above the true core weight with probability at most "
+                "delta' (docs/friendlycore.md Theorem 6.1, §8)")
+
+
 def mean_plan(params: MeanParams) -> Plan:
-    """The plan of `friendly_mean`: its event is the zCDP part; add `ptr_delta(params)` to the charged delta."""
+    """The plan of `friendly_mean`: its event is the zCDP part, its extra delta the PTR delta' (`ptr_delta`), so
+    `plan.guarantee(delta)` is the release's (eps, delta) (Theorem 6.1, §8)."""
     s = {k: v * params.rho for k, v in params.budget_split().items()}
     mech = []
     if params.grid is not None:
@@ -490,28 +496,14 @@ def mean_plan(params: MeanParams) -> Plan:
         argument="docs/friendlycore.md Theorem 5.1: ||M(D') - M(D)|| <= 4 r / max(W, W') when max(W, W') >= 2; "
                  "the bound C = r / L with L = W^ - z sigma_W <= max(W, W') except with probability delta' "
                  "(Theorem 6.1, propose-test-release)"))
-    return Plan(tuple(mech))
+    return Plan(tuple(mech), ptr_delta(params), PTR_ARGUMENT)
 
 
 def ptr_delta(params: "MeanParams | KMeansParams") -> float:
     """delta' of the release: the probability that its PTR test passes with L above the true weight. One test per
-    release (the mean's, or the k-means centres'). A release kind charges (eps, delta_0 + ptr_delta(params)) with
-    eps = epsilon of `plan.event()` at delta_0 (see `guarantee`, docs §8)."""
+    release (the mean's, or the k-means centres'). A release charges (eps, delta_0 + ptr_delta(params)) with
+    eps = epsilon of `plan.event()` at delta_0 (`Plan.guarantee`, docs §8)."""
     return float(params.delta_ptr)
-
-
-def guarantee(params: "MeanParams | KMeansParams", delta: float):
-    """(eps, delta)-DP of one release at total delta: eps = dp_accounting's epsilon of the plan's zCDP event at
-    delta_0 = delta - delta' (Theorem 6.1). Returns dpalgos.accounting.Guarantee with the total delta."""
-    from dpalgos.accounting import Guarantee, epsilon_at
-
-    d0 = delta - ptr_delta(params)
-    if not d0 > 0:
-        raise ValueError(f"delta must exceed delta' = {ptr_delta(params)}")
-    plan = mean_plan(params) if isinstance(params, MeanParams) else kmeans_plan(params)
-    g = epsilon_at(plan.event(), d0)
-    return Guarantee(epsilon=g.epsilon, delta=delta, method=f"{g.method} at delta_0 = {d0:g}, + PTR delta' "
-                                                            f"{ptr_delta(params):g} (docs/friendlycore.md §8)")
 
 
 @dataclass(frozen=True)
@@ -870,7 +862,7 @@ class KMeansParams:
 
 
 def kmeans_plan(params: KMeansParams) -> Plan:
-    """The plan of `friendly_kmeans`; add `ptr_delta(params)` to the charged delta."""
+    """The plan of `friendly_kmeans`, its extra delta the PTR delta' (Theorem 9.6)."""
     s = {key: v * params.rho for key, v in params.budget_split().items()}
     why = ("adding or removing one record changes one subset (coins are independent of the data), hence "
            "replaces one of the m tuples: ")
@@ -894,7 +886,7 @@ def kmeans_plan(params: KMeansParams) -> Plan:
         argument=why + "docs/friendlycore.md Theorem 9.3 with Lemma 9.5 (consistent matchings, m even): "
                        "||dM|| < 8 r / max(W, W''); C = r / L, L <= max(W, W'') except with probability delta' "
                        "(Theorem 9.6)"))
-    return Plan(tuple(mech))
+    return Plan(tuple(mech), ptr_delta(params), PTR_ARGUMENT)
 
 
 @dataclass(frozen=True)

@@ -61,31 +61,21 @@ class ExactNoise(NoiseSource):
             return values.astype(np.float64)
         key = (mechanism.distribution, mechanism.integer, values.size, scale)
         if key not in self._cache:
-            self._cache[key] = _opendp_measurement(mechanism.distribution, mechanism.integer, values.size, scale)
+            self._cache[key] = mechanism.opendp_measurement(values.size, scale)
         flat = values.reshape(-1)
         if mechanism.integer:
-            exact = np.rint(flat)
-            if not np.array_equal(exact, flat):
-                raise ValueError(f"mechanism '{mechanism.name}' is declared integer but got non-integer values")
-            noisy = self._cache[key]([int(v) for v in exact.astype(np.int64)])
+            if not np.array_equal(np.rint(flat), flat):
+                raise PlanViolation(f"mechanism '{mechanism.name}' is declared integer but got non-integer values")
+            # x + Z with Z the noise of a zero vector, added in unbounded integers: counts beyond 64 bits (a
+            # weighted table's cell of 3e9 refused a 32-bit domain after the charge) are drawn as any other.
+            noise = self._cache[key]([0] * flat.size)
+            noisy = [int(v) + z for v, z in zip(flat.tolist(), noise)]
         else:
             noisy = self._cache[key]([float(v) for v in flat.astype(np.float64)])
         return np.asarray(noisy, dtype=np.float64).reshape(values.shape)
 
     def step_generator(self):
         return np.random.default_rng(secrets.randbits(128))
-
-
-def _opendp_measurement(distribution: str, integer: bool, size: int, scale: float):
-    import opendp.prelude as dp
-
-    dp.enable_features("contrib")
-    T = int if integer else float
-    atom = dp.atom_domain(T=int) if integer else dp.atom_domain(T=float, nan=False)
-    domain = dp.vector_domain(atom, size=size)
-    if distribution == "laplace":
-        return dp.m.make_laplace(domain, dp.l1_distance(T=T), scale=scale)
-    return dp.m.make_gaussian(domain, dp.l2_distance(T=T), scale=scale)
 
 
 class SeededNoise(NoiseSource):

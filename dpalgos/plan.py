@@ -7,10 +7,15 @@ Everything else is derived from the plan and only from it (as OpenDP's measureme
 and Tumult derives its noise description from the measurement):
 
   * `Plan.event()`      the `dp_accounting` event the ledger charges;
+  * `Plan.guarantee()`  the (epsilon, delta) a release states (the ledger, the stages, the conformance suite and
+                        the experiments all ask it, so a release's guarantee is computed in one place);
   * `dpalgos.noise`     the noise each draw adds (the scale comes from the plan entry, never recomputed);
   * `Plan.manifest()`   the manifest's mechanism list;
-  * `Mechanism.opendp_measurement()`  OpenDP's own measurement of the same noise, whose privacy map the
-                        conformance suite compares with the plan.
+  * `Mechanism.opendp_measurement()`  OpenDP's measurement of the entry: the production sampler draws with it
+                        (`dpalgos.noise.ExactNoise`) and the conformance suite compares its privacy map
+                        with the plan: the measurement that is checked is the one that draws.
+  * `Plan.to_json()` / `Plan.from_json()`  the plan committed with the measurements; postprocessing reads the
+                        committed plan back, never the plan the current code would build from the spec.
 
 Noise distributions and their events:
   laplace, integer statistic   OpenDP discrete Laplace (Canonne, Kamath & Steinke 2020) on the integers;
@@ -31,10 +36,12 @@ Noise distributions and their events:
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Literal
 
 from dp_accounting import dp_event as dpe
+
+from dpalgos.accounting import Guarantee, release_guarantee
 
 ADD_REMOVE_RECORD = "add or remove one record"
 ADD_REMOVE_USER = "add or remove one user (all of a user's items)"
@@ -138,19 +145,27 @@ class Mechanism:
             out["rho_each"] = 1.0 / (2.0 * self.noise_multiplier ** 2)
         return out
 
-    def opendp_measurement(self, size: int, sensitivity_scale: float | None = None):
-        """OpenDP's measurement of this noise on `size` values (the scale at sensitivity 1 when it is chosen
-        during the release), for the cross-check of the plan against OpenDP's privacy map."""
+    def opendp_measurement(self, size: int, scale: float | None = None):
+        """OpenDP's measurement of this entry's noise on `size` values, at `scale` (default the plan's; an entry
+        whose bound is chosen during the release gives the scale of its draw, `scale_for`). The production
+        sampler draws with it and the conformance suite checks its privacy map against the plan.
+
+        Integer statistics are 64-bit (OpenDP's `int` is 32-bit and saturates its noise at 2^31 - 1), and the
+        sampler draws the noise of a zero vector and adds it to the exact counts in Python's unbounded integers
+        (`dpalgos.noise.ExactNoise`): x + Z is the mechanism whatever x, so counts of any size are handled."""
         import opendp.prelude as dp
 
         dp.enable_features("contrib")
-        scale = self.scale if self.scale is not None else self.scale_for(sensitivity_scale or 1.0)
-        T = int if self.integer else float
+        scale = self.scale if scale is None else scale
+        T = "i64" if self.integer else float
         atom = dp.atom_domain(T=T) if self.integer else dp.atom_domain(T=float, nan=False)
         domain = dp.vector_domain(atom, size=size)
         if self.distribution == "laplace":
             return dp.m.make_laplace(domain, dp.l1_distance(T=T), scale=scale)
         return dp.m.make_gaussian(domain, dp.l2_distance(T=T), scale=scale)
+
+    def to_json(self) -> dict:
+        return asdict(self)
 
 
 @dataclass(frozen=True)
@@ -184,8 +199,35 @@ class Plan:
         events = [m.event() for m in self.mechanisms]
         return events[0] if len(events) == 1 else dpe.ComposedDpEvent(events)
 
-    def with_extra_delta(self, extra_delta: float, argument: str) -> "Plan":
-        return Plan(self.mechanisms, extra_delta, argument)
+    def guarantee(self, delta: float) -> Guarantee:
+        """The (epsilon, delta) the release states at the spec's `delta` (`accounting.release_guarantee`: pure
+        epsilon when every entry is pure DP, else the best epsilon at delta, of which `extra_delta` is outside the
+        event)."""
+        return release_guarantee(self.event(), delta, self.extra_delta)
+
+    def to_json(self) -> dict:
+        return {"mechanisms": [m.to_json() for m in self.mechanisms], "extra_delta": self.extra_delta,
+                "extra_delta_argument": self.extra_delta_argument}
+
+    @classmethod
+    def from_json(cls, data: dict) -> "Plan":
+        return cls(tuple(Mechanism(**m) for m in data["mechanisms"]), data["extra_delta"], data["extra_delta_argument"])
+
+    @classmethod
+    def from_manifest(cls, entries: list[dict], extra_delta: float = 0.0, argument: str = "") -> "Plan":
+        """The plan of measurements committed before plans were stored whole (their manifest list only): every
+        fact postprocessing reads (names, scales, multipliers, sensitivities) is in it."""
+        def mechanism(e: dict) -> Mechanism:
+            fixed = not isinstance(e["sensitivity"], str)
+            return Mechanism(
+                name=e["name"], query=e["query"], relation=e["relation"], argument=e["sensitivity_argument"],
+                distribution="laplace" if e["norm"] == "l1" else "gaussian",
+                sensitivity=e["sensitivity"] if fixed else None, noise_multiplier=e["noise_multiplier"],
+                bound_multiple=1.0 if fixed else float(e["sensitivity"].split()[0]),
+                integer=e["distribution"].startswith("discrete"), repetitions=e["repetitions"],
+                sampling_rate=e["sampling_rate"], per_step_generator=e["distribution"] == "numpy_gaussian"
+                and e["sampling_rate"] is not None, values=e.get("values_per_repetition"))
+        return cls(tuple(mechanism(e) for e in entries), extra_delta, argument)
 
     def manifest(self, samplers: dict[str, str] | None = None) -> list[dict]:
         samplers = samplers or {}

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from dpalgos.plan import Plan
 from tasks.errors import ReleaseConflict
 
 
@@ -31,6 +32,16 @@ META = "measurements.json"
 def read_meta(measurements: str | Path) -> dict:
     """The metadata the DP measurement task stored beside the noisy measurements."""
     return json.loads((Path(measurements) / META).read_text())
+
+
+def committed_plan(measurements: str | Path) -> Plan:
+    """The plan the measurements were drawn with, as committed beside them: postprocessing reads its scales from
+    here, never from the plan the running code would build from the spec (a resume after an upgrade that changed
+    a default would otherwise postprocess with scales the noise was not drawn at)."""
+    meta = read_meta(measurements)
+    if "plan" in meta:
+        return Plan.from_json(meta["plan"])
+    return Plan.from_manifest(meta["mechanisms"], meta.get("extra_delta", 0.0), meta.get("extra_delta_argument", ""))
 
 
 @dataclass(frozen=True)

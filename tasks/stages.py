@@ -74,7 +74,7 @@ def measure(spec: ReleaseSpec, release_id: str, run: RunPaths, prepared: StageOu
     kind = kind_of(spec)
     kind.check_feasible(spec, prepared)
     plan = kind.plan(spec)
-    own = accounting.release_guarantee(plan.event(), getattr(spec.release, "delta", 0.0), plan.extra_delta)
+    own = plan.guarantee(getattr(spec.release, "delta", 0.0))
     ledger, charge = None, None
     owner = secrets.token_hex(8)  # this attempt: the lease to draw (PrivacyLedger.begin_draw)
     reused = _stored_measurements(spec, release_id, run)
@@ -138,7 +138,7 @@ def _draw_and_commit(spec, release_id, run, prepared, plan, ledger, owner, log) 
     measure_ = Measure(plan, noise, on_first_draw=lambda: ledger and ledger.begin_draw(release_id, owner))
     draw = kind_of(spec).draw(spec, prepared, measure_, public_rng, log)
     meta = {"release_id": release_id, "dataset_id": spec.dataset.id, "kind": spec.release.kind,
-            "fingerprint": spec.fingerprint(), "event": accounting.event_to_json(plan.event()),
+            "fingerprint": spec.fingerprint(), "event": accounting.event_to_json(plan.event()), "plan": plan.to_json(),
             "extra_delta": plan.extra_delta, "extra_delta_argument": plan.extra_delta_argument,
             "mechanisms": plan.manifest(measure_.samplers()), "noise": noise.description,
             "private": noise.private, **draw.meta}

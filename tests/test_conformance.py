@@ -37,7 +37,7 @@ def test_charged_event_composes_within_the_spec_budget(name, tmp_path):
     kind = REGISTRY[name]
     spec = parse_spec(C.spec_for(kind, tmp_path))
     delta = getattr(spec.release, "delta", 0.0)
-    g = accounting.release_guarantee(kind.plan(spec).event(), delta)
+    g = kind.plan(spec).guarantee(delta)
     assert g.epsilon <= spec.release.epsilon * (1 + 1e-6) and g.delta <= max(delta, 0.0) + 1e-15
 
 
@@ -51,7 +51,8 @@ def test_plan_equals_opendp_privacy_map(name, tmp_path):
         d_in = m.bound_multiple if m.sensitivity is None else (
             int(m.sensitivity) if m.integer and float(m.sensitivity).is_integer() else m.sensitivity)
         claimed = m.manifest().get("epsilon_each", m.manifest().get("rho_each"))
-        assert m.opendp_measurement(size=3, sensitivity_scale=1.0).map(d_in) == pytest.approx(claimed, rel=1e-9), m.name
+        scale = m.scale if m.sensitivity is not None else m.scale_for(1.0)
+        assert m.opendp_measurement(size=3, scale=scale).map(d_in) == pytest.approx(claimed, rel=1e-9), m.name
 
 
 def _neighbour_worst(kind, tmp_path, client, plan_of=None) -> C.Worst:
@@ -202,3 +203,38 @@ def test_release_through_the_flow(name, tmp_path, monkeypatch):
             assert all(filecmp.cmp(a / f, b / f, shallow=False) for f in cmp.common_files)
         else:
             assert filecmp.cmp(a, b, shallow=False), product
+
+
+@pytest.mark.parametrize("name,entry", [("histogram", "tree"), ("contingency", "cells"),
+                                        ("matrix_mechanism", "strategy")])
+def test_postprocessing_reads_the_plan_committed_with_the_measurements(name, entry, tmp_path, client, monkeypatch):
+    """A resume after an upgrade that changed a default scale postprocesses with the scale the noise was drawn at
+    (the plan committed beside the measurements), not the one the running code builds from the spec."""
+    import json
+    import logging
+
+    from tasks import stages
+    from tasks.ingest import ingest_dataset
+    from tasks.run import META, RunPaths, read_meta
+
+    log = logging.getLogger("conformance")
+    kind = REGISTRY[name]
+    spec = parse_spec({**C.spec_for(kind, tmp_path), "mode": "test", "seed": 1})
+    run = RunPaths(tmp_path / "run")
+    run.internal.mkdir(parents=True)
+    prepared = kind.prepare(spec, ingest_dataset(spec.dataset, run.internal / "ingested", log), run, log)
+    plan = kind.plan(spec)
+    stages._draw_and_commit(spec, "r1", run, prepared, plan, None, None, log)
+
+    def products(folder):
+        folder.mkdir()
+        kind.postprocess(spec, run.measurements, folder, run.internal, log)
+        return {f.name: f.read_bytes() for f in sorted(folder.iterdir()) if f.suffix == ".parquet"}
+
+    committed = products(tmp_path / "a")
+    monkeypatch.setattr(type(kind), "plan", lambda self, spec: plan.scaled(entry, 4.0))  # an upgrade's new default
+    assert products(tmp_path / "b") == committed
+    monkeypatch.undo()
+    meta = read_meta(run.measurements)
+    (run.measurements / META).write_text(json.dumps({**meta, "plan": plan.scaled(entry, 4.0).to_json()}))
+    assert products(tmp_path / "c") != committed, "the committed scale decides the products"

@@ -352,7 +352,7 @@ def test_dp_audit_weight_tight_pair_and_halved_weight_claim_is_detected():
     assert pair[0][0] - pair[1][0] == pytest.approx(2 * n / (n + 1))
     params = fc.MeanParams(rho=0.05, r=r, split={"weight": 0.9, "mean": 0.1})
     plan = fc.mean_plan(params)
-    claim = fc.guarantee(params, 1e-3).epsilon
+    claim = plan.guarantee(1e-3).epsilon
     assert _audit(pair, r, params, plan) <= claim
     assert _audit(pair, r, params, plan.scaled("fc_weight", 0.5), seed=1) > claim
 
@@ -370,7 +370,7 @@ def test_dp_audit_adversarial_mean_pair_and_a_broken_mean_claim_is_detected():
     assert abs(M1 - M0) * max(W0, W1) / r > 1.3
     params = fc.MeanParams(rho=0.1, r=r, split={"weight": 0.1, "mean": 0.9})
     plan = fc.mean_plan(params)
-    claim = fc.guarantee(params, 1e-3).epsilon
+    claim = plan.guarantee(1e-3).epsilon
     assert _audit(pair, r, params, plan) <= claim
     assert _audit(pair, r, params, plan.scaled("fc_mean", 1 / 8), seed=1) > claim
 
@@ -486,7 +486,7 @@ def test_plans_state_the_proven_sensitivities_and_spend_rho():
     assert _total_rho(plan) == pytest.approx(0.7)
     assert all(m.distribution == "gaussian" for m in plan)
     assert fc.ptr_delta(p) == p.delta_ptr
-    g = fc.guarantee(p, 1e-6)
+    g = plan.guarantee(1e-6)
     assert g.delta == 1e-6 and 0 < g.epsilon < 10
     kp = fc.KMeansParams(rho=0.3, k=4, subsets=100, grid=grid)
     kplan = fc.kmeans_plan(kp)

@@ -12,7 +12,7 @@ pairwise >= 15 apart, unit covariance), n = 1e3 .. 1e6; cost (WCSS) normalised b
 of 10) on the same data. Friendly k-means (m = even(n / (k * 40)) subsets, a public function of n; radius over
 the public grid [1e-3, 1e5]; rho zCDP + delta' = 1e-8) against the project's DP k-means (Lee & Kifer Alg. 1,
 T = 5, pure eps-DP) and its Lee & Kifer refinement (consistency + MCMC), both at FriendlyCore's eps at
-delta = 1e-6 (`dpalgos.friendlycore.guarantee`): pure eps-DP is the stronger guarantee at that eps. DP k-means
+delta = 1e-6 (`Plan.guarantee`): pure eps-DP is the stronger guarantee at that eps. DP k-means
 runs on the data mapped into the unit L1 ball with the public bounds [-120, 120]^2 (no point is moved by the L1
 projection), from data-independent centroids. "No friendly core" is a failure: its cost is +inf (the quantiles
 then use sample values, so a failure stays +inf).
@@ -117,7 +117,7 @@ def mean_epsilons(rho: float, delta: float) -> tuple[float, float]:
 
     from dpalgos.accounting import epsilon_at
 
-    return fc.guarantee(mean_params(rho), delta).epsilon, epsilon_at(dpe.ZCDpEvent(rho), delta).epsilon
+    return fc.mean_plan(mean_params(rho)).guarantee(delta).epsilon, epsilon_at(dpe.ZCDpEvent(rho), delta).epsilon
 
 
 def mean_table(*, runs: int, seed: int, rho: float = RHO, n: int = MEAN_N, d_fixed: int = MEAN_D,
@@ -191,7 +191,7 @@ def kmeans_table(*, runs: int, seed: int, ns=KMEANS_NS, rho: float = RHO, delta:
     for n in ns:
         params = kmeans_params(n, rho=rho, k=k, per_cluster=per_cluster)
         fplan = fc.kmeans_plan(params)
-        eps = fc.guarantee(params, delta).epsilon
+        eps = fplan.guarantee(delta).epsilon
         for run in range(runs):
             rng = np.random.default_rng([seed, n, run])
             X = mixture(n, k, rng)

@@ -18,6 +18,7 @@ from tasks.kinds import counts
 from tasks.kinds.base import Draw, ReleaseKind
 from tasks.ledger import public_copy
 from tasks.params import ConsistencyBase
+from tasks.run import committed_plan
 
 class ContingencyParams(ConsistencyBase):
     """Contingency table of the categorical columns (Algorithm 2): Laplace noise on every cell, made
@@ -152,7 +153,7 @@ class ContingencyKind(ReleaseKind):
         table = table_of(spec)
         noisy = counts.read_column(measurements / NOISY, "noisy_count")
         marginals, values, A = self._marginals(spec)
-        x, info = _estimate(spec.release, table, noisy, marginals, values, A, self.plan(spec)["cells"].scale)
+        x, info = _estimate(spec.release, table, noisy, marginals, values, A, committed_plan(measurements)["cells"].scale)
         counts.write_vector(staging / TABLE, "cell", {"count": x}, **_level_columns(table))
         info.update({"public_marginal_cells": len(marginals),
                      "max_constraint_violation": float(np.abs(A @ x - values).max()) if len(values) else 0.0})

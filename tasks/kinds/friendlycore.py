@@ -94,10 +94,7 @@ def _math_params(p):
 
 def _plan(p) -> Plan:
     params = _math_params(p)
-    plan = fc.mean_plan(params) if p.kind == "mean" else fc.kmeans_plan(params)
-    return plan.with_extra_delta(fc.ptr_delta(params), "the propose-test-release test passes with L above the true "
-                                                       "core weight with probability at most delta' "
-                                                       "(docs/friendlycore.md Theorem 6.1, §8)")
+    return fc.mean_plan(params) if p.kind == "mean" else fc.kmeans_plan(params)
 
 
 def _points(spec, prepared) -> np.ndarray:

@@ -22,6 +22,7 @@ from dpalgos.hierarchy import Tree, tree_plan
 from tasks.kinds import counts
 from tasks.kinds.base import Draw, ReleaseKind
 from tasks.params import ConsistencyBase, is_power
+from tasks.run import committed_plan
 
 class HistogramParams(ConsistencyBase):
     """Hierarchical histogram (Algorithm 3): noisy k-ary tree over `bins` equal-width bins of the column's
@@ -112,7 +113,7 @@ class HistogramKind(ReleaseKind):
         p = spec.release
         tree = tree_of(spec)
         noisy = counts.read_column(measurements / NOISY, "noisy_count")
-        leaves, info = consistent_leaves(tree, noisy, p.consistency, noise_scale=self.plan(spec)["tree"].scale,
+        leaves, info = consistent_leaves(tree, noisy, p.consistency, noise_scale=committed_plan(measurements)["tree"].scale,
                                          penalty=p.penalty, alpha=p.alpha, rho=p.rho)
         (column, (lo, hi)), = spec.dataset.bounds.items()
         edges = lo + (hi - lo) * np.arange(p.bins + 1) / p.bins

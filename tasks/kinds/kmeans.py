@@ -24,7 +24,7 @@ from tasks.kinds.base import Draw, ReleaseKind
 from tasks.params import ReleaseBase
 from tasks.partitions import Partitioned, current_client, read_points, write_points
 from tasks.progress import Progress, gather
-from tasks.run import RunPaths, read_meta
+from tasks.run import RunPaths, committed_plan, read_meta
 
 class KMeansParams(ReleaseBase):
     """DP k-means (Lee & Kifer, Algorithm 1): K centroids after T noisy Lloyd iterations."""
@@ -247,7 +247,7 @@ class KMeansKind(ReleaseKind):
                                       [f"centroid_{j}" for j in range(d)])
 
     def trajectory(self, spec, measurements: Path) -> dpkmeans.Trajectory:
-        plan = self.plan(spec)
+        plan = committed_plan(measurements)
         return read_trajectory(measurements, plan["counts"].scale, plan["sums"].scale)[0]
 
     def postprocess(self, spec, measurements, staging, internal, log):

@@ -14,6 +14,7 @@ from dpalgos import matrix_mechanism as mm
 from tasks.kinds import counts
 from tasks.kinds.base import Draw, ReleaseKind
 from tasks.params import ConsistencyBase, is_power
+from tasks.run import committed_plan
 
 class MatrixMechanismParams(ConsistencyBase):
     """Matrix mechanism (Algorithm 4): Laplace answers to a strategy matrix over a histogram of the column,
@@ -88,7 +89,7 @@ class MatrixMechanismKind(ReleaseKind):
         A = strategy_of(spec)
         noisy = counts.read_column(measurements / NOISY, "noisy_answer")
         if p.reconstruction == "l1":
-            res = mm.reconstruct_l1(A, noisy, noise_scale=self.plan(spec)["strategy"].scale, penalty=p.penalty,
+            res = mm.reconstruct_l1(A, noisy, noise_scale=committed_plan(measurements)["strategy"].scale, penalty=p.penalty,
                                     alpha=p.alpha, rho=p.rho)
             x, info = res.x, {"method": "MM(l1): Lee, Wang & Kifer Algorithm 4", "iterations": res.iterations,
                               "converged": res.converged, "penalty": p.penalty, "alpha": p.alpha, "rho": p.rho}

@@ -48,7 +48,7 @@ def dpkmeans_cost(X, k, eps, T, rng, seed):
 def run(n, runs, args, ppc, *, with_dpkmeans=True):
     params = fce.kmeans_params(n, rho=args.rho, k=args.k, per_cluster=ppc)
     plan = fc.kmeans_plan(params)
-    eps = fc.guarantee(params, args.delta).epsilon
+    eps = plan.guarantee(args.delta).epsilon
     fc_cost, dp_cost, dp_free, fails, secs = [], [], [], 0, []
     for rep in range(runs):
         rng = np.random.default_rng([args.seed, n, rep])

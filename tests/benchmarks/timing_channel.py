@@ -333,7 +333,7 @@ def main() -> None:
     D, centres = mixture(args.n, args.k, args.dim, args.sep, rng)
     params = release_params(args, args.n)
     plan = fc.kmeans_plan(params)
-    eps = fc.guarantee(params, args.delta).epsilon
+    eps = plan.guarantee(args.delta).epsilon
     install_pass_counter()
     shipped = fc._batched_kmeans
 
