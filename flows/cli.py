@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import NoReturn
 
 from flows.preflight import spec_problems
-from flows.settings import apply_defaults
+from flows.environment import apply_defaults
 from tasks.errors import ReleaseError, SpecError
 
 DEFAULT_OUTPUT = "dprelease-runs"

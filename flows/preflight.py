@@ -14,7 +14,8 @@ import yaml
 from tasks.errors import NoBudget, ReleaseConflict, ReleaseError
 from tasks.example_data import is_builtin
 from tasks.ledger import data_source, require_budget, require_public
-from tasks.params import PUBLIC_INPUTS, TEST_MODE_ENV
+from tasks import settings
+from tasks.params import PUBLIC_INPUTS
 
 #: The spec's input files: (section, field). Relative paths are taken from the working directory.
 INPUT_FIELDS = (("dataset", "path"),) + tuple(("release", f) for f in PUBLIC_INPUTS)
@@ -44,7 +45,7 @@ def ledger_problems(data: dict) -> list[str] | None:
     is asked; None without a dataset id and path to ask about. The reading's other fields are checked once the
     spec is parsed (`flows.cli.load_run_spec`). A test-mode spec on a machine that allows test mode reads no
     ledger."""
-    if data.get("mode") == "test" and os.environ.get(TEST_MODE_ENV) == "allowed":
+    if data.get("mode") == "test" and settings.current().test_mode:
         return []
     dataset, release = (data.get(k) if isinstance(data.get(k), dict) else {} for k in ("dataset", "release"))
     if not isinstance(dataset.get("id"), str) or not dataset.get("path"):

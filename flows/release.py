@@ -18,6 +18,7 @@ from prefect.runtime import flow_run
 from data_contracts import suites
 from data_contracts.project import build_docs
 from flows.logs import in_run_logging, log_path, run_logging
+from tasks import settings
 from tasks.artifacts import StageProgress, emit_failed, emit_if_budget_low, emit_published, publish_artifacts
 from tasks.contracts import check_contract
 from tasks.errors import ReleaseConflict, ReleaseError, StageFailed
@@ -54,10 +55,10 @@ def import_stage_libraries(evaluate: bool) -> None:
         import matplotlib.pyplot  # noqa: F401
 
 #: A hung stage (a lost dask worker, a stuck file system) must not hang the nightly schedule: the flow run
-#: fails after this long (the operator's DPRELEASE_FLOW_TIMEOUT_SECONDS, default 6 hours) and the next run of
-#: the same release id resumes it. The flow is not retried by Prefect: Prefect cannot tell a refused input or
-#: budget (which would fail again) from a transient error, so retries are on the tasks that are safe to retry.
-FLOW_TIMEOUT_SECONDS = float(os.environ.get("DPRELEASE_FLOW_TIMEOUT_SECONDS", 6 * 3600))
+#: fails after this long (the operator's `flow_timeout_seconds`, default 6 hours) and the next run of the same
+#: release id resumes it. The flow is not retried by Prefect: Prefect cannot tell a refused input or budget (which
+#: would fail again) from a transient error, so retries are on the tasks that are safe to retry.
+FLOW_TIMEOUT_SECONDS = settings.current().flow_timeout_seconds
 
 
 def period_key(start: datetime, period: Period) -> str:
@@ -223,7 +224,8 @@ def _release(spec: ReleaseSpec, release_id: str, log) -> dict:
         if not published:
             preflight(spec, release_id, run)
         with dask_client(spec.dask) as client:
-            log.info("dask scheduler %s, dashboard %s", client.scheduler.address, client.dashboard_link)
+            # The address to the internal log only: the Prefect API is readable by whoever can open the UI.
+            INTERNAL_LOG.info("dask scheduler %s, dashboard %s", client.scheduler.address, client.dashboard_link)
             manifest, evaluation = _stages(spec, release_id, run, timer, published)
     except BaseException:
         log.error("release %s failed: %s", release_id, discard_failed(run, created))

@@ -13,7 +13,6 @@ could otherwise read raw-data statistics off the UI).
 from __future__ import annotations
 
 import json
-import os
 import re
 from pathlib import Path
 
@@ -22,11 +21,10 @@ from prefect.artifacts import (create_link_artifact, create_markdown_artifact, c
 from prefect.events import emit_event
 from prefect.runtime import deployment, flow_run
 
+from tasks import settings
+
 #: The operator's setting that lets the internal evaluation's headline into the UI.
-UI_EVALUATION_ENV = "DPRELEASE_UI_EVALUATION"
-#: The operator's setting: the fraction of a dataset's lifetime epsilon below which a `budget.low` event fires.
-LOW_BUDGET_ENV = "DPRELEASE_LOW_BUDGET_FRACTION"
-LOW_BUDGET_DEFAULT = 0.2
+UI_EVALUATION_ENV = settings.env_of("ui_evaluation")
 
 
 def key(*parts: str) -> str:
@@ -89,7 +87,7 @@ def publish_artifacts(summary: dict, manifest: dict, contracts_dir: Path, ledger
     tables, and a link to release/."""
     ds = summary["dataset_id"]
     contracts = contract_rows(contracts_dir)
-    shown = evaluation_headline if os.environ.get(UI_EVALUATION_ENV) == "allowed" else None
+    shown = evaluation_headline if settings.current().ui_evaluation else None
     create_markdown_artifact(report_markdown(summary, manifest, contracts, shown), key=key("release-report", ds),
                              description=f"Release report of dataset {ds}")
     budget = manifest["privacy"].get("dataset_budget")
@@ -154,7 +152,7 @@ def emit_failed(release_id: str, dataset_id: str, kind: str, error: str) -> None
 
 def emit_if_budget_low(summary: dict) -> bool:
     budget = summary.get("dataset_budget")
-    threshold = float(os.environ.get(LOW_BUDGET_ENV, LOW_BUDGET_DEFAULT))
+    threshold = settings.current().low_budget_fraction
     if not budget or budget["remaining_epsilon"] > threshold * budget["epsilon"]:
         return False
     emit_event("dprelease.budget.low", {"prefect.resource.id": f"dprelease.dataset.{summary['dataset_id']}",

@@ -15,7 +15,6 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import os
 import shutil
 import sqlite3
 from contextlib import contextmanager
@@ -26,7 +25,7 @@ from typing import TYPE_CHECKING
 
 from tasks.errors import BudgetExceeded, NoBudget, ReleaseConflict, ReleaseError
 from tasks.example_data import BUILTIN_PREFIX
-from tasks.params import operator_config
+from tasks import settings
 
 if TYPE_CHECKING:
     from dp_accounting import dp_event as dpe
@@ -42,24 +41,15 @@ def _accounting():
     return accounting
 
 
-#: The operator's setting that names the ledger (an absolute path). The ledger is configuration of the
-#: machine that runs releases, never a spec field nor a flow parameter: a spec or a UI user choosing the ledger
-#: would choose the budget.
-LEDGER_ENV = "DPRELEASE_LEDGER"
+#: The operator's setting that names the ledger. The ledger is configuration of the machine that runs releases,
+#: never a spec field nor a flow parameter: a spec or a UI user choosing the ledger would choose the budget.
+LEDGER_ENV = settings.env_of("ledger")
 
 
 def configured_path() -> Path:
-    """The ledger of this machine: $DPRELEASE_LEDGER, else `ledger = "/abs/path"` in
-    $XDG_CONFIG_HOME/dprelease/config.toml, else $XDG_STATE_HOME/dprelease/privacy-ledger.sqlite (per user,
-    outside any checkout or output folder)."""
-    value = os.environ.get(LEDGER_ENV) or operator_config().get("ledger")
-    if not value:
-        return (Path(os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state") / "dprelease"
-                / "privacy-ledger.sqlite")
-    path = Path(value).expanduser()
-    if not path.is_absolute():
-        raise ReleaseError(f"the ledger setting must be an absolute path, got {value!r} ({LEDGER_ENV} or config.toml)")
-    return path
+    """The ledger of this machine (`tasks.settings`: $DPRELEASE_LEDGER, else `ledger` in config.toml, else
+    $XDG_STATE_HOME/dprelease/privacy-ledger.sqlite: per user, outside any checkout or output folder)."""
+    return Path(settings.current().ledger)
 
 
 _SCHEMA = """

@@ -1,7 +1,7 @@
 """The public, kind-independent parts of a release spec: the dataset's schema and bounds, the base of every
-kind's parameters, the dask section (the local cluster's size; the scheduler is the operator's setting, read
-here too: `configured_dask_address`). Each release kind defines its own parameters model (in its
-module under tasks/kinds/); `tasks.spec` assembles them from the registry.
+kind's parameters, the dask section (the local cluster's size; the scheduler is the operator's setting,
+`tasks.settings`). Each release kind defines its own parameters model (in its module under tasks/kinds/);
+`tasks.spec` assembles them from the registry.
 
 Everything here is PUBLIC: nothing in a spec may be read off the sensitive data.
 """
@@ -9,19 +9,12 @@ Everything here is PUBLIC: nothing in a spec may be read off the sensitive data.
 from __future__ import annotations
 
 import math
-import os
-import re
-import tomllib
 from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from tasks.errors import ReleaseError
-
 ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
-#: The operator's setting that allows seeded, non-private test-mode runs on this machine.
-TEST_MODE_ENV = "DPRELEASE_TEST_MODE"
 #: The release fields that name a PUBLIC input file (kinds define them); the operator declares each public.
 PUBLIC_INPUTS = ("public_sample", "public_marginals")
 
@@ -199,65 +192,11 @@ def is_power(n: int, k: int) -> bool:
     return n == 1
 
 
-#: The operator's setting that names the dask scheduler every release of this machine runs on
-#: (tcp://HOST:PORT). Like the ledger it is configuration of the machine, never a spec field nor a flow
-#: parameter: the scheduler and its workers see every partition and every exact statistic before noise, so
-#: a spec author choosing the scheduler would choose who receives the raw data.
-DASK_ADDRESS_ENV = "DPRELEASE_DASK_ADDRESS"
-#: The key of the same setting in the operator's config.toml (`operator_config_file`).
-DASK_ADDRESS_KEY = "dask_address"
-
-_SCHEDULER_ADDRESS = re.compile(r"(tcp|tls)://(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9](?:[A-Za-z0-9.-]*[A-Za-z0-9])?)"
-                                r":([0-9]{1,5})")
-
-
-def operator_config_file() -> Path:
-    """The operator's configuration file of this machine: $XDG_CONFIG_HOME/dprelease/config.toml (default
-    ~/.config/dprelease/config.toml). It holds the machine's settings (`ledger`, `dask_address`), never a
-    release's."""
-    return Path(os.environ.get("XDG_CONFIG_HOME") or Path.home() / ".config") / "dprelease" / "config.toml"
-
-
-def operator_config() -> dict:
-    """The operator's config.toml as a mapping ({} when there is none)."""
-    config = operator_config_file()
-    if not config.exists():
-        return {}
-    try:
-        return tomllib.loads(config.read_text())
-    except tomllib.TOMLDecodeError as exc:
-        raise ReleaseError(f"{config} is not valid TOML: {exc}") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ReleaseError(f"cannot read {config}: {getattr(exc, 'strerror', None) or type(exc).__name__}") \
-            from None
-
-
-def configured_dask_address() -> str | None:
-    """The dask scheduler of this machine's releases: $DPRELEASE_DASK_ADDRESS, else `dask_address =
-    "tcp://HOST:PORT"` in the operator's config.toml, else None (each run starts a local cluster on
-    127.0.0.1). An empty variable counts as unset, as the ledger's does. A value that is not a
-    tcp://HOST:PORT or tls://HOST:PORT address is refused (ReleaseError, one line)."""
-    value, where = os.environ.get(DASK_ADDRESS_ENV), DASK_ADDRESS_ENV
-    if not value:
-        config = operator_config()
-        value, where = config.get(DASK_ADDRESS_KEY), f"{DASK_ADDRESS_KEY} in {operator_config_file()}"
-        if value is None or value == "":
-            return None
-        if not isinstance(value, str):
-            raise ReleaseError(f"{where} must be a string \"tcp://HOST:PORT\", got {value!r}")
-    address = value.strip()
-    match = _SCHEDULER_ADDRESS.fullmatch(address)
-    if not match or not 1 <= int(match.group(3)) <= 65535:
-        raise ReleaseError(f"{where} must be a dask scheduler address tcp://HOST:PORT (or tls://HOST:PORT), "
-                           f"got {value!r}")
-    return address
-
-
 class DaskSpec(Strict):
     """The shape of the local dask cluster a run starts (on 127.0.0.1) when the operator names no scheduler.
 
     Where the data-parallel passes run is not a spec's choice: the operator's `DPRELEASE_DASK_ADDRESS` or
-    `dask_address` in config.toml (`configured_dask_address`) names an existing scheduler, and then these
+    `dask_address` in config.toml (`tasks.settings`) names an existing scheduler, and then these
     fields are ignored. They only size a cluster on this machine, whose listeners are all on loopback: nothing
     here sends data or results anywhere.
     """
@@ -270,7 +209,7 @@ class DaskSpec(Strict):
     def _no_scheduler_address(cls, data):
         if isinstance(data, dict) and "address" in data:
             # The scheduler and its workers see the raw partitions and the exact, pre-noise statistics.
-            raise ValueError(f"the dask scheduler is the operator's setting, not a spec field: remove "
-                             f"`address` (the operator sets {DASK_ADDRESS_ENV}=tcp://HOST:PORT or "
-                             f"{DASK_ADDRESS_KEY} = \"tcp://HOST:PORT\" in $XDG_CONFIG_HOME/dprelease/config.toml)")
+            raise ValueError("the dask scheduler is the operator's setting, not a spec field: remove `address` (the "
+                             "operator sets DPRELEASE_DASK_ADDRESS=tls://HOST:PORT or dask_address = "
+                             "\"tls://HOST:PORT\" in $XDG_CONFIG_HOME/dprelease/config.toml)")
         return data

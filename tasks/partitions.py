@@ -17,8 +17,8 @@ import scipy.sparse as sp
 
 from dpalgos import domain
 from tasks.errors import ReleaseError
-from tasks.params import (DASK_ADDRESS_ENV, DASK_ADDRESS_KEY, DaskSpec, configured_dask_address,
-                          operator_config_file)
+from tasks import settings
+from tasks.params import DaskSpec
 
 
 def current_client():
@@ -164,30 +164,44 @@ class Partitioned:
         self._client.cancel(self._parts)
 
 
+def operator_security():
+    """The TLS settings of the operator's scheduler (`dask_tls_*`), or None when none is given."""
+    from distributed.security import Security
+
+    s = settings.current()
+    files = (s.dask_tls_ca_file, s.dask_tls_cert, s.dask_tls_key)
+    if not any(files):
+        return None
+    return Security(tls_ca_file=s.dask_tls_ca_file, tls_client_cert=s.dask_tls_cert, tls_client_key=s.dask_tls_key,
+                    require_encryption=True)
+
+
 @contextlib.contextmanager
 def dask_client(spec: DaskSpec) -> Iterator:
-    """A dask.distributed client: to the operator's scheduler (`configured_dask_address`: never the spec's
-    choice, since the scheduler and its workers see the raw partitions and the exact statistics), or to a local
-    cluster of the spec's size started here on 127.0.0.1."""
+    """A dask.distributed client: to the operator's scheduler (`tasks.settings`: never the spec's choice, since the
+    scheduler and its workers see the raw partitions and the exact statistics), with the operator's TLS settings;
+    or to a local cluster of the spec's size started here, on 127.0.0.1 with mutual TLS from temporary credentials
+    this run alone holds (an attacker's review connected another local account's client to a run's plain-TCP
+    scheduler, and a client of the same user ran code in a worker that read the raw copy of the data)."""
     from distributed import Client, LocalCluster
 
     from tasks.threads import limit_threads  # imports distributed, as this function does
 
-    address = configured_dask_address()
+    address = settings.current().dask_address
     if address:
         try:
-            client = Client(address, timeout="30s", set_as_default=True)
+            client = Client(address, timeout="30s", set_as_default=True, security=operator_security())
         except (OSError, TimeoutError) as exc:  # before any data is sent; its type is enough
-            raise ReleaseError(f"cannot reach the operator's dask scheduler {address} ({DASK_ADDRESS_ENV} or "
-                               f"{DASK_ADDRESS_KEY} in {operator_config_file()}): {type(exc).__name__}") from None
+            raise ReleaseError(f"cannot reach the operator's dask scheduler {address} ({settings.env_of('dask_address')} "
+                               f"or dask_address in {settings.config_file()}): {type(exc).__name__}") from None
         with client:
             limit_threads(client)
             yield client
         return
-    # Every listener on loopback: the scheduler, the workers, their HTTP servers and the dashboard. (dask's
-    # in-process transport for threaded workers still opens each worker's HTTP server on all interfaces.)
+    # Every listener on loopback (the scheduler, the workers, their HTTP servers, the dashboard), every connection
+    # authenticated both ways by certificates of a temporary CA held in this process's memory.
     with LocalCluster(n_workers=spec.n_workers, threads_per_worker=spec.threads_per_worker,
-                      processes=spec.processes, host="127.0.0.1", protocol="tcp://",
+                      processes=spec.processes, host="127.0.0.1", security=True,
                       dashboard_address="127.0.0.1:0") as cluster, \
             Client(cluster, set_as_default=True) as client:
         limit_threads(client)

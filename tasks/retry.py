@@ -9,8 +9,6 @@ measurement task reuses committed measurements (tasks/stages.py says when a retr
 
 from __future__ import annotations
 
-import os
-
 import functools
 import logging
 
@@ -18,15 +16,17 @@ from prefect.flow_engine import FlowRunTimeoutError
 from prefect.task_engine import TaskRunTimeoutError
 
 from data_contracts import ContractViolation
+from tasks import settings
 from tasks.errors import ReleaseError, StageFailed
 
 #: Records of this logger reach the run's log file (the CLI's file handler on the root logger), never Prefect's
 #: API: Prefect sends only its flow- and task-run loggers.
 INTERNAL_LOG = logging.getLogger("dprelease.internal")
 
-#: The longest one stage may take (the operator's DPRELEASE_TASK_TIMEOUT_SECONDS, default 4 hours).
-TASK_TIMEOUT_SECONDS = float(os.environ.get("DPRELEASE_TASK_TIMEOUT_SECONDS", 4 * 3600))
-RETRIES = {"retries": 2, "retry_delay_seconds": float(os.environ.get("DPRELEASE_TASK_RETRY_DELAY_SECONDS", 2))}
+#: The longest one stage may take, and the pause before a retry: the operator's settings (`tasks.settings`), read
+#: when the tasks are defined.
+TASK_TIMEOUT_SECONDS = settings.current().task_timeout_seconds
+RETRIES = {"retries": 2, "retry_delay_seconds": settings.current().task_retry_delay_seconds}
 
 
 def transient(task, task_run, state) -> bool:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import re
 from pathlib import Path
 from typing import Annotated, Literal, Union
@@ -17,10 +16,10 @@ from typing import Annotated, Literal, Union
 import yaml
 from pydantic import Field, ValidationError, model_validator
 
+from tasks import settings
 from tasks.errors import SpecError
 from tasks.kinds import REGISTRY
-from tasks.ledger import configured_path
-from tasks.params import ID_PATTERN, TEST_MODE_ENV, DaskSpec, DatasetSpec, Strict
+from tasks.params import ID_PATTERN, DaskSpec, DatasetSpec, Strict
 
 #: The `release:` section: the parameters model of one registered kind, chosen by its `kind` field.
 ReleaseParams = Annotated[Union[tuple(k.Params for k in REGISTRY.values())], Field(discriminator="kind")]
@@ -51,11 +50,11 @@ class ReleaseSpec(Strict):
     def _seed_only_in_test_mode(self):
         if self.seed is not None and self.mode != "test":
             raise ValueError("a seed is accepted only with mode: test (production noise is seeded from the OS)")
-        if self.mode == "test" and os.environ.get(TEST_MODE_ENV) != "allowed":
+        if self.mode == "test" and not settings.current().test_mode:
             # A seeded run reads the real data without a charge and its noise can be replayed from the seed:
             # only an operator's machine setting allows it (never a spec or a UI parameter).
             raise ValueError(f"mode: test is disabled on this machine (an operator enables it for test data with "
-                             f"{TEST_MODE_ENV}=allowed)")
+                             f"{settings.env_of('test_mode')}=allowed)")
         return self
 
     @model_validator(mode="after")
@@ -69,8 +68,8 @@ class ReleaseSpec(Strict):
 
     @property
     def ledger_path(self) -> Path:
-        """The operator's ledger (configuration of the machine, see `tasks.ledger.configured_path`)."""
-        return configured_path()
+        """The operator's ledger (configuration of the machine, `tasks.settings`)."""
+        return Path(settings.current().ledger)
 
     def fingerprint(self) -> str:
         """Hash of everything that determines the DP measurements; a resumed release must match it."""

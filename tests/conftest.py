@@ -10,7 +10,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from flows.settings import apply_defaults
+from flows.environment import apply_defaults
 
 apply_defaults()  # the CLI's process settings, before prefect is imported
 os.environ.setdefault("DPRELEASE_TASK_RETRY_DELAY_SECONDS", "0")  # retries at once: the tests force failures

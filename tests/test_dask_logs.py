@@ -57,7 +57,7 @@ def test_library_records_and_warnings_reach_neither_the_terminal_nor_prefects_ap
     script = textwrap.dedent(f"""
         import logging, sys, warnings
         from pathlib import Path
-        from flows.settings import apply_defaults
+        from flows.environment import apply_defaults
         apply_defaults()
         from prefect.logging.handlers import APILogHandler
         from flows.logs import run_logging

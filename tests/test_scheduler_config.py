@@ -17,10 +17,18 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tasks import settings
 from tasks.errors import ReleaseError, SpecError
-from tasks.params import DASK_ADDRESS_ENV, DaskSpec, configured_dask_address, operator_config_file
+from tasks.params import DaskSpec
 from tasks.spec import parse_spec
 from tests.conftest import blobs, budget, spec_dict, write_csv
+
+
+DASK_ADDRESS_ENV = "DPRELEASE_DASK_ADDRESS"
+
+
+def configured_dask_address():
+    return settings.current().dask_address
 
 
 @pytest.fixture(autouse=True)
@@ -105,7 +113,7 @@ def test_the_environment_variable_names_the_scheduler(monkeypatch):
 
 
 def test_config_toml_names_the_scheduler_when_the_variable_is_unset_or_empty(operator_config, monkeypatch):
-    assert operator_config_file() == operator_config
+    assert settings.config_file() == operator_config
     operator_config.write_text('ledger = "/var/lib/dprelease/ledger.sqlite"\ndask_address = "tcp://sched.internal:8786"\n')
     assert configured_dask_address() == "tcp://sched.internal:8786"
     monkeypatch.setenv(DASK_ADDRESS_ENV, "")  # empty counts as unset, as for the ledger
@@ -114,10 +122,11 @@ def test_config_toml_names_the_scheduler_when_the_variable_is_unset_or_empty(ope
 
 def test_the_variable_wins_over_config_toml(operator_config, monkeypatch):
     operator_config.write_text('dask_address = "tcp://sched.internal:8786"\n')
-    monkeypatch.setenv(DASK_ADDRESS_ENV, "tls://[::1]:8786")
-    assert configured_dask_address() == "tls://[::1]:8786"
-    operator_config.write_text("this is = not toml =\n")  # not even read when the variable is set
-    assert configured_dask_address() == "tls://[::1]:8786"
+    monkeypatch.setenv(DASK_ADDRESS_ENV, "tcp://[::1]:8786")
+    assert configured_dask_address() == "tcp://[::1]:8786"
+    operator_config.write_text("this is = not toml =\n")  # the operator's broken file is said so, whatever is set
+    with pytest.raises(ReleaseError, match="is not valid TOML"):
+        configured_dask_address()
 
 
 @pytest.mark.parametrize("value", ["127.0.0.1:8786", "http://127.0.0.1:8786", "tcp://127.0.0.1", "tcp://:8786",
@@ -135,7 +144,7 @@ def test_a_bad_variable_is_refused_in_one_line(monkeypatch, value):
 
 @pytest.mark.parametrize("text, expected", [
     ('dask_address = "sched:8786"\n', "must be a dask scheduler address tcp://HOST:PORT"),
-    ("dask_address = 8786\n", 'must be a string "tcp://HOST:PORT", got 8786'),
+    ("dask_address = 8786\n", "must be a dask scheduler address tcp://HOST:PORT (or tls://HOST:PORT), got 8786"),
     ("dask_address = [\n", "is not valid TOML"),
 ])
 def test_a_bad_config_value_is_refused_in_one_line(operator_config, text, expected):
@@ -175,4 +184,60 @@ def test_without_a_setting_dask_client_starts_a_local_cluster_on_loopback():
     from tasks.partitions import dask_client
 
     with dask_client(DaskSpec(n_workers=1, threads_per_worker=1)) as client:
-        assert client.scheduler.address.startswith("tcp://127.0.0.1:")
+        assert client.scheduler.address.startswith("tls://127.0.0.1:")
+
+
+# -- who may connect ----------------------------------------------------------------------------------------------
+
+_CONNECT = """
+import sys
+from distributed import Client
+from distributed.security import Security
+security = Security.temporary() if sys.argv[2] == "own-ca" else None
+try:
+    with Client(sys.argv[1], timeout="5s", security=security) as c:
+        print("CONNECTED", c.submit(sum, [1, 2]).result())
+except Exception as exc:
+    print("REFUSED", type(exc).__name__)
+"""
+
+
+@pytest.mark.parametrize("credentials", ["none", "own-ca"])
+def test_no_client_without_the_runs_credentials_connects_to_its_local_cluster(credentials):
+    """A run's local cluster takes connections only from holders of its temporary certificates: a client with
+    none, or with certificates of its own CA, is refused (an attacker's review ran code in a plain-TCP cluster's
+    worker that read the owner-only raw copy of the data). The same check as another local account:
+    tests/operations (`runuser`)."""
+    from tasks.partitions import dask_client
+
+    with dask_client(DaskSpec(n_workers=1, threads_per_worker=1)) as client:
+        address = client.scheduler.address
+        for scheme in ("tls", "tcp"):
+            out = subprocess.run([sys.executable, "-c", _CONNECT, address.replace("tls://", f"{scheme}://"),
+                                  credentials], capture_output=True, text=True, timeout=120).stdout
+            assert "REFUSED" in out and "CONNECTED" not in out, (scheme, out)
+
+
+def test_the_operators_tls_settings_reach_its_scheduler(tmp_path, monkeypatch):
+    from distributed import LocalCluster
+    from distributed.security import Security
+
+    from tasks.partitions import dask_client
+
+    security = Security.temporary()
+    files = {}
+    for name, pem in (("ca", security.tls_ca_file), ("cert", security.tls_client_cert),
+                      ("key", security.tls_client_key)):
+        files[name] = tmp_path / f"{name}.pem"
+        files[name].write_text(pem)
+    with LocalCluster(n_workers=1, threads_per_worker=1, processes=False, host="127.0.0.1", security=security,
+                      dashboard_address="127.0.0.1:0") as operators:
+        monkeypatch.setenv(DASK_ADDRESS_ENV, operators.scheduler_address)
+        with pytest.raises(ReleaseError, match="takes TLS: give dask_tls_ca_file"):
+            with dask_client(DaskSpec()):
+                pytest.fail("connected without the operator's certificates")
+        monkeypatch.setenv("DPRELEASE_DASK_TLS_CA_FILE", str(files["ca"]))
+        monkeypatch.setenv("DPRELEASE_DASK_TLS_CERT", str(files["cert"]))
+        monkeypatch.setenv("DPRELEASE_DASK_TLS_KEY", str(files["key"]))
+        with dask_client(DaskSpec()) as client:
+            assert client.submit(sum, [1, 2, 3]).result() == 6

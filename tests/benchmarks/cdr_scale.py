@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from flows.settings import apply_defaults  # noqa: E402
+from flows.environment import apply_defaults  # noqa: E402
 
 apply_defaults()  # the CLI's process settings (no telemetry, quiet dask) before Prefect is imported
 import tasks  # noqa: E402,F401

@@ -22,7 +22,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _data import load_numeric_csv, operator_ledger  # noqa: E402
 
-from flows.settings import apply_defaults  # noqa: E402
+from flows.environment import apply_defaults  # noqa: E402
 
 apply_defaults()  # before Prefect is imported
 from dpalgos import domain, dpkmeans, metrics  # noqa: E402

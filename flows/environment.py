@@ -1,4 +1,5 @@
-"""Process settings for Prefect, dask and great-expectations on an offline machine (../shared/ECOSYSTEM.md).
+"""Process environment defaults for Prefect, dask and great-expectations on an offline machine
+(../shared/ECOSYSTEM.md). Not the operator's settings of releases (those are `tasks.settings`).
 
 They are applied explicitly by each entry point before Prefect is imported — the CLI's `main`, the test
 suite's conftest — and, for flow runs started by a worker, come from the deployment's job variables

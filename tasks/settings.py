@@ -1,0 +1,224 @@
+"""The operator's settings of this machine, in one object: what an operator, never a spec, a flow parameter or a UI
+user, decides (where the ledger is, which dask scheduler sees the raw data, whether seeded test runs are allowed...).
+
+Each setting is read from its environment variable, else from its key in the operator's config file
+($XDG_CONFIG_HOME/dprelease/config.toml, default ~/.config/dprelease/config.toml), else its default; a value that
+does not parse is a one-line `ReleaseError` naming the variable or the key. `current()` reads them once per
+configuration (the environment's values and the file's contents) and returns the same frozen object after.
+The table of the documentation is `table()`, generated from the fields below: one fact, one place.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import tomllib
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any, Callable
+
+from tasks.errors import ReleaseError
+
+__all__ = ["OperatorSettings", "config_file", "current", "env_of", "table"]
+
+_SCHEDULER_ADDRESS = re.compile(r"(tcp|tls)://(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9](?:[A-Za-z0-9.-]*[A-Za-z0-9])?)"
+                                r":([0-9]{1,5})")
+
+
+def config_file() -> Path:
+    """The operator's config file: $XDG_CONFIG_HOME/dprelease/config.toml (default ~/.config/...)."""
+    return Path(os.environ.get("XDG_CONFIG_HOME") or Path.home() / ".config") / "dprelease" / "config.toml"
+
+
+# ---- parsers: (value from the environment (str) or the config file (any TOML type), where) -> value ---------------
+def _absolute_path(value: Any, where: str) -> str:
+    if not isinstance(value, str) or not Path(value).expanduser().is_absolute():
+        raise ReleaseError(f"{where} must be an absolute path, got {value!r}")
+    return str(Path(value).expanduser())
+
+
+def _optional_path(value: Any, where: str) -> str | None:
+    return _absolute_path(value, where) if value not in (None, "") else None
+
+
+def _allowed(value: Any, where: str) -> bool:
+    if value in ("allowed", True):
+        return True
+    if value in ("", "disallowed", False, None):
+        return False
+    raise ReleaseError(f"{where} must be \"allowed\" (or unset), got {value!r}")
+
+
+def _positive_seconds(value: Any, where: str) -> float:
+    try:
+        seconds = float(value)
+    except (TypeError, ValueError):
+        seconds = math.nan
+    if not (math.isfinite(seconds) and seconds >= 0):
+        raise ReleaseError(f"{where} must be a number of seconds >= 0, got {value!r}")
+    return seconds
+
+
+def _fraction(value: Any, where: str) -> float:
+    try:
+        fraction = float(value)
+    except (TypeError, ValueError):
+        fraction = math.nan
+    if not 0 <= fraction <= 1:
+        raise ReleaseError(f"{where} must be a fraction in [0, 1], got {value!r}")
+    return fraction
+
+
+def _scheduler(value: Any, where: str) -> str | None:
+    if value in (None, ""):
+        return None
+    match = _SCHEDULER_ADDRESS.fullmatch(value.strip()) if isinstance(value, str) else None
+    if not match or not 1 <= int(match.group(3)) <= 65535:
+        raise ReleaseError(f"{where} must be a dask scheduler address tcp://HOST:PORT (or tls://HOST:PORT), "
+                           f"got {value!r}")
+    return value.strip()
+
+
+def _folders(value: Any, where: str) -> tuple[str, ...]:
+    items = value.split(os.pathsep) if isinstance(value, str) else value
+    if not isinstance(items, (list, tuple)):
+        raise ReleaseError(f"{where} must be a list of absolute folders, got {value!r}")
+    return tuple(str(Path(_absolute_path(v, where)).resolve()) for v in items if v != "")
+
+
+# ---- defaults -----------------------------------------------------------------------------------------------------
+def _default_ledger() -> str:
+    state = Path(os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state")
+    return str(state / "dprelease" / "privacy-ledger.sqlite")
+
+
+def _default_spec_folders() -> tuple[str, ...]:
+    shipped = Path(__file__).resolve().parents[1] / "deployments" / "specs"
+    return (str(shipped),) if shipped.is_dir() else ()
+
+
+def setting(env: str, default: Any, parse: Callable[[Any, str], Any], doc: str, shown: str | None = None):
+    """A field of `OperatorSettings`: its variable, default (a value or a function of nothing), parser and
+    documentation (`shown`: the default as the table prints it)."""
+    return field(default=None, metadata={"env": env, "default": default, "parse": parse, "doc": doc,
+                                         "shown": shown})
+
+
+@dataclass(frozen=True)
+class OperatorSettings:
+    """Every setting of the machine that runs releases (see the module docstring)."""
+
+    ledger: str = setting(
+        "DPRELEASE_LEDGER", _default_ledger, _absolute_path,
+        "The privacy ledger: an absolute path of a SQLite file. It holds every dataset's lifetime budget and spends; "
+        "a spec, a flow parameter or `--output-dir` cannot choose it (they would choose the budget).",
+        "$XDG_STATE_HOME/dprelease/privacy-ledger.sqlite (~/.local/state/...)")
+    test_mode: bool = setting(
+        "DPRELEASE_TEST_MODE", False, _allowed,
+        "`allowed` lets specs with `mode: test` run: seeded noise, not private, nothing charged or published. "
+        "Only for test data.", "not allowed")
+    dask_address: str | None = setting(
+        "DPRELEASE_DASK_ADDRESS", None, _scheduler,
+        "The dask scheduler every release of this machine runs on (`tcp://HOST:PORT` or `tls://HOST:PORT`): it and "
+        "its workers see the raw partitions and the exact statistics before noise.",
+        "none: each run starts its own local cluster (TLS, loopback)")
+    dask_tls_ca_file: str | None = setting(
+        "DPRELEASE_DASK_TLS_CA_FILE", None, _optional_path,
+        "CA certificate of the operator's scheduler (PEM), for a `tls://` address.", "none")
+    dask_tls_cert: str | None = setting(
+        "DPRELEASE_DASK_TLS_CERT", None, _optional_path,
+        "Client certificate presented to the operator's scheduler (PEM), for a `tls://` address.", "none")
+    dask_tls_key: str | None = setting(
+        "DPRELEASE_DASK_TLS_KEY", None, _optional_path,
+        "Private key of the client certificate (PEM), for a `tls://` address.", "none")
+    spec_folders: tuple = setting(
+        "DPRELEASE_SPEC_FOLDERS", _default_spec_folders, _folders,
+        "The folders a flow run's `spec_file` parameter may name a file in (a list in config.toml; "
+        "os.pathsep-separated in the variable). Anyone who can start a deployment run chooses the parameter: a file "
+        "elsewhere is refused before it is read.", "the checkout's deployments/specs")
+    ui_evaluation: bool = setting(
+        "DPRELEASE_UI_EVALUATION", False, _allowed,
+        "`allowed` shows the internal evaluation's headline (computed on raw data) in the Prefect UI's report.",
+        "not allowed")
+    low_budget_fraction: float = setting(
+        "DPRELEASE_LOW_BUDGET_FRACTION", 0.2, _fraction,
+        "A `dprelease.budget.low` event is emitted when a dataset's remaining epsilon falls below this fraction of "
+        "its lifetime budget.", "0.2")
+    task_timeout_seconds: float = setting(
+        "DPRELEASE_TASK_TIMEOUT_SECONDS", 4 * 3600.0, _positive_seconds,
+        "The longest one stage may run; a timed-out stage is not retried (the next run of the release id resumes "
+        "it).", "14400 (4 hours)")
+    task_retry_delay_seconds: float = setting(
+        "DPRELEASE_TASK_RETRY_DELAY_SECONDS", 2.0, _positive_seconds,
+        "Pause before Prefect retries a stage that failed transiently (I/O, a lost dask worker).", "2")
+    flow_timeout_seconds: float = setting(
+        "DPRELEASE_FLOW_TIMEOUT_SECONDS", 6 * 3600.0, _positive_seconds,
+        "The longest one release may run; the flow run then fails and the next run of the release id resumes it.",
+        "21600 (6 hours)")
+
+    def __post_init__(self):
+        tls = (self.dask_tls_ca_file, self.dask_tls_cert, self.dask_tls_key)
+        if any(tls) and not all(tls):
+            raise ReleaseError("the dask TLS settings go together: give dask_tls_ca_file, dask_tls_cert and "
+                               "dask_tls_key (DPRELEASE_DASK_TLS_CA_FILE, _CERT, _KEY), or none")
+        if self.dask_address and self.dask_address.startswith("tls://") and not all(tls):
+            raise ReleaseError(f"the dask scheduler {self.dask_address} takes TLS: give dask_tls_ca_file, "
+                               f"dask_tls_cert and dask_tls_key (DPRELEASE_DASK_TLS_CA_FILE, _CERT, _KEY)")
+
+
+_CACHE: dict = {}
+
+
+def current() -> OperatorSettings:
+    """The settings of this configuration: read once, then the same object while the variables and the config file
+    are unchanged."""
+    path = config_file()
+    try:
+        text = path.read_bytes()
+    except FileNotFoundError:
+        text = None
+    except OSError as exc:
+        raise ReleaseError(f"cannot read {path}: {exc.strerror or type(exc).__name__}") from None
+    key = (str(path), text, tuple(os.environ.get(f.metadata["env"]) for f in fields(OperatorSettings)))
+    if key not in _CACHE:
+        _CACHE.clear()
+        _CACHE[key] = _read(path, text)
+    return _CACHE[key]
+
+
+def _read(path: Path, text: bytes | None) -> OperatorSettings:
+    try:
+        config = tomllib.loads(text.decode()) if text is not None else {}
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise ReleaseError(f"{path} is not valid TOML: {exc}") from None
+    unknown = sorted(set(config) - {f.name for f in fields(OperatorSettings)})
+    if unknown:
+        raise ReleaseError(f"{path}: unknown setting(s) {', '.join(unknown)} (the settings: "
+                           f"{', '.join(f.name for f in fields(OperatorSettings))})")
+    values = {}
+    for f in fields(OperatorSettings):
+        meta = f.metadata
+        raw, where = os.environ.get(meta["env"]), meta["env"]
+        if raw in (None, "") and f.name in config:
+            raw, where = config[f.name], f"{f.name} in {path}"
+        if raw in (None, ""):
+            default = meta["default"]
+            values[f.name] = default() if callable(default) else default
+        else:
+            values[f.name] = meta["parse"](raw, where)
+    return OperatorSettings(**values)
+
+
+def env_of(name: str) -> str:
+    """The environment variable of a setting."""
+    return next(f.metadata["env"] for f in fields(OperatorSettings) if f.name == name)
+
+
+def table() -> str:
+    """The settings as a Markdown table (the documentation's reference page is this output)."""
+    rows = ["| setting (config.toml key) | environment variable | default | what it decides |", "|---|---|---|---|"]
+    for f in fields(OperatorSettings):
+        meta = f.metadata
+        rows.append(f"| `{f.name}` | `{meta['env']}` | {meta['shown'] or meta['default']} | {meta['doc']} |")
+    return "\n".join(rows)
