@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
-import pandas as pd
+if TYPE_CHECKING:  # contracts are built by the checks before a run, which must not wait for pandas
+    import pandas as pd
 
 FLOAT_MAX = sys.float_info.max
 #: Slack allowed on the L1 norm for floating-point rounding of the projection.
@@ -101,6 +102,8 @@ def ingested(numeric: Sequence[str], categorical: dict[str, list[str]] | None = 
 
 def _add_weight_fraction(weight: str) -> Callable[[pd.DataFrame], pd.DataFrame]:
     def derive(frame: pd.DataFrame) -> pd.DataFrame:
+        import pandas as pd
+
         w = frame[weight] if weight in frame.columns else pd.Series(0.0, index=frame.index)
         return frame.assign(**{WEIGHT_FRACTION: w - w.floordiv(1)})
     return derive

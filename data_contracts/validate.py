@@ -5,11 +5,12 @@ from __future__ import annotations
 import functools
 from dataclasses import asdict, dataclass
 from pathlib import Path
-
-import pandas as pd
-import pyarrow.parquet as pq
+from typing import TYPE_CHECKING
 
 from data_contracts.suites import Contract
+
+if TYPE_CHECKING:  # pandas and pyarrow load on the first validation, not with the contracts (see `_read`)
+    import pandas as pd
 
 
 @dataclass(frozen=True)
@@ -95,6 +96,8 @@ def _validate(frame: pd.DataFrame, expectations: list, contract: Contract, file:
 
 
 def _read(f: Path, contract: Contract) -> tuple[pd.DataFrame | None, list[Failure]]:
+    import pyarrow.parquet as pq
+
     try:
         if contract.schema is not None and pq.ParquetFile(f).schema_arrow.names != contract.schema:
             return None, [Failure(contract.stage, f.name, None, "expect_table_columns_to_match_ordered_list",
@@ -129,6 +132,8 @@ def validate_parquet(path: str | Path, contract: Contract, project: Path | None 
     Validation Definition, the result and the Data Docs there. Returns a JSON-able report; raises
     ContractViolation listing every failed expectation.
     """
+    import pandas as pd
+
     files = parquet_files(path)
     failures: list[Failure] = []
     if contract.partitioned:

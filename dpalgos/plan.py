@@ -37,11 +37,19 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
-from dp_accounting import dp_event as dpe
+from dpalgos.lazy import module
 
-from dpalgos.accounting import Guarantee, release_guarantee
+if TYPE_CHECKING:
+    from dp_accounting import dp_event as dpe
+
+    from dpalgos.accounting import Guarantee
+
+#: Loaded on the first event or guarantee (dp_accounting takes most of a second to import): a plan is built, and
+#: its sizes read, by the checks before a release runs.
+_dp_accounting = module("dp_accounting")
+_accounting = module("dpalgos.accounting")
 
 ADD_REMOVE_RECORD = "add or remove one record"
 ADD_REMOVE_USER = "add or remove one user (all of a user's items)"
@@ -108,6 +116,7 @@ class Mechanism:
 
     def once(self) -> dpe.DpEvent:
         """The event of one repetition (before sampling)."""
+        dpe = _dp_accounting.dp_event
         if self.distribution == "laplace":
             if self.integer and self.sensitivity is not None and float(self.sensitivity).is_integer():
                 return dpe.DiscreteLaplaceDpEvent(1.0 / self.scale, int(self.sensitivity))
@@ -117,6 +126,7 @@ class Mechanism:
         return dpe.ZCDpEvent(1.0 / (2.0 * self.noise_multiplier ** 2))
 
     def event(self) -> dpe.DpEvent:
+        dpe = _dp_accounting.dp_event
         event = self.once()
         if self.sampling_rate is not None:
             event = dpe.PoissonSampledDpEvent(self.sampling_rate, event)
@@ -197,13 +207,13 @@ class Plan:
 
     def event(self) -> dpe.DpEvent:
         events = [m.event() for m in self.mechanisms]
-        return events[0] if len(events) == 1 else dpe.ComposedDpEvent(events)
+        return events[0] if len(events) == 1 else _dp_accounting.dp_event.ComposedDpEvent(events)
 
     def guarantee(self, delta: float) -> Guarantee:
         """The (epsilon, delta) the release states at the spec's `delta` (`accounting.release_guarantee`: pure
         epsilon when every entry is pure DP, else the best epsilon at delta, of which `extra_delta` is outside the
         event)."""
-        return release_guarantee(self.event(), delta, self.extra_delta)
+        return _accounting.release_guarantee(self.event(), delta, self.extra_delta)
 
     def to_json(self) -> dict:
         return {"mechanisms": [m.to_json() for m in self.mechanisms], "extra_delta": self.extra_delta,

@@ -22,7 +22,7 @@ from tasks import settings
 from tasks.artifacts import StageProgress, emit_failed, emit_if_budget_low, emit_published, publish_artifacts
 from tasks.contracts import check_contract
 from tasks.errors import ReleaseConflict, ReleaseError, StageFailed
-from tasks.ingest import StageOutput, ingest
+from tasks.ingest import ingest
 from tasks.kinds import kind_of
 from tasks.ledger import PrivacyLedger, data_source, require_budget, require_outside_data, require_public
 from tasks.params import dataset_reading, public_inputs
@@ -31,7 +31,7 @@ from tasks.partitions import dask_client
 from tasks.report import write_report
 from tasks.resume import forget, reusable, stage_key, stamp
 from tasks.retry import INTERNAL_LOG, ours
-from tasks.run import RunPaths, discard_failed, open_run, read_meta
+from tasks.run import RunPaths, StageOutput, discard_failed, open_run, read_meta
 from tasks.spec import ReleaseSpec, load_spec, parse_spec
 from tasks.stages import evaluate, measure, postprocess, preflight, prepare
 

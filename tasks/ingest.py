@@ -6,7 +6,6 @@ import gzip
 import json
 import re
 import shutil
-from dataclasses import dataclass
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -16,21 +15,15 @@ from prefect.cache_policies import NO_CACHE
 from data_contracts.validate import parquet_files
 from tasks.errors import InputError, reason
 from tasks.example_data import is_builtin, materialise
-from tasks.sets import ingest_sets, ingest_users
 from tasks.params import DatasetSpec
 from tasks.retry import SAFE, sanitised
+from tasks.run import StageOutput
+from tasks.sets import ingest_sets, ingest_users
 
 _NUMBER = re.compile(r"^[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?$|^[+-]?(nan|inf|infinity)$", re.IGNORECASE)
 _CSV_BLOCKSIZE = "64MB"
 #: Beside the ingested records, in internal/: how many records lost item ids at or above item_count (raw-derived).
 ITEMS_OUTSIDE = "items_outside.json"
-
-
-@dataclass(frozen=True)
-class StageOutput:
-    path: str
-    rows: int
-    partitions: int
 
 
 def count_rows(path: str | Path) -> int:

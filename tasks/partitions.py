@@ -13,12 +13,14 @@ from typing import Callable, Iterator, Sequence
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
-import scipy.sparse as sp
 
 from dpalgos import domain
-from tasks.errors import ReleaseError
+from dpalgos.lazy import module
 from tasks import settings
+from tasks.errors import ReleaseError
 from tasks.params import DaskSpec
+
+sp = module("scipy.sparse")
 
 
 def current_client():

@@ -19,8 +19,8 @@ from dataclasses import asdict
 from pathlib import Path
 
 from tasks.example_data import is_builtin
-from tasks.ingest import StageOutput
 from tasks.params import PUBLIC_INPUTS
+from tasks.run import StageOutput
 
 _PACKAGES = ("dpalgos", "tasks", "data_contracts")
 

@@ -17,16 +17,23 @@ import json
 import os
 import shutil
 import tempfile
-from datetime import datetime, timezone
 from dataclasses import dataclass
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable
 
 from dpalgos.plan import Plan
 from tasks.errors import ReleaseConflict
 
-
 META = "measurements.json"
+
+
+@dataclass(frozen=True)
+class StageOutput:
+    """A validated stage output (ingested or prepared data): where it is, its rows and partitions."""
+    path: str
+    rows: int
+    partitions: int
 
 
 def read_meta(measurements: str | Path) -> dict:

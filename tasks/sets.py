@@ -13,10 +13,12 @@ from typing import Iterator
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
-import scipy.sparse as sp
 
 from dpalgos.arrays import distinct
+from dpalgos.lazy import module
 from tasks.errors import InputError, reason
+
+sp = module("scipy.sparse")
 
 ROWS_PER_PART = 200_000
 

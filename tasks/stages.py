@@ -26,12 +26,11 @@ from prefect.cache_policies import NO_CACHE
 from dpalgos import accounting
 from dpalgos.noise import ExactNoise, Measure, SeededNoise
 from tasks.errors import ReleaseConflict, SpecError
-from tasks.ingest import StageOutput
 from tasks.kinds import kind_of
 from tasks.ledger import PrivacyLedger
 from tasks.params import dataset_reading
 from tasks.retry import INTERNAL_LOG, SAFE, sanitised
-from tasks.run import META, RunPaths, commit_once, read_meta
+from tasks.run import META, RunPaths, StageOutput, commit_once, read_meta
 from tasks.spec import ReleaseSpec
 
 

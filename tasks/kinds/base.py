@@ -14,16 +14,17 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, ClassVar, Literal
+from typing import TYPE_CHECKING, Callable, ClassVar, Literal
 
-import numpy as np
-
-from data_contracts.suites import Contract
-from dpalgos.noise import Measure
-from dpalgos.plan import Plan
-from tasks.ingest import StageOutput
 from tasks.params import DatasetSpec, ReleaseBase
-from tasks.run import RunPaths
+
+if TYPE_CHECKING:  # the kinds' public face (parameters, shape, checks) loads without the numeric stack
+    import numpy as np
+
+    from data_contracts.suites import Contract
+    from dpalgos.noise import Measure
+    from dpalgos.plan import Plan
+    from tasks.run import RunPaths, StageOutput
 
 #: Data shapes: numeric points with bounds, one bounded numeric column, categorical columns, set-valued records,
 #: numeric points without bounds.

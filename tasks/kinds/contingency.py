@@ -8,17 +8,19 @@ from pathlib import Path
 from typing import Literal
 
 import numpy as np
-import pandas as pd
 from pydantic import Field, model_validator
 
 from data_contracts import suites
-from dpalgos import contingency
+from dpalgos.lazy import module
 from tasks.errors import InputError
-from tasks.kinds import counts
 from tasks.kinds.base import Draw, ReleaseKind
 from tasks.ledger import public_copy
 from tasks.params import ConsistencyBase
 from tasks.run import committed_plan
+
+pd = module("pandas")
+contingency = module("dpalgos.contingency")
+counts = module("tasks.kinds.counts")
 
 class ContingencyParams(ConsistencyBase):
     """Contingency table of the categorical columns (Algorithm 2): Laplace noise on every cell, made

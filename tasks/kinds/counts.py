@@ -12,10 +12,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from data_contracts.validate import parquet_files
-from tasks.ingest import StageOutput
 from tasks.partitions import bin_partition, cell_partition, current_client, index_counts
 from tasks.progress import Progress, gather
-from tasks.run import RunPaths
+from tasks.run import RunPaths, StageOutput
 
 #: The encoding's diagnostics in internal/ (raw-derived counts).
 ENCODING = "encoding.json"

@@ -19,18 +19,21 @@ from functools import lru_cache
 from typing import Literal
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.parquet as pq
 from pydantic import Field, model_validator
 
 from data_contracts import suites
 from data_contracts.validate import parquet_files
-from dpalgos import accounting, metrics
 from dpalgos import friendlycore as fc
+from dpalgos.lazy import module
 from dpalgos.plan import Plan
 from tasks.kinds.base import Draw, ReleaseKind
 from tasks.params import ReleaseBase
 from tasks.partitions import Partitioned, current_client
+
+pa = module("pyarrow")
+pq = module("pyarrow.parquet")
+accounting = module("dpalgos.accounting")
+metrics = module("dpalgos.metrics")
 
 RESULT = "result.parquet"
 INFO = "friendlycore.json"

@@ -17,12 +17,14 @@ import numpy as np
 from pydantic import Field, model_validator
 
 from data_contracts import suites
-from dpalgos import admm
-from dpalgos.hierarchy import Tree, tree_plan
-from tasks.kinds import counts
+from dpalgos.lazy import module
 from tasks.kinds.base import Draw, ReleaseKind
 from tasks.params import ConsistencyBase, is_power
 from tasks.run import committed_plan
+
+admm = module("dpalgos.admm")
+hierarchy = module("dpalgos.hierarchy")
+counts = module("tasks.kinds.counts")
 
 class HistogramParams(ConsistencyBase):
     """Hierarchical histogram (Algorithm 3): noisy k-ary tree over `bins` equal-width bins of the column's
@@ -49,11 +51,11 @@ CONSISTENCY = "consistency.json"
 RANGES_PER_LENGTH = 1000
 
 
-def tree_of(spec) -> Tree:
-    return Tree(spec.release.bins, spec.release.branching)
+def tree_of(spec) -> hierarchy.Tree:
+    return hierarchy.Tree(spec.release.bins, spec.release.branching)
 
 
-def node_columns(tree: Tree) -> dict[str, np.ndarray]:
+def node_columns(tree: hierarchy.Tree) -> dict[str, np.ndarray]:
     """Level and leaf interval [first_bin, end_bin) of every node, breadth-first."""
     level = np.repeat(np.arange(tree.levels, dtype=np.int32), np.diff(tree.offsets))
     width = tree.branching ** (tree.depth - level.astype(np.int64))
@@ -61,7 +63,7 @@ def node_columns(tree: Tree) -> dict[str, np.ndarray]:
     return {"level": level, "first_bin": pos * width, "end_bin": (pos + 1) * width}
 
 
-def consistent_leaves(tree: Tree, noisy: np.ndarray, method: str, *, noise_scale: float, penalty: str,
+def consistent_leaves(tree: hierarchy.Tree, noisy: np.ndarray, method: str, *, noise_scale: float, penalty: str,
                       alpha: float, rho: float) -> tuple[np.ndarray, dict]:
     """Non-negative leaves of the consistent estimate, and solver diagnostics."""
     if method == "none":
@@ -88,7 +90,7 @@ class HistogramKind(ReleaseKind):
         return {"kind": "histogram", "bins": 16, "branching": 4, "epsilon": 1.0}
 
     def plan(self, spec):
-        return tree_plan(tree_of(spec), epsilon=spec.release.epsilon, unit_weight=spec.dataset.unit_weight)
+        return hierarchy.tree_plan(tree_of(spec), epsilon=spec.release.epsilon, unit_weight=spec.dataset.unit_weight)
 
     def prepare(self, spec, ingested, run, log):
         out = counts.encode_bins(spec, run, ingested, spec.release.bins, log)

@@ -16,15 +16,11 @@ from pathlib import Path
 from typing import Literal
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.parquet as pq
-import scipy.sparse as sp
 from pydantic import Field, model_validator
 
 from data_contracts import suites
 from data_contracts.validate import parquet_files
-from dpalgos import kernel_kmeans as kk
-from dpalgos import lloyd
+from dpalgos.lazy import module
 from tasks.errors import InputError
 from tasks.kinds.base import Draw, ReleaseKind
 from tasks.ledger import public_copy
@@ -32,6 +28,12 @@ from tasks.params import ReleaseBase
 from tasks.partitions import Partitioned, current_client
 from tasks.run import read_meta
 from tasks.sets import ingest_sets, read_sets
+
+pa = module("pyarrow")
+pq = module("pyarrow.parquet")
+sp = module("scipy.sparse")
+kk = module("dpalgos.kernel_kmeans")
+lloyd = module("dpalgos.lloyd")
 
 class KernelKMeansParams(ReleaseBase):
     """DP kernel k-means of set-valued records (Acs et al. Algorithm 2): random Fourier features of an RBF

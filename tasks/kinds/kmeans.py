@@ -12,19 +12,23 @@ from pathlib import Path
 from typing import Literal
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.parquet as pq
 from pydantic import Field, model_validator
 
 from data_contracts import suites
 from data_contracts.validate import parquet_files
-from dpalgos import domain, dpkmeans, leekifer, metrics
-from tasks.ingest import StageOutput
+from dpalgos import domain
+from dpalgos.lazy import module
 from tasks.kinds.base import Draw, ReleaseKind
 from tasks.params import ReleaseBase
 from tasks.partitions import Partitioned, current_client, read_points, write_points
-from tasks.progress import Progress, gather
-from tasks.run import RunPaths, committed_plan, read_meta
+from tasks.run import StageOutput, committed_plan, read_meta
+
+pa = module("pyarrow")
+pq = module("pyarrow.parquet")
+dpkmeans = module("dpalgos.dpkmeans")
+leekifer = module("dpalgos.leekifer")
+metrics = module("dpalgos.metrics")
+progress = module("tasks.progress")
 
 class KMeansParams(ReleaseBase):
     """DP k-means (Lee & Kifer, Algorithm 1): K centroids after T noisy Lloyd iterations."""
@@ -203,7 +207,8 @@ class KMeansKind(ReleaseKind):
         futures = current_client().map(normalise_points, [str(f) for f in files], [str(out / f.name) for f in files],
                                        columns=spec.dataset.columns, lower=lower, upper=upper,
                                        domain_name=domain_of(spec))
-        clipped = np.sum(gather(current_client(), futures, Progress(log, "partitions normalised", len(files))), axis=0)
+        bar = progress.Progress(log, "partitions normalised", len(files))
+        clipped = np.sum(progress.gather(current_client(), futures, bar), axis=0)
         report = {"rows": ingested.rows, "clipped_values": dict(zip(spec.dataset.columns, map(int, clipped)))}
         (run.internal / "normalisation.json").write_text(json.dumps(report, indent=2))
         # Whether anything was clipped is itself raw-derived: the log points at the counts, always.
@@ -280,15 +285,15 @@ class KMeansKind(ReleaseKind):
 
     @staticmethod
     def _refine(traj, p, measurements, log) -> leekifer.Refinement:
-        bar = Progress(log, "MCMC steps", 1, artifact=True)  # the chain's length follows the noisy counts
+        bar = progress.Progress(log, "MCMC steps", 1, artifact=True)  # the chain's length follows the noisy counts
 
-        def progress(done, total):
+        def advance(done, total):
             bar.total = total
             bar.update(done)
         log.info("refining the trajectory: %s", " + ".join(p.postprocess))
         return leekifer.refine(traj, consistency="consistency" in p.postprocess, mcmc="mcmc" in p.postprocess,
                                steps=p.mcmc_steps, temperature=p.mcmc_temperature, delta=tuple(p.mcmc_delta),
-                               seed=postprocessing_seed(measurements), progress=progress)
+                               seed=postprocessing_seed(measurements), progress=advance)
 
     @staticmethod
     def _write_centroids(spec, C, path):

@@ -10,11 +10,13 @@ import numpy as np
 from pydantic import Field, model_validator
 
 from data_contracts import suites
-from dpalgos import matrix_mechanism as mm
-from tasks.kinds import counts
+from dpalgos.lazy import module
 from tasks.kinds.base import Draw, ReleaseKind
 from tasks.params import ConsistencyBase, is_power
 from tasks.run import committed_plan
+
+mm = module("dpalgos.matrix_mechanism")
+counts = module("tasks.kinds.counts")
 
 class MatrixMechanismParams(ConsistencyBase):
     """Matrix mechanism (Algorithm 4): Laplace answers to a strategy matrix over a histogram of the column,

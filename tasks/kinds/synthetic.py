@@ -21,21 +21,24 @@ from functools import lru_cache
 from typing import Annotated, Literal
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.parquet as pq
-import scipy.sparse as sp
 from pydantic import Field, model_validator
 
 from data_contracts import suites
 from data_contracts.validate import parquet_files
-from dpalgos import counting, dpgm
-from dpalgos import kernel_kmeans as kk
+from dpalgos.lazy import module
 from tasks.errors import ReleaseConflict
 from tasks.kinds.base import Draw, ReleaseKind
 from tasks.kinds.kernel_kmeans import KernelKMeansParams, check_public_sample, cluster_records, write_clustering
 from tasks.partitions import Partitioned, current_client
 from tasks.run import read_meta
 from tasks.sets import set_table
+
+pa = module("pyarrow")
+pq = module("pyarrow.parquet")
+sp = module("scipy.sparse")
+counting = module("dpalgos.counting")
+dpgm = module("dpalgos.dpgm")
+kk = module("dpalgos.kernel_kmeans")
 
 class SyntheticParams(KernelKMeansParams):
     """DPGM (Acs et al. Algorithm 1): DP kernel k-means into k clusters, one generative model per cluster
