@@ -30,6 +30,7 @@ import math
 from dataclasses import dataclass
 from typing import Callable
 
+import numba
 import numpy as np
 from threadpoolctl import threadpool_limits
 
@@ -317,13 +318,97 @@ def _volume_bound(k: int, d: int, domain: str) -> float:
 
 
 def _pack(k, d, a, shrink, rng, attempts, domain):
-    # Random greedy packing: take a random candidate, drop every candidate closer than 2a to it, repeat.
+    """Random greedy packing: candidates in a random order, each kept when it is at least 2a from every one kept
+    before it. Another attempt at the same a is made only when this one came within two standard deviations of a
+    Poisson count of K (a greedy packing's count varies little: far below K, more attempts only cost time; a spec's
+    large K on any data took minutes here, after its charge)."""
     for _ in range(attempts):
         cands = shrink * domains.uniform(200 * k, d, domain, rng)
-        chosen = []
-        while cands.shape[0] and len(chosen) < k:
-            chosen.append(cands[0])
-            cands = cands[((cands - cands[0]) ** 2).sum(axis=1) >= 4.0 * a * a]
-        if len(chosen) == k:
-            return np.asarray(chosen)
+        chosen = _greedy_grid(cands, k, a) if d <= 3 else _greedy(cands, k, 4.0 * a * a)
+        if chosen.size == k:
+            return cands[chosen]
+        if chosen.size < k - 2.0 * math.sqrt(k):
+            return None
     return None
+
+
+@numba.njit(cache=True)
+def _greedy(cands: np.ndarray, limit: int, min_sq: float) -> np.ndarray:
+    """Indices of the candidates kept by the greedy packing, in order, at most `limit` of them."""
+    chosen = np.empty(limit, np.int64)
+    n = 0
+    for i in range(cands.shape[0]):
+        far = True
+        for j in range(n):
+            s = 0.0
+            for t in range(cands.shape[1]):
+                diff = cands[i, t] - cands[chosen[j], t]
+                s += diff * diff
+            if s < min_sq:
+                far = False
+                break
+        if far:
+            chosen[n] = i
+            n += 1
+            if n == limit:
+                break
+    return chosen[:n]
+
+
+#: At most this many kept points in a grid cell of side 2a (points 2a apart in a square, a cube: 4, 8).
+_CELL_CAPACITY = 8
+
+
+@numba.njit(cache=True)
+def _greedy_grid(cands: np.ndarray, limit: int, a: float) -> np.ndarray:
+    """`_greedy` for d <= 3 with the kept points bucketed in cells of side 2a over [-1, 1]^d: a candidate is compared
+    with the kept points of its cell and the 3^d - 1 around it only (any point closer than 2a is in one of them).
+    The same indices as `_greedy`, in the time of one pass over the candidates."""
+    d = cands.shape[1]
+    side = 2.0 * a
+    m = int(2.0 / side) + 1
+    cells = np.full((m ** d, _CELL_CAPACITY), -1, np.int64)
+    chosen = np.empty(limit, np.int64)
+    n = 0
+    min_sq = 4.0 * a * a
+    cell = np.empty(d, np.int64)
+    for i in range(cands.shape[0]):
+        for t in range(d):
+            cell[t] = min(max(int((cands[i, t] + 1.0) / side), 0), m - 1)
+        far = True
+        for offset in range(3 ** d):
+            flat, code, inside = 0, offset, True
+            for t in range(d):
+                c = cell[t] + code % 3 - 1
+                code //= 3
+                if c < 0 or c >= m:
+                    inside = False
+                flat = flat * m + c
+            if not inside:
+                continue
+            for slot in range(_CELL_CAPACITY):
+                j = cells[flat, slot]
+                if j < 0:
+                    break
+                s = 0.0
+                for t in range(d):
+                    diff = cands[i, t] - cands[j, t]
+                    s += diff * diff
+                if s < min_sq:
+                    far = False
+                    break
+            if not far:
+                break
+        if far:
+            flat = 0
+            for t in range(d):
+                flat = flat * m + cell[t]
+            for slot in range(_CELL_CAPACITY):
+                if cells[flat, slot] < 0:
+                    cells[flat, slot] = i
+                    break
+            chosen[n] = i
+            n += 1
+            if n == limit:
+                break
+    return chosen[:n]

@@ -20,9 +20,10 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import NoReturn
 
-from flows.preflight import spec_problems
 from flows.environment import apply_defaults
-from tasks.errors import ReleaseError, SpecError
+from tasks import admission
+from tasks.errors import Refused, ReleaseError, SpecError
+from tasks.ledger.spends import MAX_LIFETIME_EPSILON
 
 DEFAULT_OUTPUT = "dprelease-runs"
 #: The built-in example's own budget, registered in its own ledger (never the operator's); the same figure
@@ -30,84 +31,35 @@ DEFAULT_OUTPUT = "dprelease-runs"
 EXAMPLE_BUDGET = (30.0, 1e-6)
 
 
-class UsageError(ReleaseError):
-    """A problem found before anything ran (exit 2)."""
-
-
 def _new_release_id(dataset_id: str) -> str:
     return f"{dataset_id}-{datetime.now(timezone.utc):%Y%m%dT%H%M%SZ}-{secrets.token_hex(2)}"
 
 
-def _fail_early(problems: list[str], where: str = "") -> None:
-    if problems:
-        raise UsageError("\n".join(f"{where}{p}" for p in problems))
-
-
-def load_run_spec(args):
-    """The spec of `dprelease run`, checked before the flow starts: the schema, the budget and how its data is
-    read, the output folder (the file, its data path and its inputs were checked by `spec_problems`)."""
-    from tasks.spec import load_spec  # after the checks that need none of its imports
-
-    overrides = {"release_id": args.release_id, "output_dir": args.output_dir}
-    if args.no_evaluate:
-        overrides["evaluate"] = False
+def admitted_run(args):
+    """The spec of `dprelease run` and its release id, through every admission rule (`tasks.admission`), before
+    Prefect, dask or the flow's stages are imported."""
     if args.example:
         from flows.example import example_spec
 
-        spec = example_spec(**{"output_dir": args.output_dir or DEFAULT_OUTPUT,
-                               **{k: v for k, v in overrides.items() if k != "output_dir"}})
+        spec = example_spec(output_dir=args.output_dir or DEFAULT_OUTPUT)
         _example_ledger(spec, quiet=args.json)
+        data, source = spec.model_dump(), "the built-in example"
     else:
-        spec = load_spec(args.spec, **overrides)
-    _fail_early(spec_ledger_problems(spec))
-    if spec.release_id is None:
-        spec = spec.model_copy(update={"release_id": _new_release_id(spec.dataset.id)})
-    _fail_early(_run_folder_problems(spec))
+        data, source = admission.admit_file(args.spec), args.spec
+    overrides = {"release_id": args.release_id, "output_dir": args.output_dir,
+                 "evaluate": False if args.no_evaluate else None}
+    spec = admission.admit_spec({**data, **{k: v for k, v in overrides.items() if v is not None}}, source=source)
+    release_id = spec.release_id or _new_release_id(spec.dataset.id)
+    spec = spec.model_copy(update={"release_id": release_id})
+    admission.admit_run(spec, release_id)
     return spec
 
 
-def _run_folder_problems(spec) -> list[str]:
-    """The run folder's refusal by the ledger (inside or around a dataset's data), then whether it is writable:
-    asked in that order, since the second names the first existing folder on its path."""
-    from tasks.errors import ReleaseConflict
-    from tasks.ledger import require_outside_data
-
-    try:
-        require_outside_data(spec.output_dir, spec.release_id)
-    except ReleaseConflict as exc:
-        return [str(exc)]
-    return _unwritable(spec.output_dir)
-
-
-def spec_ledger_problems(spec) -> list[str]:
-    """The ledger's refusal of the parsed spec's reading (the six fields, the columns); its budget, data path and
-    public inputs were judged by `spec_problems` (the example names none)."""
-    if not spec.test_mode:
-        from tasks.errors import NoBudget, ReleaseConflict
-        from tasks.ledger import require_budget
-        from tasks.params import dataset_reading
-
-        try:
-            require_budget(spec.dataset.id, source=spec.dataset.path, reading=dataset_reading(spec.dataset))
-        except (NoBudget, ReleaseConflict) as exc:
-            return [str(exc)]
-    return []
-
-
-def _unwritable(output_dir: str) -> list[str]:
-    target = Path(output_dir)
-    while not target.exists():
-        target = target.parent
-    return [] if os.access(target, os.W_OK | os.X_OK) else [f"output_dir: {target} is not writable"]
-
-
 def cmd_run(args) -> int:
-    if not args.example:
-        _fail_early(spec_problems(args.spec))
+    spec = admitted_run(args)
     from flows.api import TemporaryServer, prefect_api
 
-    server = TemporaryServer.launch()  # boots on the other core while the spec's and the flow's modules load
-    spec = load_run_spec(args)
+    server = TemporaryServer.launch()  # boots on the other core while the flow's modules load
     if not args.json:
         print(f"release id: {spec.release_id}  (to resume after a failure: --release-id {spec.release_id})",
               flush=True)
@@ -244,11 +196,12 @@ def cmd_budget_show(args) -> int:
         return 1
     spent = ledger.spent(args.dataset)
     rows = ledger.releases(args.dataset)
+    history = ledger.budget_history(args.dataset)
     if args.json:
         print(json.dumps({"dataset_id": args.dataset, "source": ledger.source(args.dataset),
                           "reading": ledger.reading(args.dataset),
                           "budget": {"epsilon": budget[0], "delta": budget[1]},
-                          "spent": spent.__dict__, "releases": rows}, indent=2))
+                          "spent": spent.__dict__, "releases": rows, "budget_history": history}, indent=2))
         return 0
     print(f"dataset '{args.dataset}'  ledger {args.ledger}")
     print(f"  data source      {ledger.source(args.dataset) or '(none yet: bound by its first release)'}")
@@ -261,6 +214,11 @@ def cmd_budget_show(args) -> int:
     for r in rows:
         print(f"  {r['release_id']:<44} {r['kind']:<16} {r['epsilon']:>9.4g} {r['delta']:>8.2g}  "
               f"{r['status']:<10} {r['attempts']:>8} {r['created_at']}")
+    print("  budget history (every change, oldest first):")
+    for h in history:
+        old = "none" if h["old_epsilon"] is None else f"epsilon={h['old_epsilon']:g} delta={h['old_delta']:g}"
+        print(f"    {h['changed_at']}  {old} -> epsilon={h['new_epsilon']:g} delta={h['new_delta']:g}  (spent "
+              f"epsilon={h['spent_epsilon']:.4g}){'  reason: ' + h['reason'] if h['reason'] else ''}")
     return 0
 
 
@@ -278,7 +236,8 @@ def cmd_budget_set(args) -> int:
     try:
         source = args.source or ledger.source(args.dataset)
         reading = _reading_of(args.reading_from, args.dataset, source) if args.reading_from else None
-        ledger.set_budget(args.dataset, args.epsilon, args.delta, source=args.source, reading=reading)
+        ledger.set_budget(args.dataset, args.epsilon, args.delta, source=args.source, reading=reading,
+                          reason=args.reason)
     except SpecError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -369,18 +328,18 @@ def cmd_kinds(args) -> int:
 
 
 def cmd_spec_check(args) -> int:
-    _fail_early(spec_problems(args.spec), f"{args.spec}: ")
-    from tasks.spec import load_spec  # after the checks that need none of its imports
-
-    spec = load_spec(args.spec)
-    _fail_early(spec_ledger_problems(spec), f"{args.spec}: ")
+    """Every admission rule a run would meet, up to the dry run of its charge, without running anything."""
+    spec = admission.admit_spec(admission.admit_file(args.spec), source=args.spec)
+    release_id = spec.release_id or _new_release_id(spec.dataset.id)
+    admission.admit_run(spec.model_copy(update={"release_id": release_id}), release_id)
     if args.json:
         print(json.dumps({"spec": args.spec, "valid": True, "kind": spec.release.kind, "dataset_id": spec.dataset.id,
                           "columns": spec.dataset.columns, "epsilon": spec.release.epsilon,
                           "fingerprint": spec.fingerprint()}))
         return 0
     print(f"{args.spec}: valid {spec.release.kind} release of dataset '{spec.dataset.id}' "
-          f"(columns {spec.dataset.columns}, epsilon={spec.release.epsilon:g}); its input files exist")
+          f"(columns {spec.dataset.columns}, epsilon={spec.release.epsilon:g}); its input files exist and the ledger "
+          f"would charge it")
     return 0
 
 
@@ -391,12 +350,10 @@ def positive_int(text: str) -> int:
     return value
 
 
-def positive_finite(text: str) -> float:
-    import math
-
+def lifetime_epsilon(text: str) -> float:
     value = float(text)
-    if not (math.isfinite(value) and value > 0):
-        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text}")
+    if not 0 < value <= MAX_LIFETIME_EPSILON:  # nan and inf too
+        raise argparse.ArgumentTypeError(f"must be a number in (0, {MAX_LIFETIME_EPSILON:g}], got {text}")
     return value
 
 
@@ -479,7 +436,8 @@ def build_parser() -> argparse.ArgumentParser:
                                        "way a dataset gets a budget. A release of a dataset without one is "
                                        "refused before anything runs.")
     setb.add_argument("dataset", help="dataset id")
-    setb.add_argument("--epsilon", type=positive_finite, required=True, help="lifetime epsilon (finite, > 0)")
+    setb.add_argument("--epsilon", type=lifetime_epsilon, required=True,
+                      help=f"lifetime epsilon (> 0, at most {MAX_LIFETIME_EPSILON:g})")
     setb.add_argument("--delta", type=probability, default=0.0,
                       help="lifetime delta in [0, 1) (default 0: enough for pure-DP kinds; kinds with a delta, "
                            "e.g. synthetic or mean, need one)")
@@ -493,6 +451,9 @@ def build_parser() -> argparse.ArgumentParser:
                            "spec; changeable until the dataset's first release), the path, and the columns (their "
                            "union, each parsed as its spec says). A release that reads the data otherwise, or "
                            "other columns, is refused. Required with the first --source")
+    setb.add_argument("--reason", default=None,
+                      help="why the budget changes, kept in the budget's history (`budget show`); required to raise "
+                           "the budget of a dataset that has spent any of it")
     setb.add_argument("--ledger", default=None, help="ledger file (default: $DPRELEASE_LEDGER, config.toml, or "
                                                      "~/.local/state/dprelease/privacy-ledger.sqlite)")
     setb.set_defaults(func=cmd_budget_set)
@@ -535,12 +496,20 @@ def main(argv: list[str] | None = None) -> int:
     apply_defaults()  # before any command imports Prefect, dask or great-expectations
     try:
         return args.func(args)
-    except (SpecError, UsageError) as exc:
-        print("\n".join(f"error: {line}" for line in str(exc).splitlines()), file=sys.stderr)
-        return 2
+    except (SpecError, Refused) as exc:  # refused before anything ran
+        return _failed(args, exc, 2)
     except (ReleaseError, ValueError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
+        return _failed(args, exc, 1)
+
+
+def _failed(args, exc: Exception, code: int) -> int:
+    """One `error:` line per problem on stderr; with --json, the failure as JSON on stdout too."""
+    lines = str(exc).splitlines()
+    if getattr(args, "json", False):
+        print(json.dumps({"status": "refused" if code == 2 else "failed", "error": " ".join(lines),
+                          "problems": lines, "exit_code": code}))
+    print("\n".join(f"error: {line}" for line in lines), file=sys.stderr)
+    return code
 
 
 def entry_point() -> NoReturn:

@@ -148,15 +148,16 @@ def run_logging(log_file: Path, debug: bool = False, configure: bool = True) -> 
     file_handler.setFormatter(logging.Formatter(_FILE_FORMAT))
     file_handler.setLevel(logging.INFO)
     consoles = [h for h in root.handlers if isinstance(h, PrefectConsoleHandler)]
-    saved = [h.formatter for h in consoles]
-    if not debug:
-        for h in consoles:
-            h.setFormatter(_NoTraceback(h.formatter))
     pipeline_only = _PipelineOnly()
     loggers = [root] + [lg for lg in list(logging.root.manager.loggerDict.values()) if isinstance(lg, logging.Logger)]
-    # Prefect's API handler: on its run loggers, and on any logger listed in PREFECT_LOGGING_EXTRA_LOGGERS.
+    # Prefect's API handler: on its run loggers, and on any logger listed in PREFECT_LOGGING_EXTRA_LOGGERS. It never
+    # gets a traceback (the run's log file has them): a failure in the UI is the pipeline's one line.
     api = {h for lg in loggers for h in lg.handlers if isinstance(h, APILogHandler)}
     filtered = consoles + list(api)
+    bare = list(api) + ([] if debug else consoles)
+    saved = [h.formatter for h in bare]
+    for h in bare:
+        h.setFormatter(_NoTraceback(h.formatter))
     # A library logger with a terminal handler of its own and no propagation (distributed sets one up when it is
     # imported before any root handler exists) goes through the root logger's handlers for the run.
     rerouted = [(lg, lg.propagate, [h for h in lg.handlers if _terminal_stream(h)]) for lg in loggers[1:]
@@ -195,5 +196,5 @@ def run_logging(log_file: Path, debug: bool = False, configure: bool = True) -> 
                 lg.addHandler(h)
         for h in filtered:
             h.removeFilter(pipeline_only)
-        for h, formatter in zip(consoles, saved):
+        for h, formatter in zip(bare, saved):
             h.setFormatter(formatter)

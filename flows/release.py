@@ -14,26 +14,26 @@ from typing import Literal
 from prefect import flow, get_run_logger
 from prefect.client.orchestration import get_client
 from prefect.runtime import flow_run
+from prefect.states import Failed, State
 
 from data_contracts import suites
 from data_contracts.project import build_docs
 from flows.logs import in_run_logging, log_path, run_logging
-from tasks import settings
+from tasks import admission, settings
 from tasks.artifacts import StageProgress, emit_failed, emit_if_budget_low, emit_published, publish_artifacts
 from tasks.contracts import check_contract
-from tasks.errors import ReleaseConflict, ReleaseError, StageFailed
+from tasks.errors import Refused, StageFailed
 from tasks.ingest import ingest
 from tasks.kinds import kind_of
-from tasks.ledger import PrivacyLedger, data_source, require_budget, require_outside_data, require_public
-from tasks.params import dataset_reading, public_inputs
+from tasks.ledger import PrivacyLedger
 from tasks.manifest import publish_release
 from tasks.partitions import dask_client
 from tasks.report import write_report
 from tasks.resume import forget, reusable, stage_key, stamp
 from tasks.retry import INTERNAL_LOG, ours
-from tasks.run import RunPaths, StageOutput, discard_failed, open_run, read_meta
-from tasks.spec import ReleaseSpec, load_spec, parse_spec
-from tasks.stages import evaluate, measure, postprocess, preflight, prepare
+from tasks.run import RunPaths, StageOutput, discard_failed, open_run
+from tasks.spec import ReleaseSpec
+from tasks.stages import evaluate, measure, postprocess, prepare
 
 
 Period = Literal["daily", "weekly", "monthly"]
@@ -72,7 +72,7 @@ def period_key(start: datetime, period: Period) -> str:
     return f"{start:%Y%m}"
 
 
-def default_release_id(spec: ReleaseSpec, period: Period | None) -> str:
+def default_release_id(dataset_id: str, kind: str, period: Period | None) -> str:
     """A scheduled release is <dataset>-<kind>-<period of its scheduled start>: every run of one period (a backlog
     of missed runs, a manual retry after midnight, two runs started at once) is the same release id, which the
     ledger draws once; the kind keeps apart the deployments of one dataset (one data source is one dataset id).
@@ -80,39 +80,51 @@ def default_release_id(spec: ReleaseSpec, period: Period | None) -> str:
     stable under Prefect's retries of the same flow run."""
     start = flow_run.scheduled_start_time or datetime.now(timezone.utc)
     if period is not None:
-        return f"{spec.dataset.id}-{spec.release.kind}-{period_key(start, period)}"
-    return f"{spec.dataset.id}-{start.astimezone(timezone.utc):%Y%m%dT%H%M%S}-{str(flow_run.get_id() or 'local')[:8]}"
+        return f"{dataset_id}-{kind}-{period_key(start, period)}"
+    return f"{dataset_id}-{start.astimezone(timezone.utc):%Y%m%dT%H%M%S}-{str(flow_run.get_id() or 'local')[:8]}"
 
 
-def resolve(spec: ReleaseSpec | dict | None, spec_file: str | None, release_id: str | None,
-            period: Period | None) -> tuple[ReleaseSpec, str]:
-    """The flow's parameters -> (spec, release id). The run name and the flow body both call it."""
+def admitted(spec: ReleaseSpec | dict | None, spec_file: str | None, release_id: str | None,
+             period: Period | None) -> tuple[ReleaseSpec, str]:
+    """The flow's parameters -> (spec, release id), through the same admission rules as the CLI, in the same order
+    (`tasks.admission`): a flow run that a Prefect worker started meets exactly the CLI's checks."""
     if (spec is None) == (spec_file is None):
-        raise ReleaseError("give exactly one of `spec` and `spec_file`")
-    if spec is None:
-        spec = load_spec(spec_file)
-    elif isinstance(spec, dict):
-        spec = parse_spec(spec)
+        raise Refused("give exactly one of `spec` and `spec_file`")
+    if flow_run.get_id() is not None:
+        admission.admit_flow_run(_job_variables())
+    if spec_file is not None:
+        data, source = admission.admit_file(spec_file, flow_run=flow_run.get_id() is not None), spec_file
+    else:
+        data, source = (spec.model_dump() if isinstance(spec, ReleaseSpec) else spec), "the spec parameter"
     if release_id is not None:
-        spec = spec.model_copy(update={"release_id": release_id})
-    return spec, spec.release_id or default_release_id(spec, period)
+        data = {**data, "release_id": release_id}
+    spec = admission.admit_spec(data, source=source)
+    release_id = spec.release_id or default_release_id(spec.dataset.id, spec.release.kind, period)
+    spec = spec.model_copy(update={"release_id": release_id})
+    admission.admit_run(spec, release_id)
+    return spec, release_id
+
+
+def _job_variables() -> dict:
+    with get_client(sync_client=True) as client:
+        return client.read_flow_run(flow_run.get_id()).job_variables or {}
 
 
 def _run_name() -> str:
-    """The flow run is named after its release id (the UI's run list reads as the release history)."""
+    """The flow run is named after its release id (the UI's run list reads as the release history): the spec file
+    is read only where the admission lets a flow run read one, and nothing else is checked here (the body refuses,
+    with its message)."""
     params = flow_run.get_parameters()
+    if params.get("release_id"):
+        return str(params["release_id"])
     try:
-        return resolve(params.get("spec"), params.get("spec_file"), params.get("release_id"), params.get("period"))[1]
-    except Exception:  # the body raises the same error, with its message; the name must not fail the run
+        spec = params.get("spec")
+        data = admission.admit_file(params["spec_file"], flow_run=True) if spec is None else \
+            (spec.model_dump() if isinstance(spec, ReleaseSpec) else spec)
+        return str(data.get("release_id") or
+                   default_release_id(data["dataset"]["id"], data["release"]["kind"], params.get("period")))
+    except Exception:  # the name must not fail the run
         return "release-invalid-spec"
-
-
-def _pinned(spec: ReleaseSpec) -> ReleaseSpec:
-    """The spec with its data path resolved once (symlinks included): the ledger's binding and every stage then
-    read the same file (an audit swapped a symlink between the check and the ingest)."""
-    path = data_source(spec.dataset.path)
-    return spec if path == spec.dataset.path else \
-        spec.model_copy(update={"dataset": spec.dataset.model_copy(update={"path": path})})
 
 
 @contextmanager
@@ -125,22 +137,6 @@ def _owner_only():
         yield
     finally:
         os.umask(previous)
-
-
-def _refuse_environment_overrides() -> None:
-    """A flow run whose job variables set environment variables is refused before anything runs: the machine's
-    settings (the ledger, test mode, the evaluation in the UI, the dask scheduler) are environment variables of
-    the worker, and whoever can trigger a run could otherwise set them for it (`prefect deployment run
-    --job-variable env=...`). The deployment's own job variables (prefect.yaml, the operator's) are not a
-    run's and stay allowed."""
-    run_id = flow_run.get_id()
-    if run_id is None:
-        return
-    with get_client(sync_client=True) as client:
-        env = (client.read_flow_run(run_id).job_variables or {}).get("env")
-    if env:
-        raise ReleaseError(f"this flow run sets environment variables in its job variables ({', '.join(sorted(env))}): "
-                           f"the machine's settings are the worker's or its deployment's, never a run's; nothing was run")
 
 
 def _tag_run(spec: ReleaseSpec) -> None:
@@ -184,9 +180,10 @@ def release(spec: ReleaseSpec | None = None, spec_file: str | None = None, relea
     spec's `output_dir`, not a flow parameter; the ledger is the machine's.
     """
     log = get_run_logger()
-    _refuse_environment_overrides()
-    spec, release_id = resolve(spec, spec_file, release_id, period)
-    spec = _pinned(spec)
+    try:
+        spec, release_id = admitted(spec, spec_file, release_id, period)
+    except Exception as exc:  # refused before anything ran: a Failed state with its one line, no traceback
+        return _failed(_ours(exc, "the release's admission"))
     _tag_run(spec)
     # Started by a Prefect worker, not the CLI: the same split of the logs (library records and tracebacks to the
     # run's internal log file only, never the worker's console or Prefect's API).
@@ -195,34 +192,38 @@ def release(spec: ReleaseSpec | None = None, spec_file: str | None = None, relea
         try:
             return _release(spec, release_id, log)
         except Exception as exc:
-            if not ours(exc):  # a text the pipeline did not write may quote raw values: the internal log only
-                INTERNAL_LOG.error("release %s failed", release_id, exc_info=True)
-                exc = StageFailed(f"{type(exc).__name__} in the release flow (details in the run's internal log)")
+            exc = _ours(exc, "the release flow")
             emit_failed(release_id, spec.dataset.id, spec.release.kind, str(exc))
-            raise exc from None
+            return _failed(exc)
+
+
+def _ours(exc: Exception, where: str) -> Exception:
+    """The exception, or, for a text the pipeline did not write (it may quote raw values), its type only: the
+    traceback goes to the internal log."""
+    if ours(exc):
+        return exc
+    INTERNAL_LOG.error("%s failed", where, exc_info=exc)
+    return StageFailed(f"{type(exc).__name__} in {where} (details in the run's internal log)")
+
+
+def _failed(exc: Exception) -> State:
+    """The flow run's final state for a failure: Failed, its message the exception's one line (Prefect then logs
+    no traceback of it), and the exception itself as its data, which a caller of the flow gets raised."""
+    return Failed(message=" ".join(str(exc).split()), data=exc)
 
 
 def _release(spec: ReleaseSpec, release_id: str, log) -> dict:
-    if not spec.test_mode:
-        # before anything runs or is written
-        require_budget(spec.dataset.id, source=spec.dataset.path, reading=dataset_reading(spec.dataset))
-        require_public(public_inputs(spec.release))
-        require_outside_data(spec.output_dir, release_id)
     created = not (Path(spec.output_dir) / release_id).exists()
     run = open_run(spec.output_dir, release_id, test=spec.test_mode)
     run.clear_stale_staging()
     published = run.published()
-    if published and read_meta(run.measurements)["fingerprint"] != spec.fingerprint():
-        raise ReleaseConflict(f"release id '{release_id}' is published at {run.release} with other data or "
-                              f"parameters; choose a new release id")
     if published and (run.internal / "report.md").exists():
         log.info("release %s is already published at %s; nothing to do", release_id, run.release)
         return _summary(spec, release_id, run, json.loads(run.manifest.read_text()), {}, "already published")
-    log.info("release %s (%s on dataset '%s') -> %s", release_id, spec.release.kind, spec.dataset.id, run.root)
+    log.info("release %s (%s on dataset '%s') -> %s", release_id, spec.release.kind, spec.dataset.id,
+             run.root.resolve())
     timer = _Timer(log, StageProgress(_stage_names(spec, published)))
     try:
-        if not published:
-            preflight(spec, release_id, run)
         with dask_client(spec.dask) as client:
             # The address to the internal log only: the Prefect API is readable by whoever can open the UI.
             INTERNAL_LOG.info("dask scheduler %s, dashboard %s", client.scheduler.address, client.dashboard_link)

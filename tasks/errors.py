@@ -9,6 +9,10 @@ class SpecError(ReleaseError, ValueError):
     """A release spec that cannot be used; the message lists every problem."""
 
 
+class Refused(ReleaseError):
+    """A release refused by an admission rule before anything ran (`tasks.admission`): the CLI exits 2."""
+
+
 class InputError(ReleaseError):
     """The sensitive input cannot be used as the spec describes it (missing, corrupt, wrong schema...)."""
 
@@ -25,10 +29,20 @@ class ReleaseConflict(ReleaseError):
     """A release id is being reused with different parameters, or its stored state is inconsistent."""
 
 
+class DrawFailed(ReleaseError):
+    """The DP measurement failed after drawing noise: never retried (a retry is a second run of the mechanism,
+    charged again); its release id may be rerun, which charges it again."""
+
+
 class StageFailed(Exception):
     """A stage failed with an error the pipeline did not write (a library's, an I/O error): its text may quote
     raw values, so this carries the type and the stage only; the traceback goes to the run's internal log.
-    Not a ReleaseError: it may be transient, and is retried."""
+    `transient`: the error may pass on a second try (I/O, a lost dask worker), and the stage is retried; a
+    deterministic one (a ValueError of the numerics) would fail again, and is not."""
+
+    def __init__(self, message: str, transient: bool = False):
+        super().__init__(message)
+        self.transient = transient
 
 
 def reason(exc: BaseException) -> str:

@@ -51,9 +51,9 @@ def _split(line: str, sep: str | None) -> list[str]:
 
 
 def _read_csv(dataset: DatasetSpec, path: Path, dtypes: dict[str, str]):
-    """The file's columns named in `dtypes` (the spec's), each parsed as given. The other columns are not read:
-    typed by dask's guess from a sample, one record's blank or 40.5 in an undeclared integer column past the
-    sample refused the whole file."""
+    """The file's columns named in `dtypes` (the spec's), each parsed as given. The other columns are read as text
+    and dropped: typed by dask's guess from a sample, one record's blank or 40.5 in an undeclared integer column past
+    the sample refused the whole file. A line with a field count other than the header's is refused."""
     import dask.dataframe as dd
 
     lines = _first_lines(path, 2)
@@ -79,10 +79,12 @@ def _read_csv(dataset: DatasetSpec, path: Path, dtypes: dict[str, str]):
         names = dataset.columns
     gz = path.suffix == ".gz"
     # Never dask's guess from a sample: a guess lets one record's value decide how the others are read (or
-    # refuse them as "mismatched dtypes").
+    # refuse them as "mismatched dtypes"). The other columns are read as text, never typed; every column is read so
+    # that a line with more fields than the header is refused, not read as its first fields (a review's ragged line).
+    others = {} if not header else {c: "string" for c in tokens if c not in dtypes}
     return dd.read_csv(str(path), sep=sep or r"\s+", header=0 if header else None, names=names,
-                       usecols=wanted if header else None, dtype=dtypes,
-                       blocksize=None if gz else _CSV_BLOCKSIZE, compression="gzip" if gz else None)
+                       dtype={**others, **dtypes}, blocksize=None if gz else _CSV_BLOCKSIZE,
+                       compression="gzip" if gz else None)[wanted]
 
 
 def _unreadable(dataset: DatasetSpec, exc: BaseException) -> InputError:

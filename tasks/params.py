@@ -77,7 +77,8 @@ class DatasetSpec(Strict):
     user_column: str | None = Field(None, description="set-valued records in several rows per user (Parquet): "
                                                       "rows are grouped per user, a user's items merged, before "
                                                       "any statistic; without it, one row is one user")
-    item_count: int | None = Field(None, ge=1, le=10_000_000, description="PUBLIC size of the item universe: ids in [0, item_count)")
+    item_count: int | None = Field(None, ge=1, le=2 ** 31 - 1, description="PUBLIC size of the item universe: ids in "
+                                                                             "[0, item_count), 32-bit")
 
     @field_validator("bounds")
     @classmethod

@@ -1,10 +1,11 @@
 """How a task may fail: when Prefect may retry it, how long it may run, and what its failure may say.
 
-Retried: failures that may pass on a second try (I/O, a busy ledger, a lost dask worker). Not retried: a
-refused input, spec or budget and a broken contract (they would fail again, and a retry would only repeat the
-refusal in the logs), and a timeout (a stage that ran out of time would run out of it again; the next run of
-the release id resumes it). Every task is safe to retry: stage outputs are rewritten whole, and the DP
-measurement task reuses committed measurements (tasks/stages.py says when a retry is charged).
+Retried: failures that may pass on a second try, I/O (an OSError) and a lost dask worker. Not retried, since they
+would fail the same way again: a refused input, spec or budget, a broken contract, a deterministic error of the
+numerics (a ValueError deep in a library), a timeout (the next run of the release id resumes the stage), and any
+failure of the DP measurement after it drew noise (`DrawFailed`: a retry would be a second run of the mechanism,
+charged again). Every task is safe to retry: stage outputs are rewritten whole, and the DP measurement task reuses
+committed measurements (tasks/stages.py says when a retry is charged).
 """
 
 from __future__ import annotations
@@ -30,15 +31,21 @@ RETRIES = {"retries": 2, "retry_delay_seconds": settings.current().task_retry_de
 
 
 def transient(task, task_run, state) -> bool:
+    """Prefect retries a failed task only when its error may pass on a second try (`StageFailed.transient`)."""
     try:
         state.result()
-    except (ReleaseError, ContractViolation, TimeoutError):
-        return False
-    except StageFailed:
-        return True
+    except StageFailed as exc:
+        return exc.transient
     except Exception:
-        return True
+        return False
     return False
+
+
+def may_pass(exc: BaseException) -> bool:
+    """I/O (an OSError: a file system, a connection) and a lost dask worker may pass on a second try; any other
+    error of a stage is the same on every try (a ValueError of the numerics failed twice more, each retry of a draw
+    charged again: a review's weighted table)."""
+    return isinstance(exc, OSError) or type(exc).__name__ == "KilledWorker"
 
 
 def ours(exc: BaseException) -> bool:
@@ -59,7 +66,7 @@ def sanitised(fn):
                 raise
             INTERNAL_LOG.error("stage '%s' failed", fn.__name__, exc_info=True)
             raise StageFailed(f"{type(exc).__name__} in stage '{fn.__name__}' (details in the run's internal "
-                              f"log)") from None
+                              f"log)", transient=may_pass(exc)) from None
     return wrapper
 
 

@@ -97,6 +97,8 @@ def _parquet_chunks(path: Path, column: str) -> Iterator[tuple[np.ndarray, np.nd
             raise InputError(f"{f}: column '{column}' holds {arr.type.value_type}, not integer item ids")
         if arr.null_count:
             raise InputError(f"{f}: column '{column}' has null records")
+        if arr.values.null_count:  # a null item was dropped without a word (a review's bad input)
+            raise InputError(f"{f}: column '{column}' has null item ids in its records")
         values = arr.values.to_numpy(zero_copy_only=False)
         offsets = arr.offsets.to_numpy()
         yield offsets - offsets[0], values[offsets[0]:offsets[-1]]
@@ -118,12 +120,15 @@ def ingest_users(path: Path, column: str, user_column: str, out_dir: Path,
     import polars as pl
 
     files = sorted(path.glob("*.parquet")) if path.is_dir() else [path]
+    rows = pl.scan_parquet([str(f) for f in files]).select(pl.col(user_column), pl.col(column))
     try:
-        users = (pl.scan_parquet([str(f) for f in files]).select(pl.col(user_column), pl.col(column))
-                 .explode(column).drop_nulls(column).unique([user_column, column])
+        null_items = rows.select(pl.col(column).list.eval(pl.element().is_null()).list.any().any()).collect().item()
+        users = (rows.explode(column).drop_nulls(column).unique([user_column, column])
                  .group_by(user_column).agg(pl.col(column).sort()).sort(user_column).collect())
     except (pl.exceptions.PolarsError, OSError) as exc:
         raise InputError(f"cannot read {path} with the user column '{user_column}': {reason(exc)}") from None
+    if null_items:
+        raise InputError(f"{path}: column '{column}' has null item ids in its records")
     out_dir.mkdir(parents=True)
     parts, rows, outside = 0, 0, Counter()
     for start in range(0, max(users.height, 1), ROWS_PER_PART):

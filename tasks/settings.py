@@ -93,6 +93,20 @@ def _default_ledger() -> str:
     return str(state / "dprelease" / "privacy-ledger.sqlite")
 
 
+def _positive_gib(value: Any, where: str) -> float:
+    try:
+        gib = float(value)
+    except (TypeError, ValueError):
+        gib = math.nan
+    if not (math.isfinite(gib) and gib > 0):
+        raise ReleaseError(f"{where} must be a number of GiB > 0, got {value!r}")
+    return gib
+
+
+def _default_memory_gib() -> float:
+    return 0.8 * os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2 ** 30
+
+
 def _default_spec_folders() -> tuple[str, ...]:
     shipped = Path(__file__).resolve().parents[1] / "deployments" / "specs"
     return (str(shipped),) if shipped.is_dir() else ()
@@ -145,6 +159,10 @@ class OperatorSettings:
         "DPRELEASE_LOW_BUDGET_FRACTION", 0.2, _fraction,
         "A `dprelease.budget.low` event is emitted when a dataset's remaining epsilon falls below this fraction of "
         "its lifetime budget.", "0.2")
+    memory_limit_gib: float = setting(
+        "DPRELEASE_MEMORY_LIMIT_GIB", _default_memory_gib, _positive_gib,
+        "The memory one release's largest step may take (GiB): a release whose public sizes ask for more (estimated "
+        "by its kind's `footprint`) is refused before anything is charged.", "80% of the machine's memory")
     task_timeout_seconds: float = setting(
         "DPRELEASE_TASK_TIMEOUT_SECONDS", 4 * 3600.0, _positive_seconds,
         "The longest one stage may run; a timed-out stage is not retried (the next run of the release id resumes "

@@ -25,12 +25,12 @@ from prefect.cache_policies import NO_CACHE
 
 from dpalgos import accounting
 from dpalgos.noise import ExactNoise, Measure, SeededNoise
-from tasks.errors import ReleaseConflict, SpecError
+from tasks import admission
+from tasks.errors import DrawFailed, ReleaseConflict
 from tasks.kinds import kind_of
 from tasks.ledger import PrivacyLedger
-from tasks.params import dataset_reading
 from tasks.retry import INTERNAL_LOG, SAFE, sanitised
-from tasks.run import META, RunPaths, StageOutput, commit_once, read_meta
+from tasks.run import META, RunPaths, StageOutput, commit_once
 from tasks.spec import ReleaseSpec
 
 
@@ -70,16 +70,14 @@ def measure(spec: ReleaseSpec, release_id: str, run: RunPaths, prepared: StageOu
     same release would be a second, unaccounted release.
     """
     log = get_run_logger()
-    kind = kind_of(spec)
-    kind.check_feasible(spec, prepared)
-    plan = kind.plan(spec)
+    plan = kind_of(spec).plan(spec)
     own = plan.guarantee(getattr(spec.release, "delta", 0.0))
     ledger, charge = None, None
     owner = secrets.token_hex(8)  # this attempt: the lease to draw (PrivacyLedger.begin_draw)
-    reused = _stored_measurements(spec, release_id, run)
+    reused = run.measurements.exists()  # this release's: the admission refused another's (tasks.admission)
     if not spec.test_mode:
         ledger = PrivacyLedger(spec.ledger_path)
-        charge = _charge(ledger, spec, release_id, run, plan, owner)
+        charge = admission.charge_for(ledger, spec, release_id, run.root, plan, owner)
         own = charge.release
         log.info("privacy ledger: release %s costs epsilon=%.4g, delta=%.3g (%s); dataset '%s' total epsilon=%.4g "
                  "of %.4g", release_id, own.epsilon, own.delta, charge.state, spec.dataset.id,
@@ -96,46 +94,19 @@ def measure(spec: ReleaseSpec, release_id: str, run: RunPaths, prepared: StageOu
                     (charge.budget_epsilon, charge.budget_delta) if charge else None)
 
 
-def preflight(spec: ReleaseSpec, release_id: str, run: RunPaths) -> None:
-    """Every refusal of the charge, made before the data is read: a refusal that came after reading it (a
-    level outside the public ones, a malformed record) would answer a question about the data for free, and
-    for a spec over the budget as often as it is asked. Records no spend; binds the dataset to its source and
-    reading if nothing has (`PrivacyLedger.bind`)."""
-    _stored_measurements(spec, release_id, run)
-    try:
-        plan = kind_of(spec).plan(spec)
-    except accounting.CalibrationError as exc:  # public parameters only: the spec's problem
-        raise SpecError(f"invalid release spec: {exc}") from None
-    if not spec.test_mode:
-        ledger = PrivacyLedger(spec.ledger_path)
-        ledger.bind(spec.dataset.id, spec.dataset.path, dataset_reading(spec.dataset))
-        _charge(ledger, spec, release_id, run, plan, None, dry_run=True)
-
-
-def _stored_measurements(spec: ReleaseSpec, release_id: str, run: RunPaths) -> bool:
-    """Whether the run folder holds this release's committed measurements; refused if they are another's."""
-    if not run.measurements.exists():
-        return False
-    stored = read_meta(run.measurements)["fingerprint"]
-    if stored != spec.fingerprint():
-        raise ReleaseConflict(f"stored measurements of release '{release_id}' were made with other "
-                              f"parameters ({stored} != {spec.fingerprint()})")
-    return True
-
-
-def _charge(ledger: PrivacyLedger, spec: ReleaseSpec, release_id: str, run: RunPaths, plan, owner: str | None,
-            dry_run: bool = False):
-    return ledger.charge(dataset_id=spec.dataset.id, release_id=release_id, kind=spec.release.kind,
-                         fingerprint=spec.fingerprint(), event=plan.event(),
-                         release_delta=getattr(spec.release, "delta", None), redraw=not run.measurements.exists(),
-                         location=str(run.root.resolve()), extra_delta=plan.extra_delta, owner=owner, dry_run=dry_run,
-                         source=spec.dataset.path, reading=dataset_reading(spec.dataset))
-
-
 def _draw_and_commit(spec, release_id, run, prepared, plan, ledger, owner, log) -> None:
     noise, public_rng = randomness(spec)
     measure_ = Measure(plan, noise, on_first_draw=lambda: ledger and ledger.begin_draw(release_id, owner))
-    draw = kind_of(spec).draw(spec, prepared, measure_, public_rng, log)
+    try:
+        draw = kind_of(spec).draw(spec, prepared, measure_, public_rng, log)
+    except Exception as exc:
+        if not measure_.drawn:
+            raise
+        # A retry would be a second run of the mechanism, charged again: never retried, whatever failed.
+        INTERNAL_LOG.error("the DP measurement failed after drawing noise", exc_info=True)
+        raise DrawFailed(f"the DP measurement failed after noise was drawn ({type(exc).__name__}; details in the "
+                         f"run's internal log): nothing was committed and the release was charged; rerunning its "
+                         f"release id charges it again") from None
     meta = {"release_id": release_id, "dataset_id": spec.dataset.id, "kind": spec.release.kind,
             "fingerprint": spec.fingerprint(), "event": accounting.event_to_json(plan.event()), "plan": plan.to_json(),
             "extra_delta": plan.extra_delta, "extra_delta_argument": plan.extra_delta_argument,

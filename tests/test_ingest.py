@@ -62,3 +62,43 @@ def test_parquet_categories_and_nullable_floats_are_read_value_by_value(tmp_path
         spec = DatasetSpec(id="t", path=str(path), bounds={"x": [0, 1]}, categories={"sex": ["1", "2"]})
         got = read_source(spec, path).compute()["sex"].tolist()
         assert got == (["1", "2", "1.5", "2"] if i == 0 else ["1", pd.NA, "2", "2"])
+
+
+def test_a_line_with_more_fields_than_the_header_is_refused_not_read_as_its_first_fields(tmp_path):
+    """A review's ragged line `1,2,3,4` in a two-column file was read as (1, 2) without a word."""
+    import logging
+
+    import pytest
+
+    from tasks.errors import InputError
+    from tasks.ingest import ingest_dataset
+
+    for name, text, header in (("h.csv", "x,y\n0.1,0.2\n1,2,3,4\n0.5,0.6\n", True),
+                               ("n.csv", "0.1,0.2\n1,2,3,4\n0.5,0.6\n", False)):
+        path = tmp_path / name
+        path.write_text(text)
+        spec = DatasetSpec(id="t", path=str(path), header=header, bounds={"x": [0, 1], "y": [0, 1]})
+        with pytest.raises(InputError, match="or a malformed line") as refused:  # one text: no line, no value
+            ingest_dataset(spec, tmp_path / f"out-{name}", logging.getLogger("test"))
+        assert "Expected" not in str(refused.value)
+    fine = tmp_path / "fine.csv"
+    fine.write_text("x,y,note\n0.1,0.2,a\n0.3,0.4,b c\n")
+    spec = DatasetSpec(id="t", path=str(fine), bounds={"x": [0, 1], "y": [0, 1]})
+    assert read_source(spec, fine).compute().values.tolist() == [[0.1, 0.2], [0.3, 0.4]]
+
+
+def test_a_null_item_in_a_record_is_refused_not_dropped(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    import pytest
+
+    from tasks.errors import InputError
+    from tasks.sets import ingest_sets, ingest_users
+
+    path = tmp_path / "s.parquet"
+    pq.write_table(pa.table({"u": [1, 1, 2], "items": pa.array([[1, 2], [None, 3], [4]], type=pa.list_(pa.int32()))}),
+                   path)
+    with pytest.raises(InputError, match="null item ids"):
+        ingest_sets(path, "parquet", "items", tmp_path / "a", item_count=10)
+    with pytest.raises(InputError, match="null item ids"):
+        ingest_users(path, "items", "u", tmp_path / "b", item_count=10)

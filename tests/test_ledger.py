@@ -5,8 +5,10 @@ import dp_accounting
 import pytest
 
 from dpalgos import accounting, dpkmeans
+from dpalgos.plan import Mechanism, Plan
 from tasks.errors import BudgetExceeded, NoBudget, ReleaseConflict, ReleaseError
-from tasks.ledger import PrivacyLedger, data_source, public_copy, require_budget, require_public
+from tasks.admission import require_budget, require_public
+from tasks.ledger import PrivacyLedger, configured_path, data_source, public_copy
 
 BUDGET = (1.0, 1e-6)
 
@@ -16,7 +18,7 @@ def _charge(ledger, release_id, eps, fingerprint="f", dataset="d", budget=BUDGET
     if ledger.budget(dataset) is None:
         ledger.set_budget(dataset, *budget)
     return ledger.charge(dataset_id=dataset, release_id=release_id, kind="kmeans", fingerprint=fingerprint,
-                         event=dpkmeans.plan(epsilon=eps, iterations=5).event())
+                         plan=dpkmeans.plan(epsilon=eps, iterations=5))
 
 
 def test_spends_compose_and_the_budget_refuses_before_noise(tmp_path):
@@ -36,12 +38,12 @@ def test_spends_compose_and_the_budget_refuses_before_noise(tmp_path):
 def test_a_dry_run_refuses_as_the_charge_would_and_records_nothing(tmp_path):
     ledger = PrivacyLedger(tmp_path / "l.sqlite")
     _charge(ledger, "r1", 0.6)
-    kw = dict(dataset_id="d", kind="kmeans", fingerprint="f", event=dpkmeans.plan(epsilon=0.3, iterations=5).event(),
+    kw = dict(dataset_id="d", kind="kmeans", fingerprint="f", plan=dpkmeans.plan(epsilon=0.3, iterations=5),
               dry_run=True)
     assert ledger.charge(release_id="r2", **kw).state == "charged"
     assert [r["release_id"] for r in ledger.releases("d")] == ["r1"]
     with pytest.raises(BudgetExceeded, match="would exceed the lifetime budget"):
-        ledger.charge(release_id="r2", **{**kw, "event": dpkmeans.plan(epsilon=0.9, iterations=5).event()})
+        ledger.charge(release_id="r2", **{**kw, "plan": dpkmeans.plan(epsilon=0.9, iterations=5)})
     with pytest.raises(ReleaseConflict, match="already used"):
         ledger.charge(release_id="r1", **{**kw, "fingerprint": "g"})
     assert [r["release_id"] for r in ledger.releases("d")] == ["r1"] and ledger.spent("d").epsilon == pytest.approx(0.6, rel=1e-2)
@@ -66,15 +68,22 @@ def test_budgets_are_set_by_an_operator_only(tmp_path):
     ledger = PrivacyLedger(tmp_path / "l.sqlite")
     with pytest.raises(NoBudget, match="budget set unregistered"):
         ledger.charge(dataset_id="unregistered", release_id="x", kind="kmeans", fingerprint="f",
-                      event=dpkmeans.plan(epsilon=0.5, iterations=5).event())
+                      plan=dpkmeans.plan(epsilon=0.5, iterations=5))
     assert ledger.releases("unregistered") == []
     _charge(ledger, "r1", 0.5)
     with pytest.raises(BudgetExceeded):
         _charge(ledger, "r2", 2.0)
-    ledger.set_budget("d", 5.0, 1e-6)
+    with pytest.raises(ReleaseConflict, match="raising it needs a reason"):  # an exhausted budget raised unseen
+        ledger.set_budget("d", 5.0, 1e-6)
+    assert ledger.budget("d") == BUDGET
+    ledger.set_budget("d", 5.0, 1e-6, reason="the data owner approved 5 for 2027")
     _charge(ledger, "r2", 2.0)
     assert ledger.budget("d") == (5.0, 1e-6)
-    for bad in ((float("inf"), 0.0), (0.0, 0.0), (1.0, 1.0), (float("nan"), 0.0)):
+    ledger.set_budget("d", 4.0, 1e-6)  # lowering it needs none
+    history = [(h["old_epsilon"], h["new_epsilon"], h["reason"]) for h in ledger.budget_history("d")]
+    assert history == [(None, 1.0, None), (1.0, 5.0, "the data owner approved 5 for 2027"), (5.0, 4.0, None)]
+    assert ledger.budget_history("d")[1]["spent_epsilon"] == pytest.approx(0.5, rel=0.01)
+    for bad in ((float("inf"), 0.0), (0.0, 0.0), (1.0, 1.0), (float("nan"), 0.0), (1e308, 0.0), (100.5, 0.0)):
         with pytest.raises(ValueError):
             ledger.set_budget("d", *bad)
 
@@ -124,10 +133,11 @@ def test_concurrent_releases_cannot_both_pass_the_budget_check(tmp_path):
 
 def test_gaussian_spends_compose_with_dp_accounting(tmp_path):
     ledger = PrivacyLedger(tmp_path / "l.sqlite")
-    ev = dp_accounting.GaussianDpEvent(4.0)
+    plan = Plan((Mechanism("g", "a query", "gaussian", 1.0, "by construction", 4.0, per_step_generator=True),))
+    assert plan.event() == dp_accounting.GaussianDpEvent(4.0)
     ledger.set_budget("g", 2.0, 1e-5)
-    c1 = ledger.charge(dataset_id="g", release_id="g1", kind="x", fingerprint="f", event=ev)
-    c2 = ledger.charge(dataset_id="g", release_id="g2", kind="x", fingerprint="f", event=ev)
+    c1 = ledger.charge(dataset_id="g", release_id="g1", kind="x", fingerprint="f", plan=plan)
+    c2 = ledger.charge(dataset_id="g", release_id="g2", kind="x", fingerprint="f", plan=plan)
     assert c1.release.delta == 1e-5
     # Two Gaussian releases compose sub-additively under PLD / RDP.
     assert c1.release.epsilon < c2.total.epsilon < 2 * c1.release.epsilon
@@ -138,27 +148,27 @@ def test_a_retry_after_noise_was_drawn_is_charged_again(tmp_path):
     ledger = PrivacyLedger(tmp_path / "l.sqlite")
     ledger.set_budget("d", *BUDGET)
     first = ledger.charge(dataset_id="d", release_id="r", kind="kmeans", fingerprint="f", redraw=True,
-                          event=dpkmeans.plan(epsilon=0.3, iterations=2).event())
+                          plan=dpkmeans.plan(epsilon=0.3, iterations=2))
     assert first.state == "charged"
     # the attempt failed before drawing: the retry is free
     again = ledger.charge(dataset_id="d", release_id="r", kind="kmeans", fingerprint="f", redraw=True,
-                          event=dpkmeans.plan(epsilon=0.3, iterations=2).event())
+                          plan=dpkmeans.plan(epsilon=0.3, iterations=2))
     assert again.state == "already charged" and ledger.spent("d").epsilon == pytest.approx(0.3, rel=0.01)
     ledger.mark("r", "drawing")  # the next attempt drew noise, then failed before its commit
     third = ledger.charge(dataset_id="d", release_id="r", kind="kmeans", fingerprint="f", redraw=True,
-                          event=dpkmeans.plan(epsilon=0.3, iterations=2).event())
+                          plan=dpkmeans.plan(epsilon=0.3, iterations=2))
     assert third.state.startswith("charged again") and ledger.spent("d").epsilon == pytest.approx(0.6, rel=0.01)
     assert ledger.releases("d")[0]["attempts"] == 2
     # ... and once committed, a resume is free again
     ledger.mark("r", "measured")
     assert ledger.charge(dataset_id="d", release_id="r", kind="kmeans", fingerprint="f", redraw=False,
-                         event=dpkmeans.plan(epsilon=0.3, iterations=2).event()).state \
+                         plan=dpkmeans.plan(epsilon=0.3, iterations=2)).state \
         == "already charged"
     ledger.mark("r", "drawing")
     with pytest.raises(BudgetExceeded):
         for _ in range(3):
             ledger.charge(dataset_id="d", release_id="r", kind="kmeans", fingerprint="f", redraw=True,
-                          event=dpkmeans.plan(epsilon=0.3, iterations=2).event())
+                          plan=dpkmeans.plan(epsilon=0.3, iterations=2))
             ledger.mark("r", "drawing")
 
 
@@ -168,18 +178,18 @@ def test_a_charged_release_whose_public_input_is_corrected_before_any_draw_is_re
     ledger = PrivacyLedger(tmp_path / "l.sqlite")
     _charge(ledger, "r", 0.9, fingerprint="typo")
     fixed = ledger.charge(dataset_id="d", release_id="r", kind="kmeans", fingerprint="fixed", redraw=True,
-                          event=dpkmeans.plan(epsilon=0.5, iterations=5).event())
+                          plan=dpkmeans.plan(epsilon=0.5, iterations=5))
     assert fixed.state.startswith("charged (parameters corrected")
     assert [r["epsilon"] for r in ledger.releases("d")] == [pytest.approx(0.5)]
     ledger.mark("r", "drawing")
     with pytest.raises(ReleaseConflict, match="already used"):
         ledger.charge(dataset_id="d", release_id="r", kind="kmeans", fingerprint="again", redraw=True,
-                      event=dpkmeans.plan(epsilon=0.5, iterations=5).event())
+                      plan=dpkmeans.plan(epsilon=0.5, iterations=5))
 
 
 def _ch(ledger, release_id="r", eps=0.5, fingerprint="f", location="/runs/a", owner="A", redraw=True):
     return ledger.charge(dataset_id="d", release_id=release_id, kind="kmeans", fingerprint=fingerprint,
-                         event=dpkmeans.plan(epsilon=eps, iterations=5).event(), redraw=redraw, location=location,
+                         plan=dpkmeans.plan(epsilon=eps, iterations=5), redraw=redraw, location=location,
                          owner=owner)
 
 
@@ -227,26 +237,26 @@ def test_only_one_run_of_a_release_id_draws(tmp_path):
 
 def test_a_dataset_id_spends_the_budget_of_its_own_data_only(tmp_path):
     """The audit's attack: an exhausted dataset's data published under another id's budget."""
-    ledger = PrivacyLedger(tmp_path / "l.sqlite")
+    ledger = PrivacyLedger(configured_path())
     data = tmp_path / "data"
     (data / "2026-11").mkdir(parents=True)
     ledger.set_budget("d", *BUDGET, source=str(data))
-    kw = dict(dataset_id="d", kind="kmeans", fingerprint="f", event=dpkmeans.plan(epsilon=0.1, iterations=5).event())
+    kw = dict(dataset_id="d", kind="kmeans", fingerprint="f", plan=dpkmeans.plan(epsilon=0.1, iterations=5))
     ledger.charge(release_id="r1", source=str(data / "2026-11" / "part.csv"), **kw)  # inside the bound folder
     for other in (tmp_path / "other.csv", tmp_path / "data-2"):
         with pytest.raises(ReleaseConflict, match="is bound to the data"):
             ledger.charge(release_id="r2", source=str(other), **kw)
         with pytest.raises(ReleaseConflict, match="is bound to the data"):
-            require_budget("d", ledger.path, source=str(other))
+            require_budget("d", source=str(other))
     assert [r["release_id"] for r in ledger.releases("d")] == ["r1"]
-    ledger.set_budget("d", 2.0, 1e-6)  # a new budget keeps the bound source
+    ledger.set_budget("d", 2.0, 1e-6, reason="more releases planned")  # a new budget keeps the bound source
     assert ledger.source("d") == str(data.resolve())
 
 
 def test_a_budget_bound_to_no_data_is_bound_by_its_first_release_not_by_a_dry_run(tmp_path):
     ledger = PrivacyLedger(tmp_path / "l.sqlite")
     ledger.set_budget("d", *BUDGET)
-    kw = dict(dataset_id="d", kind="kmeans", fingerprint="f", event=dpkmeans.plan(epsilon=0.1, iterations=5).event())
+    kw = dict(dataset_id="d", kind="kmeans", fingerprint="f", plan=dpkmeans.plan(epsilon=0.1, iterations=5))
     ledger.charge(release_id="r1", source=str(tmp_path / "a.csv"), dry_run=True, **kw)
     assert ledger.source("d") is None
     ledger.charge(release_id="r1", source=str(tmp_path / "a.csv"), **kw)
@@ -258,7 +268,7 @@ def test_a_budget_bound_to_no_data_is_bound_by_its_first_release_not_by_a_dry_ru
 
 def test_a_public_input_is_one_the_operator_declared_public_and_unchanged_since(tmp_path):
     """The audit's attack: a dataset's own file named as its public marginals released its exact table."""
-    ledger = PrivacyLedger(tmp_path / "l.sqlite")
+    ledger = PrivacyLedger(configured_path())
     data, public = tmp_path / "data.csv", tmp_path / "m1.csv"
     data.write_text("a\nu\n")
     public.write_text("a,count\nu,1\n")
@@ -266,41 +276,41 @@ def test_a_public_input_is_one_the_operator_declared_public_and_unchanged_since(
     with pytest.raises(ReleaseConflict, match="holds the data of dataset 'd'"):
         ledger.register_public(str(data), "the data itself")
     with pytest.raises(ReleaseConflict, match="was not declared public"):
-        require_public([str(data)], ledger.path)
+        require_public([str(data)])
     with pytest.raises(ReleaseConflict, match="was not declared public"):
-        require_public([str(public)], ledger.path)
+        require_public([str(public)])
     ledger.register_public(str(public), "census 2021")
-    require_public([str(public)], ledger.path)
+    require_public([str(public)])
     public.write_text("a,count\nu,2\n")
     with pytest.raises(ReleaseConflict, match="changed since it was declared public"):
-        require_public([str(public)], ledger.path)
+        require_public([str(public)])
 
 
 def test_how_a_dataset_is_read_is_bound_by_its_first_release(tmp_path):
     """The audit's attack: a delimiter of the spec's choice turned the parser's refusals into substring queries
     on the data ("has 4 fields per line" counted a digit of the first record)."""
-    ledger = PrivacyLedger(tmp_path / "l.sqlite")
+    ledger = PrivacyLedger(configured_path())
     ledger.set_budget("d", *BUDGET, source=str(tmp_path / "d.csv"))
     reading = {"format": "csv", "header": False, "delimiter": None, "user_column": None, "weight_column": None,
                "weights_count_records": False}
-    kw = dict(dataset_id="d", kind="kmeans", fingerprint="f", event=dpkmeans.plan(epsilon=0.1, iterations=5).event(),
+    kw = dict(dataset_id="d", kind="kmeans", fingerprint="f", plan=dpkmeans.plan(epsilon=0.1, iterations=5),
               source=str(tmp_path / "d.csv"))
     ledger.charge(release_id="r1", reading=reading, **kw)
     for change in ({"delimiter": "5"}, {"header": True}, {"weights_count_records": True}):
         with pytest.raises(ReleaseConflict, match="is read as bound to its budget"):
             ledger.charge(release_id="r2", reading={**reading, **change}, **kw)
         with pytest.raises(ReleaseConflict, match="is read as bound to its budget"):
-            require_budget("d", ledger.path, reading={**reading, **change})
+            require_budget("d", reading={**reading, **change})
     assert ledger.charge(release_id="r2", reading=reading, **kw).state == "charged"
 
 
 def test_the_operator_binds_the_reading_and_may_change_it_until_the_first_release(tmp_path):
-    ledger = PrivacyLedger(tmp_path / "l.sqlite")
+    ledger = PrivacyLedger(configured_path())
     reading = {"format": "csv", "header": True, "delimiter": ",", "user_column": None, "weight_column": None,
                "weights_count_records": False}
     ledger.set_budget("d", *BUDGET, source=str(tmp_path), reading=reading)  # a folder
     assert ledger.reading("d") == reading
-    kw = dict(dataset_id="d", kind="kmeans", fingerprint="f", event=dpkmeans.plan(epsilon=0.1, iterations=5).event(),
+    kw = dict(dataset_id="d", kind="kmeans", fingerprint="f", plan=dpkmeans.plan(epsilon=0.1, iterations=5),
               source=str(tmp_path / "d.csv"))
     with pytest.raises(ReleaseConflict, match="is read as bound to its budget"):
         ledger.bind("d", str(tmp_path / "d.csv"), {**reading, "delimiter": ";"})  # a first run's check
@@ -321,8 +331,8 @@ def test_the_operator_binds_the_reading_and_may_change_it_until_the_first_releas
     ledger.set_budget("d", *BUDGET, reading={**exact, "columns": {"a": "numeric", "b": "categorical"}})
     for columns in ({"a": "categorical"}, {"c": "numeric"}):  # another parse of a column, a column not declared
         with pytest.raises(ReleaseConflict, match="whose columns are a \\(numeric\\), b \\(categorical\\)"):
-            require_budget("d", ledger.path, source=str(tmp_path / "d.csv"), reading={**changed, "columns": columns})
-    require_budget("d", ledger.path, source=str(tmp_path / "d.csv"), reading={**changed, "columns": {"b": "categorical"}})
+            require_budget("d", source=str(tmp_path / "d.csv"), reading={**changed, "columns": columns})
+    require_budget("d", source=str(tmp_path / "d.csv"), reading={**changed, "columns": {"b": "categorical"}})
 
 
 def test_one_data_source_is_one_dataset_id(tmp_path):
@@ -334,7 +344,7 @@ def test_one_data_source_is_one_dataset_id(tmp_path):
         with pytest.raises(ReleaseConflict, match="is dataset 'a''s"):
             ledger.set_budget("b", *BUDGET, source=str(other))
     ledger.set_budget("c", *BUDGET)  # no source yet: its first release binds it, under the same rule
-    kw = dict(kind="kmeans", fingerprint="f", event=dpkmeans.plan(epsilon=0.1, iterations=5).event())
+    kw = dict(kind="kmeans", fingerprint="f", plan=dpkmeans.plan(epsilon=0.1, iterations=5))
     with pytest.raises(ReleaseConflict, match="is dataset 'a''s"):
         ledger.charge(dataset_id="c", release_id="r", source=str(tmp_path / "data" / "x.csv"), **kw)
     ledger.charge(dataset_id="c", release_id="r", source=str(tmp_path / "elsewhere.csv"), **kw)
@@ -348,17 +358,17 @@ def test_a_public_input_is_read_from_a_checked_private_copy(tmp_path):
     data.write_text("a,count\nu,7\n")
     ledger.register_public(str(public), "census")
     (tmp_path / "c1").mkdir()
-    assert public_copy(str(public), tmp_path / "c1", ledger.path).read_text() == "a,count\nu,1\n"
+    assert public_copy(str(public), tmp_path / "c1", ledger).read_text() == "a,count\nu,1\n"
     public.unlink()
     public.symlink_to(data)  # swapped after its registration
     (tmp_path / "c2").mkdir()
     with pytest.raises(ReleaseConflict, match="not, or no longer, what the operator declared public"):
-        public_copy(str(public), tmp_path / "c2", ledger.path)
+        public_copy(str(public), tmp_path / "c2", ledger)
     public.unlink()
     public.write_text("a,count\nu,7\n")  # or rewritten in place
     (tmp_path / "c3").mkdir()
     with pytest.raises(ReleaseConflict, match="not, or no longer, what the operator declared public"):
-        public_copy(str(public), tmp_path / "c3", ledger.path)
+        public_copy(str(public), tmp_path / "c3", ledger)
 
 
 def test_a_run_refused_while_reading_still_fixes_how_the_dataset_is_read(tmp_path):
@@ -372,3 +382,39 @@ def test_a_run_refused_while_reading_still_fixes_how_the_dataset_is_read(tmp_pat
     assert ledger.reading("d") == reading and ledger.releases("d") == []  # read then fails, no charge; no columns
     with pytest.raises(ReleaseConflict, match="is read as bound to its budget"):
         ledger.bind("d", str(tmp_path / "d.csv"), {**reading, "delimiter": "|"})
+
+
+def test_the_ledger_and_the_folder_it_makes_are_its_owners_only(tmp_path):
+    """A review found the ledger created world-readable (0644): it names every dataset, its data and its spends."""
+    path = tmp_path / "state" / "dprelease" / "ledger.sqlite"
+    PrivacyLedger(path).set_budget("d", *BUDGET)
+    assert path.stat().st_mode & 0o777 == 0o600
+    assert path.parent.stat().st_mode & 0o777 == 0o700 and (tmp_path / "state").stat().st_mode & 0o777 == 0o700
+    path.chmod(0o644)  # an older ledger, or one an operator copied
+    PrivacyLedger(path)
+    assert path.stat().st_mode & 0o777 == 0o600
+
+
+def test_a_copy_of_a_datasets_data_under_another_path_is_refused_a_budget_of_its_own(tmp_path):
+    """A review bound a byte-identical copy of a dataset, under another path, to a fresh budget."""
+    ledger = PrivacyLedger(tmp_path / "l.sqlite")
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "part-0.csv").write_text("x\n1\n2\n")
+    ledger.set_budget("a", *BUDGET, source=str(tmp_path / "a"))
+    copy = tmp_path / "copy"
+    copy.mkdir()
+    (copy / "part-0.csv").write_text("x\n1\n2\n")
+    with pytest.raises(ReleaseConflict, match="holds the same content as dataset 'a''s"):
+        ledger.set_budget("b", *BUDGET, source=str(copy))
+    (tmp_path / "one.csv").write_text("x\n1\n")
+    ledger.set_budget("f", *BUDGET, source=str(tmp_path / "one.csv"))
+    (tmp_path / "renamed.csv").write_text("x\n1\n")  # same bytes, another name
+    with pytest.raises(ReleaseConflict, match="holds the same content as dataset 'f''s"):
+        ledger.set_budget("g", *BUDGET, source=str(tmp_path / "renamed.csv"))
+    with pytest.raises(ReleaseConflict, match="holds the data of dataset 'f'"):
+        ledger.register_public(str(tmp_path / "renamed.csv"), "a copy of the data called public")
+    ledger.set_budget("h", *BUDGET)  # bound by its first release: the same rule there
+    with pytest.raises(ReleaseConflict, match="holds the same content"):
+        ledger.bind("h", str(tmp_path / "renamed.csv"), None)
+    (copy / "part-0.csv").write_text("x\n1\n3\n")
+    ledger.set_budget("b", *BUDGET, source=str(copy))  # other content: another dataset

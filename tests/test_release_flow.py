@@ -16,7 +16,7 @@ from data_contracts import ContractViolation
 from dpalgos import domain, leekifer, metrics
 import flows.release
 from flows.release import TEST_RUN
-from tasks.errors import BudgetExceeded, InputError, ReleaseConflict, StageFailed
+from tasks.errors import BudgetExceeded, InputError, Refused, ReleaseConflict, StageFailed
 from tasks.kinds import kind_of
 from tasks.kinds.kmeans import postprocessing_seed
 from tasks.ledger import PrivacyLedger
@@ -226,7 +226,7 @@ BAD_INPUTS = {
     "header only": (lambda p: write_csv(p / "h.csv", np.empty((0, 2))), {}, InputError, "no data rows"),
     "corrupt parquet": (lambda p: (p / "c.parquet").write_bytes(b"PAR1 not really") and p / "c.parquet", {},
                         InputError, "cannot read"),
-    "missing file": (lambda p: p / "absent.csv", {}, InputError, "does not exist"),
+    "missing file": (lambda p: p / "absent.csv", {}, Refused, "does not exist"),  # the admission's (rule 4)
 }
 
 
@@ -380,8 +380,9 @@ def test_a_failed_run_never_deletes_a_folder_it_did_not_create(tmp_path):
     keep = tmp_path / "runs" / "keep"
     keep.mkdir(parents=True)
     (keep / "precious.txt").write_text("mine")
-    with pytest.raises(InputError, match="does not exist"):
-        _run({**spec_dict(tmp_path, tmp_path / "absent.csv"), "release_id": "keep"})
+    (tmp_path / "c.parquet").write_bytes(b"PAR1 not really")
+    with pytest.raises(InputError, match="cannot read"):  # fails after the run folder was opened
+        _run({**spec_dict(tmp_path, tmp_path / "c.parquet"), "release_id": "keep"})
     assert (keep / "precious.txt").read_text() == "mine"
 
 
@@ -515,7 +516,7 @@ def test_a_probe_refused_while_reading_fixes_the_reading_for_the_next(tmp_path, 
     with pytest.raises(InputError):
         _run(probe)
     again = {**probe, "dataset": {**probe["dataset"], "delimiter": "|"}, "release_id": "probe-2"}
-    with pytest.raises(ReleaseConflict, match="is read as bound to its budget"):
+    with pytest.raises(Refused, match="is read as bound to its budget"):
         _run(again)
     assert ledger().releases("blobs") == [] and not (tmp_path / "runs" / "probe-2").exists()
 
@@ -531,10 +532,13 @@ def _contingency(tmp_path, data, public, release_id: str, epsilon: float) -> dic
 
 def _swap_after_the_check(monkeypatch, link, target) -> None:
     """Point `link` at `target` right after the run's check (the audits' race, made deterministic)."""
-    checked = flows.release.preflight
+    from tasks import admission
+
+    checked = admission.admit_run
 
     def check_then_swap(*args):
-        checked(*args)
+        plan = checked(*args)
         link.unlink()
         link.symlink_to(target)
-    monkeypatch.setattr(flows.release, "preflight", check_then_swap)
+        return plan
+    monkeypatch.setattr(admission, "admit_run", check_then_swap)

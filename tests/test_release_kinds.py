@@ -262,7 +262,8 @@ def test_a_release_whose_records_are_all_outside_the_public_universe_is_made_fro
 def test_an_epsilon_the_noise_cannot_reach_is_a_spec_error_before_the_data_is_read(tmp_path):
     from tasks.errors import SpecError
 
-    d = _base(tmp_path, {"id": "t", "path": str(tmp_path / "absent.dat"), "format": "transactions",
+    (tmp_path / "t.dat").write_text("1 2 3\n4 5\n")
+    d = _base(tmp_path, {"id": "t", "path": str(tmp_path / "t.dat"), "format": "transactions",
                          "items_column": "items", "item_count": 50},
               {"kind": "kernel_kmeans", "k": 2, "iterations": 5, "epsilon": 0.001, "delta": 1e-9, "features": 16,
                "gamma": 0.05})

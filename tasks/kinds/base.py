@@ -32,6 +32,41 @@ Shape = Literal["points", "values", "categories", "sets", "numeric"]
 
 
 @dataclass(frozen=True)
+class Footprint:
+    """What a release asks of the machine, from its public sizes alone: the peak memory of its largest step (on the
+    driver, or on one worker for per-partition work), the CPU seconds of the work those sizes decide (noise draws,
+    dense algebra, subset fits), and what dominates (named in a refusal). Work that grows with the number of
+    records is not in it: that number is private."""
+    memory: float = 0.0
+    seconds: float = 0.0
+    what: str = "nothing"
+
+    def __add__(self, other: "Footprint") -> "Footprint":
+        """Steps one after the other: memory is the larger peak, time adds up."""
+        what = self.what if self.memory >= other.memory else other.what
+        return Footprint(max(self.memory, other.memory), self.seconds + other.seconds, what)
+
+
+#: Rates of this project's work on one core of the reference machine (2 cores, measured under load, see
+#: tests/benchmarks/footprint.py, which prints the estimate against the measured time and memory): OpenDP's exact
+#: samplers in values per CPU second (integer discrete Laplace / discrete Gaussian; float Laplace, float Gaussian)
+#: and the bytes of the Python lists that carry a value in and out of them; dense floating-point operations per second.
+NOISE_RATE = {("laplace", True): 9e4, ("gaussian", True): 6.6e4, ("laplace", False): 4.1e4, ("gaussian", False): 1.9e4}
+NOISE_BYTES = 100.0
+FLOPS = 1e9
+
+
+def noise_footprint(values: float, distribution: str, integer: bool, what: str) -> Footprint:
+    """`values` noisy values drawn by OpenDP's samplers, as one plan entry (or its repetitions) draws them."""
+    return Footprint(values * NOISE_BYTES, values / NOISE_RATE[(distribution, integer)], what)
+
+
+def dense_footprint(rows: float, cols: float, flops: float, what: str) -> Footprint:
+    """A dense float64 matrix of rows x cols and `flops` operations on it."""
+    return Footprint(8.0 * rows * cols, flops / FLOPS, what)
+
+
+@dataclass(frozen=True)
 class Draw:
     """Noisy measurements drawn in memory: `write(folder)` stores their files; `meta` goes into
     measurements.json (with the pipeline's own fields: release id, kind, fingerprint, plan)."""
@@ -68,7 +103,12 @@ class ReleaseKind(ABC):
                 "sets": "set-valued records (items_column, item_count)",
                 "numeric": "numeric columns without bounds (dataset.numeric: [columns])"}[self.shape]
 
-    def check_feasible(self, spec, prepared: StageOutput) -> None:
+    def footprint(self, spec) -> Footprint:
+        """What the release asks of the machine from its public sizes (`Footprint`), computed by formula, never by
+        building what it sizes: the admission refuses a release that does not fit before anything is charged."""
+        return Footprint()
+
+    def check_feasible(self, spec) -> None:
         """Refuse a release that cannot be made from its PUBLIC inputs (a missing public sample) before anything is
         charged. Never on the data: a free refusal on, say, K > N would answer "is N < K?" for any K a spec
         chooses (k-means with more clusters than records is a valid release: noisy counts below 1 keep their

@@ -13,8 +13,8 @@ from pydantic import Field, model_validator
 from data_contracts import suites
 from dpalgos.lazy import module
 from tasks.errors import InputError
-from tasks.kinds.base import Draw, ReleaseKind
-from tasks.ledger import public_copy
+from tasks.kinds.base import Draw, Footprint, ReleaseKind, dense_footprint, noise_footprint
+from tasks.ledger import PrivacyLedger, public_copy
 from tasks.params import ConsistencyBase
 from tasks.run import committed_plan
 
@@ -56,7 +56,7 @@ def table_of(spec) -> contingency.Table:
     return contingency.Table(tuple(cats), tuple(tuple(v) for v in cats.values()))
 
 
-def read_public_marginals(path: str | Path, table: contingency.Table, ledger: Path | None = None
+def read_public_marginals(path: str | Path, table: contingency.Table, ledger: PrivacyLedger | None = None
                           ) -> tuple[list[dict], np.ndarray]:
     """The public marginals file: one column per attribute (an empty value sums the attribute out) and
     `count`. Returns the marginal cells as {attribute: level} and their counts. Read from a private copy
@@ -112,13 +112,13 @@ class ContingencyKind(ReleaseKind):
         release-kind tests), so that both postprocessing paths are checked."""
         return {"kind": "contingency", "epsilon": 1.0, "estimator": "empirical_bayes"}
 
-    def check_feasible(self, spec, prepared):
+    def check_feasible(self, spec):
         """The public marginals are read and checked before anything is charged (a typo must not burn budget)."""
         self._marginals(spec)
 
     def _marginals(self, spec):
         p, table = spec.release, table_of(spec)
-        ledger = None if spec.test_mode else Path(spec.ledger_path)
+        ledger = None if spec.test_mode else PrivacyLedger(spec.ledger_path)
         marginals, values = (read_public_marginals(p.public_marginals, table, ledger) if p.public_marginals
                              else ([], np.zeros(0)))
         A = table.constraint_matrix(marginals)
@@ -127,6 +127,19 @@ class ContingencyKind(ReleaseKind):
         except ValueError as exc:
             raise InputError(f"{p.public_marginals}: {exc}") from None
         return marginals, values, A
+
+    def footprint(self, spec):
+        """A noisy count per cell, then the estimator: ADMM over the cells with the sparse marginal constraints
+        (about 300 bytes per cell, up to its 20,000 iterations), or the empirical-Bayes fit, whose log-linear
+        candidates hold the constraints of the one- and two-way marginals as dense rows over the cells."""
+        sizes = [len(levels) for levels in spec.dataset.categories.values()]
+        cells = int(np.prod(sizes, dtype=np.float64))
+        fp = noise_footprint(cells, "laplace", True, f"the {cells:,} noisy cells")
+        if spec.release.estimator == "admm":
+            return fp + Footprint(300.0 * cells, 5e-5 * cells, f"ADMM over {cells:,} cells")
+        rows = min(cells, sum(sizes) + sum(a * b for i, a in enumerate(sizes) for b in sizes[i + 1:]))
+        return fp + dense_footprint(rows, cells, float(cells) * rows * rows,
+                                    f"the empirical-Bayes candidates' dense {rows:,} x {cells:,} constraints")
 
     def plan(self, spec):
         return contingency.cells_plan(table_of(spec), epsilon=spec.release.epsilon,

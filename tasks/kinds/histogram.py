@@ -18,7 +18,7 @@ from pydantic import Field, model_validator
 
 from data_contracts import suites
 from dpalgos.lazy import module
-from tasks.kinds.base import Draw, ReleaseKind
+from tasks.kinds.base import Draw, Footprint, ReleaseKind, noise_footprint
 from tasks.params import ConsistencyBase, is_power
 from tasks.run import committed_plan
 
@@ -30,8 +30,9 @@ class HistogramParams(ConsistencyBase):
     """Hierarchical histogram (Algorithm 3): noisy k-ary tree over `bins` equal-width bins of the column's
     public bounds, made consistent by ADMM with Hay et al.'s tree inference as the projection."""
     kind: Literal["histogram"] = "histogram"
-    bins: int = Field(ge=2, le=2 ** 24, description="number of equal-width bins: a power of the branching factor "
-                                                      "(at most 2^24: the tree is held in memory)")
+    bins: int = Field(ge=2, le=2 ** 31 - 1, description="number of equal-width bins: a power of the branching factor "
+                                                          "(the machine must hold the tree: the admission estimates "
+                                                          "it, `footprint`)")
     branching: int = Field(16, ge=2, description="tree branching factor k")
     consistency: Literal["admm", "htree", "none"] = Field(
         "admm", description="admm: maximum likelihood (L1); htree: least squares (Hay et al.); none: LM(H)")
@@ -88,6 +89,14 @@ class HistogramKind(ReleaseKind):
 
     def example(self):
         return {"kind": "histogram", "bins": 16, "branching": 4, "epsilon": 1.0}
+
+    def footprint(self, spec):
+        """One noisy count per tree node, then the consistency pass over them (about 300 bytes and 10 us per node
+        for the arrays, the projection, the Parquet files and their contracts, tests/benchmarks/footprint.py)."""
+        b, bins = spec.release.branching, spec.release.bins
+        nodes = (bins * b - 1) // (b - 1)
+        return (noise_footprint(nodes, "laplace", True, f"the {nodes:,} noisy tree nodes")
+                + Footprint(300.0 * nodes, 1e-5 * nodes, f"the consistency of {nodes:,} tree nodes"))
 
     def plan(self, spec):
         return hierarchy.tree_plan(tree_of(spec), epsilon=spec.release.epsilon, unit_weight=spec.dataset.unit_weight)

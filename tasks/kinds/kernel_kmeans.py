@@ -22,12 +22,12 @@ from data_contracts import suites
 from data_contracts.validate import parquet_files
 from dpalgos.lazy import module
 from tasks.errors import InputError
-from tasks.kinds.base import Draw, ReleaseKind
-from tasks.ledger import public_copy
+from tasks.kinds.base import Draw, Footprint, ReleaseKind, noise_footprint
+from tasks.ledger import PrivacyLedger, public_copy
 from tasks.params import ReleaseBase
 from tasks.partitions import Partitioned, current_client
 from tasks.run import read_meta
-from tasks.sets import ingest_sets, read_sets
+from tasks.sets import ROWS_PER_PART, ingest_sets, read_sets
 
 pa = module("pyarrow")
 pq = module("pyarrow.parquet")
@@ -39,10 +39,10 @@ class KernelKMeansParams(ReleaseBase):
     """DP kernel k-means of set-valued records (Acs et al. Algorithm 2): random Fourier features of an RBF
     kernel, T noisy Lloyd iterations with the Gaussian mechanism, sigma calibrated to (epsilon, delta)."""
     kind: Literal["kernel_kmeans"] = "kernel_kmeans"
-    k: int = Field(10, ge=1, le=1000)
-    iterations: int = Field(20, ge=1, le=1000)
+    k: int = Field(10, ge=1, description="number of clusters")
+    iterations: int = Field(20, ge=1, description="T, the number of DP Lloyd iterations")
     delta: float = Field(1e-6, gt=0, lt=1, description="delta of this release's (epsilon, delta) target")
-    features: int = Field(200, ge=1, le=10_000, description="d, the number of random Fourier features")
+    features: int = Field(200, ge=1, description="d, the number of random Fourier features")
     gamma: float | None = Field(None, gt=0, description="RBF width exp(-gamma ||x - y||^2); default: median "
                                                        "heuristic on the public sample")
     public_sample: str | None = Field(None, description="PUBLIC records (same format) for the initial centres")
@@ -66,6 +66,18 @@ CENTRES = "centres.parquet"
 RULE = "assignment_rule.json"
 NORM_C_MAX, NORM_BINS = 2.0, 100  # RFF norms are at most sqrt(2)
 REFERENCE_ROWS = 50_000
+
+
+def clustering_footprint(p, items: int) -> Footprint:
+    """The feature map (a dense items x features matrix), every iteration's noisy cluster sizes and feature sums
+    (k x features Gaussian values, OpenDP's slowest sampler), and the random Fourier features of one partition,
+    computed whole on its worker (a dense records x features array, twice over while the cosine is taken)."""
+    sums = p.iterations * p.k * p.features
+    return (Footprint(8.0 * items * p.features, 0.0, f"the feature map ({items:,} items x {p.features:,} features)")
+            + noise_footprint(p.iterations * p.k, "gaussian", False, "the noisy cluster sizes")
+            + noise_footprint(sums, "gaussian", False, f"the {sums:,} noisy feature sums")
+            + Footprint(2 * 8.0 * ROWS_PER_PART * p.features, 0.0, f"the random Fourier features of one partition "
+                                                                   f"({ROWS_PER_PART:,} records x {p.features:,})"))
 
 
 @lru_cache(maxsize=32)
@@ -97,7 +109,7 @@ def public_records(spec, limit: int = 20_000) -> sp.csr_matrix:
     with tempfile.TemporaryDirectory() as tmp:
         # a private copy checked against the operator's declaration (test mode: unchecked)
         src = public_copy(spec.release.public_sample, Path(tmp) / "source",
-                          None if spec.test_mode else Path(spec.ledger_path))
+                          None if spec.test_mode else PrivacyLedger(spec.ledger_path))
         fmt = "parquet" if src.is_dir() or src.suffix == ".parquet" else "transactions"
         ingest_sets(src, fmt, ds.items_column, Path(tmp) / "public", item_count=ds.item_count)
         parts = [read_sets(str(f), ds.items_column, ds.item_count) for f in parquet_files(Path(tmp) / "public")]
@@ -175,8 +187,11 @@ class KernelKMeansKind(ReleaseKind):
         return {"kind": "kernel_kmeans", "k": 3, "iterations": 3, "features": 20, "gamma": 0.05,
                 "epsilon": 1.0, "delta": 1e-6, "clip": "dpnorm"}
 
-    def check_feasible(self, spec, prepared):
+    def check_feasible(self, spec):
         check_public_sample(spec)
+
+    def footprint(self, spec):
+        return clustering_footprint(spec.release, spec.dataset.item_count)
 
     def plan(self, spec):
         p = spec.release

@@ -11,7 +11,7 @@ from pydantic import Field, model_validator
 
 from data_contracts import suites
 from dpalgos.lazy import module
-from tasks.kinds.base import Draw, ReleaseKind
+from tasks.kinds.base import Draw, ReleaseKind, dense_footprint, noise_footprint
 from tasks.params import ConsistencyBase, is_power
 from tasks.run import committed_plan
 
@@ -22,8 +22,9 @@ class MatrixMechanismParams(ConsistencyBase):
     """Matrix mechanism (Algorithm 4): Laplace answers to a strategy matrix over a histogram of the column,
     the histogram reconstructed by L1 (ADMM) or least squares, then the workload answered from it."""
     kind: Literal["matrix_mechanism"] = "matrix_mechanism"
-    bins: int = Field(ge=2, le=2 ** 16, description="number of equal-width bins of the column's public bounds "
-                                                      "(at most 2^16: strategy matrices are held in memory)")
+    bins: int = Field(ge=2, le=2 ** 31 - 1, description="number of equal-width bins of the column's public bounds (the "
+                                                          "machine must hold the strategy, the workload and the "
+                                                          "reconstruction: the admission estimates them, `footprint`)")
     workload: Literal["identity", "predicate", "all_range", "plus_minus_one"] = "all_range"
     workload_queries: int = Field(512, ge=1, description="queries of the random workloads")
     workload_seed: int = Field(0, description="PUBLIC seed of the random workloads")
@@ -34,6 +35,9 @@ class MatrixMechanismParams(ConsistencyBase):
     def _bins_power_of_two(self):
         if self.strategy == "hierarchical" and not is_power(self.bins, 2):
             raise ValueError(f"bins ({self.bins}) must be a power of 2 for the hierarchical strategy")
+        if self.strategy == "workload" and self.workload == "all_range":
+            raise ValueError("the all_range workload is kept implicit (its n(n+1)/2 rows): use the hierarchical or "
+                             "identity strategy with it")
         return self
 
 
@@ -63,6 +67,24 @@ class MatrixMechanismKind(ReleaseKind):
 
     def example(self):
         return {"kind": "matrix_mechanism", "bins": 16, "workload": "all_range", "epsilon": 1.0}
+
+    def footprint(self, spec):
+        """The workload matrix (built whole: the identity as a dense n x n), the noisy strategy answers, and the
+        reconstruction: least squares on the dense strategy, or ADMM's factorisation of A'A, which fills in to a
+        dense n x n for every strategy but the identity."""
+        p = spec.release
+        n, q = p.bins, p.workload_queries
+        workload_rows = {"identity": n, "predicate": q, "plus_minus_one": q, "all_range": 0}[p.workload]
+        rows = {"identity": n, "hierarchical": 2 * n - 1, "workload": workload_rows}[p.strategy]
+        fp = dense_footprint(workload_rows, n, 2.0 * workload_rows * n,
+                             f"the {p.workload} workload matrix ({workload_rows:,} x {n:,})")
+        fp += noise_footprint(rows, "laplace", True, f"the {rows:,} noisy strategy answers")
+        if p.reconstruction == "l2":
+            return fp + dense_footprint(rows, n, 2.0 * rows * n * n,
+                                        f"least squares on the dense {rows:,} x {n:,} strategy matrix")
+        if p.strategy == "identity":
+            return fp
+        return fp + dense_footprint(n, n, n ** 3 / 3.0, f"the factorisation of the {n:,} x {n:,} normal matrix A'A")
 
     def plan(self, spec):
         return mm.strategy_plan(strategy_of(spec), epsilon=spec.release.epsilon, name=spec.release.strategy,

@@ -27,8 +27,9 @@ from data_contracts import suites
 from data_contracts.validate import parquet_files
 from dpalgos.lazy import module
 from tasks.errors import ReleaseConflict
-from tasks.kinds.base import Draw, ReleaseKind
-from tasks.kinds.kernel_kmeans import KernelKMeansParams, check_public_sample, cluster_records, write_clustering
+from tasks.kinds.base import FLOPS, Draw, Footprint, ReleaseKind, noise_footprint
+from tasks.kinds.kernel_kmeans import (KernelKMeansParams, check_public_sample, cluster_records, clustering_footprint,
+                                       write_clustering)
 from tasks.partitions import Partitioned, current_client
 from tasks.run import read_meta
 from tasks.sets import set_table
@@ -45,11 +46,11 @@ class SyntheticParams(KernelKMeansParams):
     trained with DP-SGD, synthetic set-valued records sampled from the mixture. epsilon and delta cover all of
     it (clustering, per-cluster marginals, DP-SGD), the noise calibrated together with dp_accounting."""
     kind: Literal["synthetic"] = "synthetic"  # type: ignore[assignment]
-    iterations: int = Field(10, ge=1, le=1000, description="DP kernel k-means iterations")
+    iterations: int = Field(10, ge=1, description="DP kernel k-means iterations")
     model: Literal["vae", "rbm"] = Field("vae", description="generative model of every cluster")
-    hidden: list[Annotated[int, Field(ge=1, le=4096)]] = Field([200], min_length=1, max_length=2, description="hidden units: [200] is the paper's "
+    hidden: list[Annotated[int, Field(ge=1)]] = Field([200], min_length=1, max_length=2, description="hidden units: [200] is the paper's "
                                                                              "VAE, [200, 200] its appendix variant")
-    steps: int = Field(300, ge=1, le=100_000, description="DP-SGD steps (every step updates every cluster model)")
+    steps: int = Field(300, ge=1, description="DP-SGD steps (every step updates every cluster model)")
     q: float = Field(0.02, gt=0, le=1, description="Poisson sampling rate of every record at every step")
     lr: float | None = Field(None, gt=0, description="learning rate; default Adam 0.001 (VAE), 0.01 (RBM, the "
                                                      "paper's)")
@@ -155,8 +156,21 @@ class SyntheticKind(ReleaseKind):
         return {"kind": "synthetic", "k": 2, "iterations": 2, "features": 20, "gamma": 0.05, "steps": 4,
                 "q": 0.2, "hidden": [8], "max_items": 10, "epsilon": 2.0, "delta": 1e-6, "queries": 20}
 
-    def check_feasible(self, spec, prepared):
+    def check_feasible(self, spec):
         check_public_sample(spec)
+
+    def footprint(self, spec):
+        """The clustering's (`clustering_footprint`), the per-cluster marginals' noisy values, and the k models:
+        every model's weights with their gradient, update and Adam moments (five float64 copies), trained for
+        `steps` steps (about twenty operations per weight and step besides the batch's, whose size is private)."""
+        p, m = spec.release, spec.dataset.item_count
+        cells = (p.k + 2) * (m + 1 + p.max_items - MIN_LENGTH + 1)
+        h = p.hidden
+        weights = m * h[0] if p.model == "rbm" else 2 * m * h[0] + sum(a * b for a, b in zip(h, h[1:])) * 2
+        return (clustering_footprint(p, m)
+                + noise_footprint(cells, "gaussian", False, f"the {cells:,} noisy per-cluster marginals")
+                + Footprint(5 * 8.0 * p.k * weights, 20.0 * p.steps * p.k * weights / FLOPS,
+                            f"the {p.k} models of {weights:,} weights each"))
 
     def plan(self, spec):
         p = spec.release

@@ -1,0 +1,283 @@
+"""The admission rules: every refusal a release can meet before its charge, in the order they are asked, for every
+entry point alike. `dprelease run` and `dprelease spec check` call them before Prefect, dask or the numeric stack
+start; the `release` flow calls the same functions, in the same order, whether the CLI or a Prefect worker started
+it. Adding a refusal is one function here, called from the entry point it belongs to, and its test.
+
+The order, and why it is this order:
+
+  A flow run started by a Prefect worker (`admit_flow_run`)
+    0. The run sets no job variables: the machine's settings are its worker's or its deployment's, and whoever can
+       start a run could otherwise set them (`--job-variable env=...`).
+
+  The spec file (`admit_file`), before anything else is read:
+    1. (flow runs) The file lies in a folder the operator allows (`spec_folders`). A deployment's parameter names
+       any path on the worker: read as YAML, a private CSV's line quoted by the parser's error reached the Prefect
+       API, and "does not exist" answered for any path. Nothing is read, nor asked of, a path elsewhere.
+    2. It is YAML or JSON holding a mapping; a parser's error is reported by line and column only (its text quotes
+       the line it could not read).
+
+  The spec (`admit_spec`), before its data is read:
+    3. The ledger accepts the dataset's path and the public inputs: a lifetime budget, the data the dataset id is
+       bound to (and the exact path an operator's reading names), inputs declared public and unchanged. Asked
+       before any existence, since "does not exist" for a path of the spec's choosing answered for free whether a
+       name exists inside a dataset's folder (a partition `city=.../`, a file per person).
+    4. The inputs it names exist and are readable (the paths the ledger judged, resolved).
+    5. The schema: every field, the kind's columns, test mode only where the operator allows it.
+    6. The ledger accepts how the data is read: the reading fields and the columns the operator bound.
+    7. What the spec asks for fits the machine: memory and time estimated from public sizes alone
+       (`tasks.admission.footprint`), so that nothing is charged for a release that would run out of memory or
+       time (a 2^24-bin histogram, kernel k-means with 10^7 noisy values per iteration...).
+    The spec comes back with its data path resolved once, symlinks included: every stage reads what was judged.
+
+  The run (`admit_run`), before the charge:
+    8. The run folder is neither inside nor around a dataset's data (a run writes there and clears its own stale
+       folders: a review had runs write into a data folder and tell names in it apart by their errors), then it is
+       writable (asked second: the answer names the first existing folder on the path).
+    9. Measurements already in the run folder are this release's (same fingerprint).
+   10. The plan calibrates to the spec's (epsilon, delta) (public parameters only).
+   11. The public inputs hold what the kind needs (public marginals consistent, a public sample present): read
+       from private copies checked against their registration.
+   12. The charge would pass: budget, delta, release-id conflicts (a dry run of the charge, nothing recorded).
+   13. The dataset's binding is committed, if nothing bound it yet (the first run's, before the data is read: a
+       run refused while reading still fixes how the dataset is read).
+
+Test mode (seeded, not private, allowed only by the operator) reads no ledger: rules 3, 6, 8, 12 and 13 are
+skipped. Every refusal is one line per problem naming the problem, never a value of the data.
+"""
+
+from __future__ import annotations
+
+import os
+from contextlib import contextmanager
+from pathlib import Path
+
+import yaml
+
+from dpalgos.lazy import module
+from tasks import settings
+from tasks.admission.footprint import check_fits
+from tasks.errors import NoBudget, ReleaseConflict, Refused, SpecError
+from tasks.example_data import is_builtin
+from tasks.ledger import (PrivacyLedger, check_reading, configured_path, data_source, no_budget_message,
+                          source_conflict_message, within)
+from tasks.ledger.public import content_sha256
+from tasks.params import PUBLIC_INPUTS, dataset_reading
+
+__all__ = ["admit_file", "admit_flow_run", "admit_run", "admit_spec", "charge_for", "require_budget",
+           "require_public"]
+
+# The schema assembles every kind's parameters, and a plan needs the kind's mathematics: loaded when a rule asks them,
+# so that a missing file or a ledger's refusal comes back before either is imported.
+_spec = module("tasks.spec")
+_kinds = module("tasks.kinds")
+_accounting = module("dpalgos.accounting")
+_run = module("tasks.run")
+
+
+# ---- entry points ------------------------------------------------------------------------------------------------
+def admit_flow_run(job_variables: dict | None) -> None:
+    """Rule 0, for a flow run that Prefect started."""
+    if job_variables:
+        raise Refused(f"this flow run sets job variables ({', '.join(sorted(job_variables))}): the machine's settings "
+                      f"are its worker's or its deployment's, never a run's. Nothing was run")
+
+
+def admit_file(spec_file: str | Path, *, flow_run: bool = False) -> dict:
+    """Rules 1-2: the spec file's mapping."""
+    path = Path(spec_file)
+    if flow_run:
+        _in_spec_folders(path)
+    return _mapping(path)
+
+
+def admit_spec(data: dict, *, source: str = "spec"):
+    """Rules 3-7: the parsed spec (a `ReleaseSpec`), its data path resolved once. `source` names the spec in
+    messages."""
+    test = data.get("mode") == "test" and settings.current().test_mode
+    if test or _ledger_accepts_inputs(data):
+        _inputs_exist(data)
+    spec = _schema(data, source)
+    if not spec.test_mode:
+        _ledger_accepts_reading(spec)
+    check_fits(spec)
+    return _pinned(spec)
+
+
+def admit_run(spec, release_id: str):
+    """Rules 8-13 for the release id: the plan it will be charged with."""
+    run_root = Path(spec.output_dir) / release_id
+    if not spec.test_mode:
+        _outside_every_dataset(spec.output_dir, release_id)
+    _writable(spec.output_dir)
+    _measurements_are_this_release(spec, run_root)
+    plan = _plan(spec)
+    _kinds.kind_of(spec).check_feasible(spec)
+    if not spec.test_mode:
+        ledger = PrivacyLedger(spec.ledger_path)
+        charge_for(ledger, spec, release_id, run_root, plan, owner=None, dry_run=True)
+        ledger.bind(spec.dataset.id, spec.dataset.path, dataset_reading(spec.dataset))
+    return plan
+
+
+def charge_for(ledger: PrivacyLedger, spec, release_id: str, run_root: Path, plan, owner: str | None,
+               dry_run: bool = False):
+    """The ledger's charge of this release: rule 12 (dry run) and the charge itself (tasks/stages.py) ask the same."""
+    return ledger.charge(dataset_id=spec.dataset.id, release_id=release_id, kind=spec.release.kind,
+                         fingerprint=spec.fingerprint(), plan=plan, release_delta=getattr(spec.release, "delta", None),
+                         redraw=not (run_root / "measurements").exists(), location=str(run_root.resolve()),
+                         owner=owner, dry_run=dry_run, source=spec.dataset.path, reading=dataset_reading(spec.dataset))
+
+
+# ---- 1-2: the spec file ------------------------------------------------------------------------------------------
+def _in_spec_folders(path: Path) -> None:
+    folders = settings.current().spec_folders
+    where = Path(os.path.abspath(path)).resolve()  # symlinks followed: a link in a spec folder to elsewhere is refused
+    if not any(within(str(where), folder) for folder in folders):
+        raise Refused(f"spec_file {path} is not in a folder the operator lets flow runs read specs from "
+                      f"(spec_folders: {', '.join(folders) or 'none'}); nothing was read")
+
+
+def _mapping(path: Path) -> dict:
+    if not path.is_file():
+        raise Refused(f"spec file {path} does not exist")
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark
+        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
+        raise Refused(f"spec file {path} is not valid YAML/JSON{where}") from None
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
+        raise Refused(f"spec file {path} cannot be read as YAML/JSON: {type(exc).__name__}") from None
+    if not isinstance(data, dict):
+        raise Refused(f"spec file {path} must hold a mapping at top level")
+    return data
+
+
+# ---- 3-7: the spec -----------------------------------------------------------------------------------------------
+def _ledger_accepts_inputs(data: dict) -> bool:
+    """Whether the ledger judged (and accepted) the inputs; False when there is nothing it could judge (no dataset
+    id and path): the schema refuses the spec (rule 5), and existence is not asked of its paths."""
+    dataset, release = (data.get(k) if isinstance(data.get(k), dict) else {} for k in ("dataset", "release"))
+    if not isinstance(dataset.get("id"), str) or not dataset.get("path"):
+        return False
+    with _refused():
+        require_budget(dataset["id"], source=str(dataset["path"]))
+        require_public([str(release[f]) for f in PUBLIC_INPUTS if release.get(f)])
+    return True
+
+
+def _inputs_exist(data: dict) -> None:
+    problems = []
+    for section, field in (("dataset", "path"),) + tuple(("release", f) for f in PUBLIC_INPUTS):
+        value = data.get(section, {}).get(field) if isinstance(data.get(section), dict) else None
+        if not value or (field == "path" and is_builtin(str(value))):
+            continue
+        target = Path(data_source(str(value)))  # the path the ledger judged: `..` past a missing folder asks nothing
+        if not target.exists():
+            problems.append(f"{section}.{field}: {target} does not exist")
+        elif not os.access(target, os.R_OK) or (target.is_dir() and not os.access(target, os.X_OK)):
+            problems.append(f"{section}.{field}: {target} is not readable")
+    if problems:
+        raise Refused("\n".join(problems))
+
+
+def _schema(data: dict, source: str):
+    return _spec.parse_spec(data, source=source)
+
+
+def _ledger_accepts_reading(spec) -> None:
+    with _refused():
+        require_budget(spec.dataset.id, source=spec.dataset.path, reading=dataset_reading(spec.dataset))
+
+
+@contextmanager
+def _refused():
+    """The ledger's refusals before the run: the spec's problem, refused as such (the CLI's exit 2)."""
+    try:
+        yield
+    except (NoBudget, ReleaseConflict) as exc:
+        raise Refused(str(exc)) from None
+
+
+def _pinned(spec):
+    path = data_source(spec.dataset.path)
+    return spec if path == spec.dataset.path else \
+        spec.model_copy(update={"dataset": spec.dataset.model_copy(update={"path": path})})
+
+
+# ---- 8-13: the run -----------------------------------------------------------------------------------------------
+def _outside_every_dataset(output_dir: str, release_id: str) -> None:
+    path = configured_path()
+    if not path.exists():
+        return
+    out, run = data_source(output_dir), data_source(str(Path(output_dir) / release_id))
+    for source in PrivacyLedger(path).sources():
+        if within(out, source) or within(source, run):
+            raise Refused(f"the output folder {output_dir} is inside a dataset's data, or its run folder "
+                                  f"{release_id} holds one: choose an output_dir outside every dataset's data. "
+                                  f"Nothing was run")
+
+
+def _writable(output_dir: str) -> None:
+    target = Path(output_dir)
+    while not target.exists():
+        target = target.parent
+    if not os.access(target, os.W_OK | os.X_OK):
+        raise Refused(f"output_dir: {target} is not writable")
+
+
+def _measurements_are_this_release(spec, run_root: Path) -> None:
+    if (run_root / "measurements").exists():
+        stored = _run.read_meta(run_root / "measurements")["fingerprint"]
+        if stored != spec.fingerprint():
+            raise ReleaseConflict(f"release '{run_root.name}' was measured in {run_root} with other data or parameters "
+                                  f"({stored} != {spec.fingerprint()}); choose a new release id")
+
+
+def _plan(spec):
+    try:
+        return _kinds.kind_of(spec).plan(spec)
+    except _accounting.CalibrationError as exc:  # public parameters only: the spec's problem
+        raise SpecError(f"invalid release spec: {exc}") from None
+
+
+# ---- the ledger's rules, shared by rules 3 and 6 -----------------------------------------------------------------
+def require_budget(dataset_id: str, source: str | None = None, reading: dict | None = None) -> tuple[float, float]:
+    """The dataset's lifetime budget; refused for a dataset without one, or one bound to another data source than
+    `source` or read otherwise than `reading`."""
+    path = configured_path()
+    ledger = PrivacyLedger(path) if path.exists() else None
+    budget = ledger.budget(dataset_id) if ledger else None
+    if budget is None:
+        raise NoBudget(no_budget_message(dataset_id, path))
+    bound = ledger.source(dataset_id)
+    if source is not None and bound is not None and not within(data_source(source), bound):
+        raise ReleaseConflict(source_conflict_message(dataset_id, bound, data_source(source)))
+    check_reading(dataset_id, ledger.reading(dataset_id), reading, None if source is None else data_source(source))
+    return budget
+
+
+def require_public(paths: list[str]) -> None:
+    """Every public input of a release was declared public by the operator (`dprelease public register`) and is
+    unchanged since: a spec naming a file "public" does not make it so (an audit released a dataset's exact table by
+    naming its own file as the public marginals)."""
+    if not paths:
+        return
+    path = configured_path()
+    registered = {r["path"]: r for r in PrivacyLedger(path).public_inputs()} if path.exists() else {}
+    for p in paths:
+        where = data_source(p)
+        row = registered.get(where)
+        if row is None:
+            raise ReleaseConflict(f"the public input {where} was not declared public in the ledger {path}: an "
+                                  f"operator declares it with `dprelease public register {where} --source "
+                                  f"WHERE-IT-COMES-FROM`. Nothing was run")
+        try:
+            digest = content_sha256(Path(where))
+        except OSError:
+            raise ReleaseConflict(f"the public input {where}, declared public, cannot be read. Nothing was run") from None
+        if digest != row["sha256"]:
+            raise ReleaseConflict(f"the public input {where} changed since it was declared public: an operator "
+                                  f"declares it again. Nothing was run")
+
+

@@ -1,0 +1,72 @@
+"""Public inputs: the files (public marginals, public samples) an operator declared public, with where they come
+from and their sha256. A spec naming a file does not make it public: a release may read as public only a file
+registered here and unchanged since, and reads it from a private copy checked against the registration."""
+
+from __future__ import annotations
+
+import hashlib
+import shutil
+from pathlib import Path
+
+from tasks.errors import ReleaseConflict
+from tasks.ledger.bindings import data_source, file_sha256, within
+from tasks.ledger.store import now
+
+
+class PublicInputs:
+    """The ledger's registry of public inputs (a part of `PrivacyLedger`)."""
+
+    def register_public(self, path: str, source: str) -> str:
+        """Declare a file (or folder) public, with where it comes from: an operator's decision, as a budget is.
+        Refused for the data of a dataset (a bound source, inside one, or a byte-identical copy of a bound file).
+        Returns its sha256."""
+        where = data_source(path)
+        digest = content_sha256(Path(where))  # before the ledger's lock: a folder may take a while to read
+        same_bytes = file_sha256(Path(where)) if Path(where).is_file() else None
+        with self._transaction(immediate=True) as db:
+            for row in db.execute("SELECT dataset_id, source, source_digest FROM budgets WHERE source IS NOT NULL"):
+                if within(where, row["source"]) or within(row["source"], where) or \
+                        (same_bytes is not None and row["source_digest"] == same_bytes):
+                    raise ReleaseConflict(f"{where} holds the data of dataset '{row['dataset_id']}': it cannot "
+                                          f"be declared public")
+            db.execute("INSERT INTO public_inputs VALUES (?, ?, ?, ?) ON CONFLICT(path) DO UPDATE SET "
+                       "sha256=excluded.sha256, source=excluded.source, registered_at=excluded.registered_at",
+                       (where, digest, source, now()))
+        return digest
+
+    def public_inputs(self) -> list[dict]:
+        with self._transaction() as db:
+            return [dict(r) for r in db.execute("SELECT * FROM public_inputs ORDER BY path")]
+
+
+def public_copy(path: str, into: Path, ledger) -> Path:
+    """A private copy of a public input, checked: the bytes a release reads are those the operator declared
+    public (the copy's sha256 against the registry of `ledger`, a PrivacyLedger; None: test mode, unchecked).
+    Reading the copy and not the path closes the window in which the file could be swapped after a check (an audit
+    swapped the registered marginals for the data mid-run and released its exact table)."""
+    src = Path(data_source(path))
+    into.mkdir(parents=True, exist_ok=True)
+    dst = into / src.name
+    if src.is_dir():
+        shutil.copytree(src, dst)
+    else:
+        shutil.copyfile(src, dst)
+    if ledger is not None:
+        registered = {r["path"]: r["sha256"] for r in ledger.public_inputs()}
+        if registered.get(str(src)) != content_sha256(dst):
+            raise ReleaseConflict(f"the public input {src} is not, or no longer, what the operator declared public "
+                                  f"(`dprelease public list`); nothing was released")
+    return dst
+
+
+def content_sha256(path: Path) -> str:
+    """sha256 of a file (its name and bytes), or of a folder's files (their relative paths and bytes, in order): what
+    a public input's registration records."""
+    h = hashlib.sha256()
+    for f in sorted(path.rglob("*")) if path.is_dir() else [path]:
+        if f.is_file():
+            h.update(str(f.relative_to(path) if path.is_dir() else f.name).encode())
+            with open(f, "rb") as fh:
+                for block in iter(lambda: fh.read(1 << 20), b""):
+                    h.update(block)
+    return h.hexdigest()
