@@ -99,9 +99,10 @@ def sq_dist_pairs(A: np.ndarray, B: np.ndarray) -> np.ndarray:
     A = np.asarray(A, dtype=np.float64)
     B = np.asarray(B, dtype=np.float64)
     acc = np.zeros(np.broadcast_shapes(A.shape, B.shape)[:-1])
-    for k in range(A.shape[-1]):
-        t = A[..., k] - B[..., k]
-        acc += t * t
+    with np.errstate(over="ignore"):  # an overflow is inf, "not friends" (`_within`)
+        for k in range(A.shape[-1]):
+            t = A[..., k] - B[..., k]
+            acc += t * t
     return acc
 
 

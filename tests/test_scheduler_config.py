@@ -241,3 +241,44 @@ def test_the_operators_tls_settings_reach_its_scheduler(tmp_path, monkeypatch):
         monkeypatch.setenv("DPRELEASE_DASK_TLS_KEY", str(files["key"]))
         with dask_client(DaskSpec()) as client:
             assert client.submit(sum, [1, 2, 3]).result() == 6
+
+
+_RAW_CLIENT = """
+import socket, ssl, sys
+port = int(sys.argv[1])
+with socket.create_connection(("127.0.0.1", port), timeout=10) as plain:  # a plain dask comm greets at once
+    try:
+        print("PLAIN GREETING" if plain.recv(1) else "PLAIN closed")
+    except socket.timeout:
+        print("PLAIN silent")
+ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+ctx.check_hostname, ctx.verify_mode = False, ssl.CERT_NONE
+try:
+    with ctx.wrap_socket(socket.create_connection(("127.0.0.1", port), timeout=20)) as tls:
+        tls.sendall(bytes(8))
+        print("TLS CONNECTED" if tls.recv(1) else "TLS closed")
+except Exception as exc:
+    print("TLS REFUSED", type(exc).__name__)
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not Path("/usr/bin/python3").exists() or not Path("/usr/sbin/runuser").exists(),
+                    reason="needs root, runuser and the system Python to act as another local account")
+def test_another_local_account_cannot_connect_to_a_runs_cluster():
+    """The attacker's review: another local account connected to a running release's plain-TCP scheduler. As the
+    account `nobody`, a client gets no greeting in plain TCP (a plain dask scheduler greets any connection) and
+    completes no TLS connection without the run's certificate."""
+    from distributed import LocalCluster
+
+    from tasks.partitions import dask_client
+
+    def probe(address: str) -> list[str]:
+        return subprocess.run(["runuser", "-u", "nobody", "--", "/usr/bin/python3", "-c", _RAW_CLIENT,
+                               address.rsplit(":", 1)[1]], capture_output=True, text=True, timeout=90).stdout.split("\n")
+
+    with dask_client(DaskSpec(n_workers=1, threads_per_worker=1)) as client:
+        plain, tls = probe(client.scheduler.address)[:2]
+        assert plain in ("PLAIN silent", "PLAIN closed") and tls.startswith("TLS REFUSED"), (plain, tls)
+    with LocalCluster(n_workers=1, threads_per_worker=1, processes=False, host="127.0.0.1", protocol="tcp://",
+                      dashboard_address="127.0.0.1:0") as before:  # what runs used to start: the probe is answered
+        assert probe(before.scheduler_address)[0] == "PLAIN GREETING"
