@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import shutil
 from pathlib import Path
 
 import pandas as pd
@@ -33,8 +34,20 @@ def contracts_version() -> dict:
     return {"dprelease": version("dprelease"), "suites_sha256": hashlib.sha256(source).hexdigest()[:16]}
 
 
-@functools.lru_cache(maxsize=8)
 def _context(project: str):
+    """The File Data Context of the project: reopened when its folder was moved away (a failed run's internal/ goes
+    to quarantine, and a rerun in the same process makes a new one), and made anew when a kill during its creation
+    left an empty config (every resume of the release then failed to open it)."""
+    config = Path(project) / "gx" / "great_expectations.yml"
+    if config.exists() and config.stat().st_size == 0:
+        shutil.rmtree(config.parent)
+    if not config.exists():
+        _open_context.cache_clear()
+    return _open_context(project)
+
+
+@functools.lru_cache(maxsize=8)
+def _open_context(project: str):
     import great_expectations as gx
     from great_expectations.data_context.types.base import ProgressBarsConfig
 

@@ -47,7 +47,7 @@ from typing import Callable, Literal, Protocol
 import numpy as np
 
 from dpalgos.noise import Measure
-from dpalgos.plan import ADD_REMOVE_RECORD, Mechanism, Plan
+from dpalgos.plan import Mechanism, Plan
 
 # --------------------------------------------------------------------------------------------------------------
 # Constants proven in docs/friendlycore.md

@@ -21,7 +21,6 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-
 #: Points scored together: a block's copy (at most 256 x ROWS_MIN_D float64 in `_sweep`), its scores and
 #: running minima stay in the L1/L2 caches.
 BLOCK = 256

@@ -22,12 +22,12 @@ from prefect.cache_policies import NO_CACHE
 from tasks.errors import InputError
 from tasks.experiments import contingency as exp_contingency
 from tasks.experiments import friendlycore as exp_fc
-from tasks.experiments import kmeans as exp_kmeans
-from tasks.experiments.points import gowalla_like, load_points
 from tasks.experiments import histogram as exp_histogram
+from tasks.experiments import kmeans as exp_kmeans
 from tasks.experiments import matrix_mechanism as exp_mm
 from tasks.experiments import mnist as exp_mnist
 from tasks.experiments.plots import bars, line_grid
+from tasks.experiments.points import gowalla_like, load_points
 
 Name = Literal["kmeans", "contingency", "histogram", "matrix_mechanism", "mnist_clustering", "friendlycore_mean",
                "friendlycore_kmeans"]

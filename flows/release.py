@@ -35,7 +35,6 @@ from tasks.run import RunPaths, StageOutput, discard_failed, open_run
 from tasks.spec import ReleaseSpec
 from tasks.stages import evaluate, measure, postprocess, prepare
 
-
 Period = Literal["daily", "weekly", "monthly"]
 #: The status of a test-mode run: it made its products, and nothing was published.
 TEST_RUN = "made in test mode (seeded noise, not private, not published)"

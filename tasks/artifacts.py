@@ -16,8 +16,13 @@ import json
 import re
 from pathlib import Path
 
-from prefect.artifacts import (create_link_artifact, create_markdown_artifact, create_progress_artifact,
-                               create_table_artifact, update_progress_artifact)
+from prefect.artifacts import (
+    create_link_artifact,
+    create_markdown_artifact,
+    create_progress_artifact,
+    create_table_artifact,
+    update_progress_artifact,
+)
 from prefect.events import emit_event
 from prefect.runtime import deployment, flow_run
 

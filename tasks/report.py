@@ -11,9 +11,9 @@ from prefect.cache_policies import NO_CACHE
 
 from tasks.artifacts import markdown_table, privacy_lines
 from tasks.ledger import PrivacyLedger
+from tasks.retry import sanitised
 from tasks.run import RunPaths
 from tasks.spec import ReleaseSpec
-from tasks.retry import sanitised
 
 
 def _sensitivity(m: dict) -> str:

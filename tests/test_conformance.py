@@ -12,7 +12,6 @@ from pathlib import Path
 
 import pytest
 
-from dpalgos import accounting
 from tasks.errors import StageFailed
 from tasks.kinds import REGISTRY
 from tasks.ledger import PrivacyLedger

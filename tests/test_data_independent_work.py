@@ -12,7 +12,8 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from dpalgos import domain, friendlycore as fc, lloyd, metrics
+from dpalgos import domain, lloyd, metrics
+from dpalgos import friendlycore as fc
 from tasks import sets
 from tasks.kinds import kernel_kmeans as kk_kind
 

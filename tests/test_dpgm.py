@@ -3,10 +3,10 @@
 import numpy as np
 import pytest
 import scipy.sparse as sp
-from scipy.special import expit
 from dp_accounting import dp_event as dpe
 from dp_accounting.pld import PLDAccountant
 from dp_accounting.rdp import RdpAccountant
+from scipy.special import expit
 
 from dpalgos import counting, dpgm, dpsgd, generative
 from dpalgos.generative import RBM, VAE, records_of_lengths

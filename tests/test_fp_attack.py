@@ -6,8 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tests.benchmarks.fp_attack import (attack_run, distinguishable, grid_possible, make_release,
-                                        numpy_laplace_possible)
+from tests.benchmarks.fp_attack import attack_run, distinguishable, grid_possible, make_release, numpy_laplace_possible
 from tests.conftest import blobs, spec_dict, write_csv, write_parquet
 
 SCALES = (1.0 / 3.0, 1.0, 6.0, 20.0, 1e3)

@@ -1,12 +1,11 @@
 """DP kernel k-means (Acs et al.): random Fourier features, DPNorm, accounting, an empirical DP audit."""
 
+import dp_accounting
 import numpy as np
 import pytest
 import scipy.sparse as sp
-from scipy import stats
-
-import dp_accounting
 from dp_accounting.rdp import RdpAccountant
+from scipy import stats
 
 from dpalgos import kernel_kmeans as kk
 from dpalgos.noise import simulated

@@ -4,10 +4,10 @@ import sqlite3
 import dp_accounting
 import pytest
 
-from dpalgos import accounting, dpkmeans
+from dpalgos import dpkmeans
 from dpalgos.plan import Mechanism, Plan
-from tasks.errors import BudgetExceeded, NoBudget, ReleaseConflict, ReleaseError
 from tasks.admission import require_budget, require_public
+from tasks.errors import BudgetExceeded, NoBudget, ReleaseConflict, ReleaseError
 from tasks.ledger import PrivacyLedger, configured_path, data_source, public_copy
 
 BUDGET = (1.0, 1e-6)

@@ -4,11 +4,10 @@
 import os
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 
-from dpalgos import dpkmeans, kernel_kmeans as kk, lloyd, metrics
+from dpalgos import dpkmeans, lloyd, metrics
+from dpalgos import kernel_kmeans as kk
 
 
 def numpy_labels(X, C):

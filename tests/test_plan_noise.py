@@ -3,15 +3,14 @@
 import math
 
 import dp_accounting
-from dp_accounting import dp_event as dpe
 import numpy as np
 import pytest
+from dp_accounting import dp_event as dpe
 from scipy import stats
 
 from dpalgos import accounting
 from dpalgos.noise import ExactNoise, Measure, PlanViolation, SeededNoise
 from dpalgos.plan import Mechanism, Plan
-
 
 #: The samplers draw from OS randomness, so a KS test fails at its level by chance: 1e-6, not 1e-3, keeps the suite
 #: from failing one run in a few hundred, while the wrong family at the same variance (p ~ 1e-77 at n = 20,000) and

@@ -12,11 +12,11 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
+import flows.release
 from data_contracts import ContractViolation
 from dpalgos import domain, leekifer, metrics
-import flows.release
 from flows.release import TEST_RUN
-from tasks.errors import BudgetExceeded, InputError, Refused, ReleaseConflict, StageFailed
+from tasks.errors import BudgetExceeded, DrawFailed, InputError, Refused, ReleaseConflict, StageFailed
 from tasks.kinds import kind_of
 from tasks.kinds.kmeans import postprocessing_seed
 from tasks.ledger import PrivacyLedger
@@ -130,7 +130,6 @@ def test_rerun_of_a_published_release_changes_nothing(tmp_path, csv_data, count_
 
 def test_failed_postprocessing_keeps_measurements_and_a_rerun_finishes_without_new_noise(
         tmp_path, csv_data, count_dp_runs, monkeypatch):
-    import flows.release
     from prefect import task
 
     @task(name="postprocess")
@@ -186,6 +185,48 @@ def test_forced_task_retry_reuses_the_stored_measurements(tmp_path, csv_data, co
     assert len(count_dp_runs) == 1  # the retry reused the measurements
     rows = ledger().releases("blobs")
     assert len(rows) == 1 and rows[0]["epsilon"] == pytest.approx(1.0)
+
+
+def test_an_error_after_the_draw_is_charged_once_and_never_retried(tmp_path, csv_data, count_dp_runs, monkeypatch):
+    """A review's weighted table failed inside the sampler after the charge, and Prefect retried the deterministic
+    error twice, each retry charged again: epsilon 1.5 spent on a 0.5 release that never appeared."""
+    import tasks.kinds.kmeans
+
+    real = tasks.kinds.kmeans.dpkmeans.dp_kmeans
+
+    def fails_after_drawing(*args, measure, **kwargs):
+        measure("counts", [3.0, 1.0, 2.0])  # noise drawn
+        raise ValueError("a library's deterministic error")
+    monkeypatch.setattr(tasks.kinds.kmeans.dpkmeans, "dp_kmeans", fails_after_drawing)
+    d = {**spec_dict(tmp_path, csv_data), "release_id": "blobs-once"}
+    with pytest.raises(DrawFailed, match="after noise was drawn \\(ValueError"):
+        _run(d)
+    assert [(r["status"], r["attempts"]) for r in ledger().releases("blobs")] == [("drawing", 1)]
+    monkeypatch.setattr(tasks.kinds.kmeans.dpkmeans, "dp_kmeans", real)
+    assert _run(d)["status"] == "published"  # the operator's rerun: charged again, as the message said
+    assert [(r["status"], r["attempts"]) for r in ledger().releases("blobs")] == [("published", 2)]
+
+
+def test_a_deterministic_error_is_not_retried_and_io_is(tmp_path, csv_data, monkeypatch):
+    from prefect import task
+
+    from tasks.retry import SAFE, sanitised
+
+    calls = []
+
+    def ingest_that_fails(error):
+        @task(name="ingest", **SAFE)
+        @sanitised
+        def ingest(*args, **kwargs):
+            calls.append(error.__name__)
+            raise error("x")
+        return ingest
+    for error, tries in ((ValueError, 1), (OSError, 3)):
+        calls.clear()
+        monkeypatch.setattr(flows.release, "ingest", ingest_that_fails(error))
+        with pytest.raises(StageFailed, match=error.__name__):
+            _run({**spec_dict(tmp_path, csv_data), "release_id": f"retry-{error.__name__}"})
+        assert calls == [error.__name__] * tries
 
 
 def test_over_budget_release_is_refused_before_any_noise(tmp_path, csv_data, count_dp_runs):

@@ -174,6 +174,7 @@ def test_synthetic_release_end_to_end_on_generated_cdr(tmp_path):
     again = tmp_path / "again"
     again.mkdir()
     import logging
+
     from tasks.partitions import dask_client
     with dask_client(parse_spec(d).dask):  # the parts are synthesised on the dask workers, as in the flow
         KIND.postprocess(parse_spec(d), rel / "measurements", again, tmp_path, logging.getLogger("test"))
@@ -181,6 +182,7 @@ def test_synthetic_release_end_to_end_on_generated_cdr(tmp_path):
     assert (X != Y).nnz == 0
     # Measurements of the layout before the rows of all records (k rows) are refused, not misread.
     import shutil
+
     from tasks.kinds.synthetic import TABLE
     old = shutil.copytree(rel / "measurements", tmp_path / "old")
     np.save(old / TABLE, np.load(old / TABLE)[:-2])

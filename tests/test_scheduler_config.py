@@ -23,7 +23,6 @@ from tasks.params import DaskSpec
 from tasks.spec import parse_spec
 from tests.conftest import blobs, budget, spec_dict, write_csv
 
-
 DASK_ADDRESS_ENV = "DPRELEASE_DASK_ADDRESS"
 
 

@@ -56,10 +56,17 @@ import yaml
 from dpalgos.lazy import module
 from tasks import settings
 from tasks.admission.footprint import check_fits
-from tasks.errors import NoBudget, ReleaseConflict, Refused, SpecError
+from tasks.errors import NoBudget, Refused, ReleaseConflict, SpecError
 from tasks.example_data import is_builtin
-from tasks.ledger import (PrivacyLedger, check_reading, configured_path, data_source, no_budget_message,
-                          source_conflict_message, within)
+from tasks.ledger import (
+    PrivacyLedger,
+    check_reading,
+    configured_path,
+    data_source,
+    no_budget_message,
+    source_conflict_message,
+    within,
+)
 from tasks.ledger.public import content_sha256
 from tasks.params import PUBLIC_INPUTS, dataset_reading
 

@@ -28,8 +28,13 @@ from data_contracts.validate import parquet_files
 from dpalgos.lazy import module
 from tasks.errors import ReleaseConflict
 from tasks.kinds.base import FLOPS, Draw, Footprint, ReleaseKind, noise_footprint
-from tasks.kinds.kernel_kmeans import (KernelKMeansParams, check_public_sample, cluster_records, clustering_footprint,
-                                       write_clustering)
+from tasks.kinds.kernel_kmeans import (
+    KernelKMeansParams,
+    check_public_sample,
+    cluster_records,
+    clustering_footprint,
+    write_clustering,
+)
 from tasks.partitions import Partitioned, current_client
 from tasks.run import read_meta
 from tasks.sets import set_table

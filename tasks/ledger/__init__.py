@@ -12,8 +12,16 @@ from __future__ import annotations
 from pathlib import Path
 
 from tasks import settings
-from tasks.ledger.bindings import (Bindings, check_reading, data_source, reading_conflict_message,
-                                   source_conflict_message, source_digest, unit_fields, within)
+from tasks.ledger.bindings import (
+    Bindings,
+    check_reading,
+    data_source,
+    reading_conflict_message,
+    source_conflict_message,
+    source_digest,
+    unit_fields,
+    within,
+)
 from tasks.ledger.public import PublicInputs, content_sha256, public_copy
 from tasks.ledger.spends import MAX_LIFETIME_EPSILON, Charge, Spends, no_budget_message
 from tasks.ledger.store import Store

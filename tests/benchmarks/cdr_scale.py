@@ -36,8 +36,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from flows.environment import apply_defaults  # noqa: E402
 
 apply_defaults()  # the CLI's process settings (no telemetry, quiet dask) before Prefect is imported
-import tasks  # noqa: E402,F401
 from _data import operator_ledger  # noqa: E402
+
+import tasks  # noqa: E402,F401
 
 CACHE = Path(os.environ.get("DPRELEASE_BENCH_CACHE", Path(tempfile.gettempdir()) / "dprelease-bench"))
 
@@ -88,7 +89,6 @@ def worker_peak_gb(address: str) -> float:
 def sgd_figures(data: Path, users: int, q: float, steps: int, k: int = 10, items: int = 1303) -> tuple[float, float]:
     """(ms per model-step of `dpgm.train`, ms of the FLOP floor) at the batch size q * users / k."""
     import numpy as np
-    import scipy.sparse as sp
     from threadpoolctl import threadpool_limits
 
     from dpalgos import dpgm

@@ -20,6 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from dpalgos.noise import ExactNoise  # noqa: E402
 from dpalgos.plan import Mechanism  # noqa: E402
 
+
 #: Gaussians per DP-SGD step (10 VAEs, hidden 200, 2-D latent): weights and biases of encoder and decoder.
 def vae_parameters(items: int, hidden: int = 200, latent: int = 2) -> int:
     return items * hidden + hidden + 2 * (hidden * latent + latent) + latent * hidden + hidden + hidden * items + items

@@ -16,6 +16,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _data import operator_ledger  # noqa: E402
+
 from tasks.params import PUBLIC_INPUTS  # noqa: E402
 
 SPECS = {"kmeans": "deployments/specs/s1-kmeans.yaml",

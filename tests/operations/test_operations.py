@@ -140,11 +140,11 @@ def _check_ui(env: dict, release_id: str, manifest: dict, evaluation: dict) -> N
     names = [e["event"] for e in _api(env, "/events/filter", {"filter": {"event": {"prefix": ["dprelease."]}},
                                                                "limit": 50})["events"]]
     assert names.count("dprelease.release.published") == 1 and "dprelease.budget.low" in names
-    deployment = _api(env, f"/deployments/name/release/example-kmeans")
+    deployment = _api(env, "/deployments/name/release/example-kmeans")
     deadline = time.time() + 60
     while not deployment["paused"] and time.time() < deadline:  # the automation acts on the event
         time.sleep(2)
-        deployment = _api(env, f"/deployments/name/release/example-kmeans")
+        deployment = _api(env, "/deployments/name/release/example-kmeans")
     assert deployment["paused"]
 
 
