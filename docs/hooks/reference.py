@@ -20,7 +20,10 @@ import argparse
 import json
 import re
 import types
+import warnings
 from typing import Annotated, Any, Callable, Literal, Union, get_args, get_origin
+
+warnings.filterwarnings("ignore", category=DeprecationWarning)  # the libraries the generators import, not ours
 
 MARKER = re.compile(r"^<!-- generated: ([a-z-]+) -->$", re.MULTILINE)
 
