@@ -75,7 +75,8 @@ def environment(folder: Path) -> dict:
     """A reader's shell on a production machine whose operator state is all in `folder`."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("DPRELEASE_")}
     env.update({"PATH": f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}",
-                "DPRELEASE_LEDGER": str(folder / "operator-ledger.sqlite"),
+                # the tutorial's own `export`, for the pages that come after it in the same folder
+                "DPRELEASE_LEDGER": str(folder / "privacy-ledger.sqlite"),
                 "XDG_CONFIG_HOME": str(folder / ".config"), "XDG_STATE_HOME": str(folder / ".state"),
                 "PREFECT_HOME": str(folder / ".prefect-home"), "DPRELEASE_REPO": str(ROOT)})
     return env
@@ -123,7 +124,7 @@ class Workspace:
             shell = subprocess.Popen(["bash", "-c", code], cwd=self.folder, env=environment(self.folder),
                                      stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
             try:
-                returncode = shell.wait(timeout=1500)
+                returncode = shell.wait(timeout=900)
             finally:
                 _stop_group(shell.pid)
         assert returncode == 0, (f"{page}: a documented command failed (exit {returncode})\n"

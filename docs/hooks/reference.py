@@ -46,8 +46,15 @@ def render(markdown: str, where: str = "page") -> str:
 
 
 def _cell(text: Any) -> str:
-    """Text for a Markdown table cell: one line, pipes escaped."""
-    return " ".join(str(text).split()).replace("|", "\\|")
+    """Text for a Markdown table cell: one line, pipes escaped, `<...>` shown rather than taken for HTML."""
+    return _escape(" ".join(str(text).split())).replace("|", "\\|")
+
+
+def _escape(text: str) -> str:
+    """`<` and `>` outside code spans as entities: help texts say `<output_dir>/<release_id>`, which Markdown would
+    otherwise pass through as HTML tags (and the browser drop)."""
+    parts = re.split(r"(`[^`]*`)", text)
+    return "".join(p if p.startswith("`") else p.replace("<", "&lt;").replace(">", "&gt;") for p in parts)
 
 
 # ---- kinds, settings, exit codes ----------------------------------------------------------------------------------
@@ -87,7 +94,7 @@ def cli() -> str:
 
     from flows.cli import build_parser
 
-    os.environ.setdefault("COLUMNS", "110")  # argparse wraps the usage lines to the terminal's width
+    os.environ.setdefault("COLUMNS", "100")  # argparse wraps the usage lines to the terminal's width
     out: list[str] = []
     _command(build_parser(), ["dprelease"], None, out)
     return "\n".join(out)
@@ -165,7 +172,7 @@ def _doc(model) -> str:
     doc = model.__doc__ or ""
     if doc.startswith(("A base class for creating Pydantic models", "Usage docs:")):
         return ""
-    return "\n".join(line.strip() for line in doc.strip().splitlines())
+    return _escape("\n".join(line.strip() for line in doc.strip().splitlines()))
 
 
 def _fields(model) -> str:
