@@ -27,7 +27,7 @@ from tasks.run import committed_plan
 class HistogramParams(ConsistencyBase):
     """Hierarchical histogram (Algorithm 3): noisy k-ary tree over `bins` equal-width bins of the column's
     public bounds, made consistent by ADMM with Hay et al.'s tree inference as the projection."""
-    kind: Literal["histogram"] = "histogram"
+    kind: Literal["histogram"] = Field("histogram", description="the release kind")
     bins: int = Field(ge=2, le=2 ** 24, description="number of equal-width bins: a power of the branching factor "
                                                       "(at most 2^24: the tree is held in memory)")
     branching: int = Field(16, ge=2, description="tree branching factor k")

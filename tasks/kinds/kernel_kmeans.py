@@ -36,9 +36,9 @@ from tasks.sets import ingest_sets, read_sets
 class KernelKMeansParams(ReleaseBase):
     """DP kernel k-means of set-valued records (Acs et al. Algorithm 2): random Fourier features of an RBF
     kernel, T noisy Lloyd iterations with the Gaussian mechanism, sigma calibrated to (epsilon, delta)."""
-    kind: Literal["kernel_kmeans"] = "kernel_kmeans"
-    k: int = Field(10, ge=1, le=1000)
-    iterations: int = Field(20, ge=1, le=1000)
+    kind: Literal["kernel_kmeans"] = Field("kernel_kmeans", description="the release kind")
+    k: int = Field(10, ge=1, le=1000, description="number of clusters")
+    iterations: int = Field(20, ge=1, le=1000, description="DP kernel k-means iterations")
     delta: float = Field(1e-6, gt=0, lt=1, description="delta of this release's (epsilon, delta) target")
     features: int = Field(200, ge=1, le=10_000, description="d, the number of random Fourier features")
     gamma: float | None = Field(None, gt=0, description="RBF width exp(-gamma ||x - y||^2); default: median "

@@ -28,7 +28,7 @@ from tasks.run import RunPaths, committed_plan, read_meta
 
 class KMeansParams(ReleaseBase):
     """DP k-means (Lee & Kifer, Algorithm 1): K centroids after T noisy Lloyd iterations."""
-    kind: Literal["kmeans"] = "kmeans"
+    kind: Literal["kmeans"] = Field("kmeans", description="the release kind")
     k: int = Field(ge=1, le=10_000, description="number of clusters")
     iterations: int = Field(5, ge=1, le=1000, description="T, the number of DP Lloyd iterations")
     domain: Literal["l1_ball", "box", "l2_ball"] | None = Field(
