@@ -57,7 +57,8 @@ class DatasetSpec(Strict):
     table of cell counts): a neighbour changes one weight by 1, the sensitivity is 1.
     """
     id: str = Field(pattern=ID_PATTERN, description="privacy-ledger key: releases of one id share a budget")
-    path: str
+    path: str = Field(description="the data: a CSV file (optionally .gz), a Parquet file or folder, a transactions "
+                                  "file, or builtin:<name>; bound to the dataset id by the operator")
     format: Literal["csv", "parquet", "transactions"] | None = Field(
         None, description="default: from the file suffix; transactions: one record per line, item ids separated "
                           "by spaces (optionally gzipped)")
@@ -66,11 +67,14 @@ class DatasetSpec(Strict):
                                   description="CSV only, one character (a longer one would be a pattern: an audit "
                                               "made the parser's refusals answer substring queries with one); "
                                               "default: ',' or tab if present, else whitespace")
-    bounds: dict[str, tuple[float, float]] | None = None
+    bounds: dict[str, tuple[float, float]] | None = Field(
+        None, description="numeric columns: column -> PUBLIC [lower, upper]; values outside are clipped to them")
     numeric: list[str] | None = Field(None, description="numeric columns WITHOUT public bounds (FriendlyCore "
                                                         "kinds need none); refused by kinds that need bounds")
-    categories: dict[str, list[str]] | None = None
-    weight_column: str | None = None
+    categories: dict[str, list[str]] | None = Field(
+        None, description="categorical columns: column -> PUBLIC levels; a record with another level is left out")
+    weight_column: str | None = Field(None, description="a non-negative integer weight per row; needs max_weight or "
+                                                       "weights_count_records")
     max_weight: int | None = Field(None, ge=1, description="PUBLIC cap of a row's weight (its sensitivity)")
     weights_count_records: bool = Field(False, description="every unit of weight is one privacy unit")
     items_column: str | None = Field(None, description="set-valued records: a list<int> column of item ids")
@@ -201,8 +205,8 @@ class DaskSpec(Strict):
     fields are ignored. They only size a cluster on this machine, whose listeners are all on loopback: nothing
     here sends data or results anywhere.
     """
-    n_workers: int = Field(1, ge=1)
-    threads_per_worker: int = Field(2, ge=1)
+    n_workers: int = Field(1, ge=1, description="dask workers of the local cluster")
+    threads_per_worker: int = Field(2, ge=1, description="threads of each local dask worker")
     processes: bool = Field(False, description="local cluster with worker processes instead of threads")
 
     @model_validator(mode="before")

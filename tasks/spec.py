@@ -27,14 +27,17 @@ ReleaseParams = Annotated[Union[tuple(k.Params for k in REGISTRY.values())], Fie
 
 class ReleaseSpec(Strict):
     """One release: dataset, release kind and parameters, budget, where outputs go."""
-    dataset: DatasetSpec
-    release: ReleaseParams
-    output_dir: str = "dprelease-runs"
+    dataset: DatasetSpec = Field(description="where the sensitive data is and its public schema")
+    release: ReleaseParams = Field(description="the release kind (`kind`) and its parameters, its epsilon included")
+    output_dir: str = Field("dprelease-runs", description="folder of the run folders (<output_dir>/<release_id>/)")
     release_id: str | None = Field(None, pattern=ID_PATTERN,
                                    description="reuse an id to resume a release without spending again")
-    dask: DaskSpec = DaskSpec()
+    dask: DaskSpec = Field(DaskSpec(), description="size of the local dask cluster (when the operator names no "
+                                                   "scheduler)")
     evaluate: bool = Field(True, description="compute the internal utility evaluation against raw data")
-    mode: Literal["production", "test"] = "production"
+    mode: Literal["production", "test"] = Field(
+        "production", description="test: seeded noise, NOT private, writes test-output/, charges nothing; only where "
+                                  "the operator allows it (DPRELEASE_TEST_MODE)")
     seed: int | None = Field(None, description="only in mode 'test': reproducible noise, recorded as such")
 
     @model_validator(mode="before")

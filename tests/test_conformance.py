@@ -1,4 +1,4 @@
-"""The conformance suite: every registered release kind passes the privacy rules of ../shared/DESIGN.md
+"""The conformance suite: every registered release kind passes the privacy rules of docs/design.md
 (as scikit-learn's `parametrize_with_checks`). Registering a kind in tasks/kinds/__init__.py gives it all
 of these; the machinery and its arguments are in tests/conformance.py."""
 

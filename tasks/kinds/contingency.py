@@ -25,7 +25,7 @@ counts = module("tasks.kinds.counts")
 class ContingencyParams(ConsistencyBase):
     """Contingency table of the categorical columns (Algorithm 2): Laplace noise on every cell, made
     consistent with PUBLIC marginal counts and non-negative by ADMM or by the empirical-Bayes estimator."""
-    kind: Literal["contingency"] = "contingency"
+    kind: Literal["contingency"] = Field("contingency", description="the release kind")
     estimator: Literal["admm", "empirical_bayes"] = Field(
         "admm", description="admm: maximum likelihood (penalty, alpha, rho); empirical_bayes: posterior mean of "
                             "each cell under log-linear priors fitted to the noisy cells and the public marginals, "

@@ -66,12 +66,12 @@ class _FriendlyParams(ReleaseBase):
 
 class MeanParams(_FriendlyParams):
     """FriendlyCore averaging: the mean of numeric columns without bounds, or "no friendly core"."""
-    kind: Literal["mean"] = "mean"
+    kind: Literal["mean"] = Field("mean", description="the release kind")
 
 
 class FriendlyKMeansParams(_FriendlyParams):
     """Friendly k-means: k-means++ on m random disjoint subsets, the k-tuples aggregated by FriendlyCore."""
-    kind: Literal["friendly_kmeans"] = "friendly_kmeans"
+    kind: Literal["friendly_kmeans"] = Field("friendly_kmeans", description="the release kind")
     k: int = Field(ge=1, description="number of centres")
     subsets: int = Field(ge=2, description="m, an even number of subsets, from PUBLIC knowledge of the size "
                                            "(each subset should hold a few dozen points per cluster)")

@@ -29,7 +29,7 @@ counts = module("tasks.kinds.counts")
 class HistogramParams(ConsistencyBase):
     """Hierarchical histogram (Algorithm 3): noisy k-ary tree over `bins` equal-width bins of the column's
     public bounds, made consistent by ADMM with Hay et al.'s tree inference as the projection."""
-    kind: Literal["histogram"] = "histogram"
+    kind: Literal["histogram"] = Field("histogram", description="the release kind")
     bins: int = Field(ge=2, le=2 ** 31 - 1, description="number of equal-width bins: a power of the branching factor "
                                                           "(the machine must hold the tree: the admission estimates "
                                                           "it, `footprint`)")

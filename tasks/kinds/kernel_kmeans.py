@@ -38,7 +38,7 @@ lloyd = module("dpalgos.lloyd")
 class KernelKMeansParams(ReleaseBase):
     """DP kernel k-means of set-valued records (Acs et al. Algorithm 2): random Fourier features of an RBF
     kernel, T noisy Lloyd iterations with the Gaussian mechanism, sigma calibrated to (epsilon, delta)."""
-    kind: Literal["kernel_kmeans"] = "kernel_kmeans"
+    kind: Literal["kernel_kmeans"] = Field("kernel_kmeans", description="the release kind")
     k: int = Field(10, ge=1, description="number of clusters")
     iterations: int = Field(20, ge=1, description="T, the number of DP Lloyd iterations")
     delta: float = Field(1e-6, gt=0, lt=1, description="delta of this release's (epsilon, delta) target")

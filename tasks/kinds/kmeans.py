@@ -32,7 +32,7 @@ progress = module("tasks.progress")
 
 class KMeansParams(ReleaseBase):
     """DP k-means (Lee & Kifer, Algorithm 1): K centroids after T noisy Lloyd iterations."""
-    kind: Literal["kmeans"] = "kmeans"
+    kind: Literal["kmeans"] = Field("kmeans", description="the release kind")
     k: int = Field(ge=1, description="number of clusters")
     iterations: int = Field(5, ge=1, description="T, the number of DP Lloyd iterations")
     domain: Literal["l1_ball", "box", "l2_ball"] | None = Field(

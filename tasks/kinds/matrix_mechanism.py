@@ -21,15 +21,20 @@ counts = module("tasks.kinds.counts")
 class MatrixMechanismParams(ConsistencyBase):
     """Matrix mechanism (Algorithm 4): Laplace answers to a strategy matrix over a histogram of the column,
     the histogram reconstructed by L1 (ADMM) or least squares, then the workload answered from it."""
-    kind: Literal["matrix_mechanism"] = "matrix_mechanism"
+    kind: Literal["matrix_mechanism"] = Field("matrix_mechanism", description="the release kind")
     bins: int = Field(ge=2, le=2 ** 31 - 1, description="number of equal-width bins of the column's public bounds (the "
                                                           "machine must hold the strategy, the workload and the "
                                                           "reconstruction: the admission estimates them, `footprint`)")
-    workload: Literal["identity", "predicate", "all_range", "plus_minus_one"] = "all_range"
+    workload: Literal["identity", "predicate", "all_range", "plus_minus_one"] = Field(
+        "all_range", description="the queries answered: identity (every bin), predicate (random 0/1 rows), all_range "
+                                 "(every interval of bins), plus_minus_one (random +-1 rows)")
     workload_queries: int = Field(512, ge=1, description="queries of the random workloads")
     workload_seed: int = Field(0, description="PUBLIC seed of the random workloads")
-    strategy: Literal["identity", "hierarchical", "workload"] = "hierarchical"
-    reconstruction: Literal["l1", "l2"] = "l1"
+    strategy: Literal["identity", "hierarchical", "workload"] = Field(
+        "hierarchical", description="the queries measured with noise: every bin, a binary tree of ranges, or the "
+                                    "workload itself")
+    reconstruction: Literal["l1", "l2"] = Field(
+        "l1", description="the histogram from the noisy answers: l1 (ADMM, Algorithm 4) or l2 (least squares)")
 
     @model_validator(mode="after")
     def _bins_power_of_two(self):

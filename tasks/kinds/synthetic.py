@@ -50,7 +50,7 @@ class SyntheticParams(KernelKMeansParams):
     """DPGM (Acs et al. Algorithm 1): DP kernel k-means into k clusters, one generative model per cluster
     trained with DP-SGD, synthetic set-valued records sampled from the mixture. epsilon and delta cover all of
     it (clustering, per-cluster marginals, DP-SGD), the noise calibrated together with dp_accounting."""
-    kind: Literal["synthetic"] = "synthetic"  # type: ignore[assignment]
+    kind: Literal["synthetic"] = Field("synthetic", description="the release kind")  # type: ignore[assignment]
     iterations: int = Field(10, ge=1, description="DP kernel k-means iterations")
     model: Literal["vae", "rbm"] = Field("vae", description="generative model of every cluster")
     hidden: list[Annotated[int, Field(ge=1)]] = Field([200], min_length=1, max_length=2, description="hidden units: [200] is the paper's "
