@@ -9,7 +9,8 @@ A page asks for a table with a marker on a line of its own, `<!-- generated: NAM
 - `exit-codes`: the exit codes stated in `flows.cli`'s docstring;
 - `spec`: the pydantic models of a release spec (top level, `dataset:`, `dask:`, every kind's `release:` from
   `tasks.kinds.REGISTRY[kind].Params`): each field's type, default, constraints and description;
-- `products`: each kind's main released file and its columns, from the kind's release contract.
+- `products`: each kind's main released file and its columns, from the kind's release contract;
+- `admission`: the admission rules, in their order (`tasks.admission`'s docstring).
 
 `tests/test_docs.py` imports this module (`render`) to check the site's tables against the registry.
 """
@@ -302,6 +303,16 @@ def _rows_text(kind, count: list) -> str:
     return per.get(kind.name, str(count[0]) if count else "")
 
 
+def admission() -> str:
+    """The admission module's docstring: its rules in their order, and why (the module is their single source)."""
+    import inspect
+
+    from tasks import admission as rules
+
+    return "```text\n" + inspect.cleandoc(rules.__doc__) + "\n```"
+
+
 GENERATORS: dict[str, Callable[[], str]] = {
+    "admission": admission,
     "kinds": kinds, "settings": settings, "cli": cli, "exit-codes": exit_codes, "spec": spec, "products": products,
 }
