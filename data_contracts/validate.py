@@ -52,22 +52,46 @@ def _batch_definition():
     return ctx.data_sources.add_pandas("stage").add_dataframe_asset("frame").add_batch_definition_whole_dataframe("whole")
 
 
-def parquet_files(path: str | Path) -> list[Path]:
-    """The Parquet files of an output: the file itself, or a folder's *.parquet in partition order."""
-    path = Path(path)
-    if path.is_dir():
-        files = sorted(path.glob("*.parquet"), key=_partition_order)
-        if not files:
-            raise FileNotFoundError(f"no Parquet files in {path}")
-        return files
-    if not path.exists():
-        raise FileNotFoundError(f"{path} does not exist")
-    return [path]
+def parquet_files(path: str | Path) -> list[str]:
+    """The Parquet files of an output, a local path or a store's URL (the stages' outputs live in the operator's
+    scratch location, which may be a bucket): the file itself, or a folder's *.parquet in partition order."""
+    location = str(path)
+    if "://" not in location or location.startswith("file://"):
+        local = Path(location.removeprefix("file://"))
+        if local.is_dir():
+            found = [str(f) for f in local.glob("*.parquet")]
+        elif local.exists():
+            return [str(local)]
+        else:
+            raise FileNotFoundError(f"{local} does not exist")
+    else:
+        import fsspec
+
+        fs, root = fsspec.core.url_to_fs(location)
+        if not fs.isdir(root):
+            if not fs.exists(root):
+                raise FileNotFoundError(f"{location} does not exist")
+            return [location]
+        scheme = location.split("://", 1)[0]
+        found = [f"{scheme}://{p}" for p in fs.glob(f"{root.rstrip('/')}/*.parquet")]
+    if not found:
+        raise FileNotFoundError(f"no Parquet files in {location}")
+    return sorted(found, key=_partition_order)
 
 
-def _partition_order(p: Path):
-    digits = "".join(ch for ch in p.stem if ch.isdigit())
-    return (int(digits) if digits else -1, p.name)
+def _partition_order(location: str):
+    file = location.rstrip("/").rsplit("/", 1)[-1]
+    digits = "".join(ch for ch in file.removesuffix(".parquet") if ch.isdigit())
+    return (int(digits) if digits else -1, file)
+
+
+def _filesystem(location: str):
+    """(filesystem, path) for pyarrow: None and the path for a local file, an fsspec filesystem for a URL."""
+    if "://" not in location or location.startswith("file://"):
+        return None, location.removeprefix("file://")
+    import fsspec
+
+    return fsspec.core.url_to_fs(location)
 
 
 def _describe(result) -> str:
@@ -95,29 +119,31 @@ def _validate(frame: pd.DataFrame, expectations: list, contract: Contract, file:
             for r in res.results if not r.success]
 
 
-def _read(f: Path, contract: Contract) -> tuple[pd.DataFrame | None, list[Failure]]:
+def _read(f: str, contract: Contract) -> tuple[pd.DataFrame | None, list[Failure]]:
     import pyarrow.parquet as pq
 
+    name = str(f).rstrip("/").rsplit("/", 1)[-1]
     try:
-        if contract.schema is not None and pq.ParquetFile(f).schema_arrow.names != contract.schema:
-            return None, [Failure(contract.stage, f.name, None, "expect_table_columns_to_match_ordered_list",
+        fs, path = _filesystem(str(f))
+        if contract.schema is not None and pq.read_schema(path, filesystem=fs).names != contract.schema:
+            return None, [Failure(contract.stage, name, None, "expect_table_columns_to_match_ordered_list",
                                   f"expected {contract.schema!r}")]
-        frame = pq.read_table(f, columns=contract.load_columns).to_pandas()
+        frame = pq.read_table(path, columns=contract.load_columns, filesystem=fs).to_pandas()
     except Exception as exc:  # a corrupt file is a contract failure of the stage that wrote it
-        return None, [Failure(contract.stage, f.name, None, "readable_parquet", type(exc).__name__)]
+        return None, [Failure(contract.stage, name, None, "readable_parquet", type(exc).__name__)]
     return (contract.derive(frame) if contract.derive is not None else frame), []
 
 
-def validate_partition(f: Path, contract: Contract) -> tuple[list[Failure], int]:
+def validate_partition(f: str, contract: Contract) -> tuple[list[Failure], int]:
     """The row suite on one file, where the file is (a dask worker): its failures and its row count. Only
     these leave the worker, never a row."""
     frame, failures = _read(f, contract)
     if frame is None:
         return failures, 0
-    return _validate(frame, contract.rows, contract, f.name), len(frame)
+    return _validate(frame, contract.rows, contract, str(f).rstrip("/").rsplit("/", 1)[-1]), len(frame)
 
 
-def _partitions(files: list[Path], contract: Contract, client) -> list[tuple[list[Failure], int]]:
+def _partitions(files: list[str], contract: Contract, client) -> list[tuple[list[Failure], int]]:
     if client is None:
         return [validate_partition(f, contract) for f in files]
     return client.gather(client.map(validate_partition, files, contract=contract, pure=False))

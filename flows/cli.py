@@ -116,6 +116,8 @@ def format_summary(s: dict) -> str:
         f"Release {s['release_id']} ({s['kind']} on dataset '{s['dataset_id']}'): {s['status']}",
         f"  release/   {s['release_dir']}   (safe to publish)" if s["private"] else
         f"  output     {s['release_dir']}   (TEST MODE: seeded noise, NOT private, never publish)",
+        *([f"  published  {s['published_at']}"] if s.get("published_at")
+          and s["published_at"] != str(Path(s["release_dir"]).resolve()) else []),
         f"  internal/  {s['internal_dir']}   (raw-derived: never publish)",
         f"  privacy    epsilon={s['epsilon']:.4g}, delta={s['delta']:.3g} ({s['accounting']})"
         + ("" if s["private"] else " if it were drawn privately"),
@@ -234,11 +236,15 @@ def cmd_budget_set(args) -> int:
               f"you reviewed: how it is read, its exact path and columns)", file=sys.stderr)
         return 2
     try:
+        if args.source is not None:
+            from tasks import storage
+
+            storage.check_supported(args.source, "--source")
         source = args.source or ledger.source(args.dataset)
         reading = _reading_of(args.reading_from, args.dataset, source) if args.reading_from else None
         ledger.set_budget(args.dataset, args.epsilon, args.delta, source=args.source, reading=reading,
                           reason=args.reason)
-    except SpecError as exc:
+    except (SpecError, Refused) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     except ReleaseConflict as exc:
@@ -282,11 +288,13 @@ def _reading_of(spec_paths: list[str], dataset_id: str, source: str) -> dict:
 
 
 def cmd_public_register(args) -> int:
+    from tasks import storage
     from tasks.errors import ReleaseConflict
     from tasks.ledger import PrivacyLedger
 
     args.ledger = _ledger_arg(args)
-    if not Path(args.path).exists():
+    storage.check_supported(args.path, "path")
+    if not storage.exists(storage.canonical(args.path)):
         print(f"error: {args.path} does not exist", file=sys.stderr)
         return 2
     try:
@@ -294,7 +302,7 @@ def cmd_public_register(args) -> int:
     except ReleaseConflict as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    print(f"{Path(args.path).resolve()} is public ({args.source}; sha256 {digest[:16]}...) in {args.ledger}")
+    print(f"{storage.canonical(args.path)} is public ({args.source}; sha256 {digest[:16]}...) in {args.ledger}")
     return 0
 
 
@@ -305,6 +313,23 @@ def cmd_public_list(args) -> int:
     rows = PrivacyLedger(args.ledger).public_inputs() if Path(args.ledger).exists() else []
     for r in rows:
         print(f"{r['path']}  sha256 {r['sha256'][:16]}...  {r['source']}  (registered {r['registered_at']})")
+    return 0
+
+
+def cmd_releases_list(args) -> int:
+    from tasks import settings, storage
+    from tasks.storage import catalogue
+
+    output = args.output or settings.current().output or storage.canonical(DEFAULT_OUTPUT)
+    storage.check_supported(output, "--output")
+    rows = catalogue.rows(output, args.dataset)
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    print(f"releases in {output}" + (f" of dataset '{args.dataset}'" if args.dataset else "") + f": {len(rows)}")
+    for r in rows:
+        print(f"  {r['release_id']:<44} {r['dataset_id']:<20} {r['kind']:<16} {r['period'] or '-':<10} "
+              f"epsilon={r['epsilon']:<8.4g} delta={r['delta']:<8.2g} {r['published_at']}  {r['location']}")
     return 0
 
 
@@ -475,6 +500,20 @@ def build_parser() -> argparse.ArgumentParser:
     plist = psub.add_parser("list", help="list the files declared public", description="List the public inputs.")
     plist.add_argument("--ledger", default=None, help="ledger file (default: as `register`)")
     plist.set_defaults(func=cmd_public_list)
+
+    releases = sub.add_parser("releases", help="list the published releases of an output location (its catalogue)",
+                              description="The catalogue of an output location: one row per published release "
+                                          "(release id, dataset, kind, period, epsilon, delta, published time, "
+                                          "manifest digest, location, files), written after its manifest.")
+    rsub = releases.add_subparsers(dest="releases_command", required=True)
+    rlist = rsub.add_parser("list", help="list the releases of an output location",
+                            description="Print the catalogue of the operator's output location (`output`), or of "
+                                        "--output.")
+    rlist.add_argument("--dataset", default=None, help="only this dataset's releases")
+    rlist.add_argument("--output", default=None, help=f"the output location: a folder or a store's URL (default: the "
+                                                      f"operator's `output` setting, else {DEFAULT_OUTPUT})")
+    rlist.add_argument("--json", action="store_true", help="machine-readable output")
+    rlist.set_defaults(func=cmd_releases_list)
 
     kinds = sub.add_parser("kinds", help="list the release kinds (a Markdown table)",
                            description="Print every registered release kind, its data shape and its method.")

@@ -26,7 +26,7 @@ from tasks.errors import Refused, StageFailed
 from tasks.ingest import ingest
 from tasks.kinds import kind_of
 from tasks.ledger import PrivacyLedger
-from tasks.manifest import publish_release
+from tasks.manifest import publish_public, publish_release
 from tasks.partitions import dask_client
 from tasks.report import write_report
 from tasks.resume import forget, reusable, stage_key, stamp
@@ -34,6 +34,7 @@ from tasks.retry import INTERNAL_LOG, ours
 from tasks.run import RunPaths, StageOutput, discard_failed, open_run
 from tasks.spec import ReleaseSpec
 from tasks.stages import evaluate, measure, postprocess, prepare
+from tasks.storage.catalogue import release_location
 
 Period = Literal["daily", "weekly", "monthly"]
 #: The status of a test-mode run: it made its products, and nothing was published.
@@ -84,9 +85,10 @@ def default_release_id(dataset_id: str, kind: str, period: Period | None) -> str
 
 
 def admitted(spec: ReleaseSpec | dict | None, spec_file: str | None, release_id: str | None,
-             period: Period | None) -> tuple[ReleaseSpec, str]:
-    """The flow's parameters -> (spec, release id), through the same admission rules as the CLI, in the same order
-    (`tasks.admission`): a flow run that a Prefect worker started meets exactly the CLI's checks."""
+             period: Period | None) -> tuple[ReleaseSpec, str, list]:
+    """The flow's parameters -> (spec, release id, the identity of the data admitted), through the same admission
+    rules as the CLI, in the same order (`tasks.admission`): a flow run that a Prefect worker started meets exactly
+    the CLI's checks."""
     if (spec is None) == (spec_file is None):
         raise Refused("give exactly one of `spec` and `spec_file`")
     if flow_run.get_id() is not None:
@@ -100,8 +102,8 @@ def admitted(spec: ReleaseSpec | dict | None, spec_file: str | None, release_id:
     spec = admission.admit_spec(data, source=source)
     release_id = spec.release_id or default_release_id(spec.dataset.id, spec.release.kind, period)
     spec = spec.model_copy(update={"release_id": release_id})
-    admission.admit_run(spec, release_id)
-    return spec, release_id
+    admitted = admission.admit_run(spec, release_id)
+    return spec, release_id, admitted.source
 
 
 def _job_variables() -> dict:
@@ -180,7 +182,7 @@ def release(spec: ReleaseSpec | None = None, spec_file: str | None = None, relea
     """
     log = get_run_logger()
     try:
-        spec, release_id = admitted(spec, spec_file, release_id, period)
+        spec, release_id, source = admitted(spec, spec_file, release_id, period)
     except Exception as exc:  # refused before anything ran: a Failed state with its one line, no traceback
         return _failed(_ours(exc, "the release's admission"))
     _tag_run(spec)
@@ -189,7 +191,7 @@ def release(spec: ReleaseSpec | None = None, spec_file: str | None = None, relea
     with _owner_only(), (nullcontext() if in_run_logging() else
                          run_logging(log_path(spec.output_dir, release_id), configure=False)):
         try:
-            return _release(spec, release_id, log)
+            return _release(spec, release_id, log, period, source)
         except Exception as exc:
             exc = _ours(exc, "the release flow")
             emit_failed(release_id, spec.dataset.id, spec.release.kind, str(exc))
@@ -211,11 +213,13 @@ def _failed(exc: Exception) -> State:
     return Failed(message=" ".join(str(exc).split()), data=exc)
 
 
-def _release(spec: ReleaseSpec, release_id: str, log) -> dict:
+def _release(spec: ReleaseSpec, release_id: str, log, period: str | None = None, source: list | None = None) -> dict:
     created = not (Path(spec.output_dir) / release_id).exists()
     run = open_run(spec.output_dir, release_id, test=spec.test_mode)
     run.clear_stale_staging()
     published = run.published()
+    if published and not spec.test_mode:  # a copy or a catalogue row a failure left undone
+        publish_public(spec, release_id, run, json.loads(run.manifest.read_text()))
     if published and (run.internal / "report.md").exists():
         log.info("release %s is already published at %s; nothing to do", release_id, run.release)
         return _summary(spec, release_id, run, json.loads(run.manifest.read_text()), {}, "already published")
@@ -226,7 +230,7 @@ def _release(spec: ReleaseSpec, release_id: str, log) -> dict:
         with dask_client(spec.dask) as client:
             # The address to the internal log only: the Prefect API is readable by whoever can open the UI.
             INTERNAL_LOG.info("dask scheduler %s, dashboard %s", client.scheduler.address, client.dashboard_link)
-            manifest, evaluation = _stages(spec, release_id, run, timer, published)
+            manifest, evaluation = _stages(spec, release_id, run, timer, published, period, source or [])
     except BaseException:
         log.error("release %s failed: %s", release_id, discard_failed(run, created))
         raise
@@ -272,7 +276,8 @@ def _validated(stage: str, key: str, run: RunPaths, make, contract) -> StageOutp
     return output
 
 
-def _stages(spec: ReleaseSpec, release_id: str, run: RunPaths, timer: _Timer, published: bool):
+def _stages(spec: ReleaseSpec, release_id: str, run: RunPaths, timer: _Timer, published: bool,
+            period: str | None, source: list):
     kind = kind_of(spec)
     ds = spec.dataset
     contracts_dir = run.internal / "contracts"
@@ -280,7 +285,8 @@ def _stages(spec: ReleaseSpec, release_id: str, run: RunPaths, timer: _Timer, pu
         ingest_key = stage_key("ingested", spec)
         contract = (suites.ingested_sets(ds.items_column, ds.item_count) if ds.items_column else
                     suites.ingested(list(ds.bounds or {}) + list(ds.numeric or []), ds.categories, ds.weight_column))
-        prepared = _validated("ingested", ingest_key, run, lambda: ingest(ds, run.internal / "ingested"), contract)
+        prepared = _validated("ingested", ingest_key, run,
+                              lambda: ingest(ds, run.stage("ingested"), run.internal, source), contract)
     if kind.prepared_stage is not None:
         ingested = prepared
         with timer.stage(kind.prepared_stage):
@@ -299,7 +305,7 @@ def _stages(spec: ReleaseSpec, release_id: str, run: RunPaths, timer: _Timer, pu
             name, contract = kind.release_contract(spec)
             check_contract("release", staging / name, contract, contracts_dir, recorded_as=run.release / name)
         with timer.stage("publish"):
-            manifest = publish_release(spec, release_id, run, staging, measured)
+            manifest = publish_release(spec, release_id, run, staging, measured, period)
     evaluation = None
     if spec.evaluate:
         with timer.stage("evaluate"):
@@ -313,6 +319,8 @@ def _summary(spec, release_id, run, manifest, timings, status) -> dict:
     privacy = manifest["privacy"]
     return {"status": status, "release_id": release_id, "dataset_id": spec.dataset.id,
             "kind": spec.release.kind, "release_dir": str(run.release), "internal_dir": str(run.internal),
+            "published_at": None if spec.test_mode else
+            release_location(spec.output_dir, spec.dataset.id, spec.release.kind, release_id),
             "epsilon": privacy["epsilon"], "delta": privacy["delta"], "accounting": privacy["accounting"],
             "private": privacy["private"], "dataset_budget": privacy.get("dataset_budget"),
             "evaluation": str(run.internal / "evaluation" / "evaluation.json") if spec.evaluate else None,

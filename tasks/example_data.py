@@ -3,11 +3,9 @@ data of its own. A spec selects one with `dataset.path: builtin:<name>`; it is g
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
-import pyarrow as pa
-import pyarrow.parquet as pq
+
+from tasks import storage
 
 BUILTIN_PREFIX = "builtin:"
 SENSOR_COLUMNS = ("temperature", "humidity", "noise_db")
@@ -16,8 +14,9 @@ SENSOR_ROWS = 200_000
 SENSOR_REGIMES = 6
 
 
-def example_sensors(path: Path, rows: int = SENSOR_ROWS, seed: int = 20261122) -> Path:
-    """Sensor readings from 6 regimes (a Gaussian mixture) inside the public bounds, as Parquet.
+def example_sensors(location: str, rows: int = SENSOR_ROWS, seed: int = 20261122) -> str:
+    """Sensor readings from 6 regimes (a Gaussian mixture) inside the public bounds, as Parquet at `location` (a local
+    path or a store's URL: the run's scratch location, which every dask worker reads).
 
     The seed fixes the synthetic data, not any privacy noise."""
     rng = np.random.default_rng(seed)
@@ -29,9 +28,11 @@ def example_sensors(path: Path, rows: int = SENSOR_ROWS, seed: int = 20261122) -
     lo = np.array([SENSOR_BOUNDS[c][0] for c in SENSOR_COLUMNS])
     hi = np.array([SENSOR_BOUNDS[c][1] for c in SENSOR_COLUMNS])
     raw = lo + (scaled + 1.0) * (hi - lo) / 2.0
-    path.parent.mkdir(parents=True, exist_ok=True)
-    pq.write_table(pa.table({c: raw[:, j] for j, c in enumerate(SENSOR_COLUMNS)}), path)
-    return path
+    import pyarrow as pa
+
+    storage.makedirs(storage.parent(location))
+    storage.write_table(pa.table({c: raw[:, j] for j, c in enumerate(SENSOR_COLUMNS)}), location)
+    return location
 
 
 BUILTINS = {"example-sensors": example_sensors}
@@ -41,9 +42,9 @@ def is_builtin(path: str) -> bool:
     return path.startswith(BUILTIN_PREFIX)
 
 
-def materialise(path: str, folder: Path) -> Path:
-    """Generate the built-in dataset `path` (builtin:<name>) into `folder`; returns its Parquet path."""
+def materialise(path: str, folder: str) -> str:
+    """Generate the built-in dataset `path` (builtin:<name>) into the location `folder`; returns its Parquet file."""
     name = path[len(BUILTIN_PREFIX):]
     if name not in BUILTINS:
         raise ValueError(f"unknown built-in dataset {path!r}; available: {sorted(BUILTINS)}")
-    return BUILTINS[name](folder / f"{name}.parquet")
+    return BUILTINS[name](storage.join(folder, f"{name}.parquet"))

@@ -2,17 +2,15 @@
 
 from __future__ import annotations
 
-import gzip
 import json
 import re
-import shutil
 from pathlib import Path
 
-import pyarrow.parquet as pq
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
 from data_contracts.validate import parquet_files
+from tasks import storage
 from tasks.errors import InputError, reason
 from tasks.example_data import is_builtin, materialise
 from tasks.params import DatasetSpec
@@ -26,16 +24,23 @@ _CSV_BLOCKSIZE = "64MB"
 ITEMS_OUTSIDE = "items_outside.json"
 
 
-def count_rows(path: str | Path) -> int:
-    return sum(pq.ParquetFile(f).metadata.num_rows for f in parquet_files(path))
+def count_rows(path: str) -> int:
+    import pyarrow.parquet as pq
+
+    total = 0
+    for f in parquet_files(path):
+        fs, local = (storage.filesystem(f) if storage.is_url(f) else (None, f))
+        total += pq.read_metadata(local, filesystem=fs).num_rows
+    return total
 
 
-def _first_lines(path: Path, n: int) -> list[str]:
-    """Up to n non-blank lines from the start of a (possibly gzipped) text file."""
-    opener = gzip.open if path.suffix == ".gz" else open
+def _first_lines(path: str, n: int) -> list[str]:
+    """Up to n non-blank lines from the start of a (possibly gzipped) text file, local or in a store."""
+    import fsspec
+
     lines = []
     try:
-        with opener(path, "rt", errors="replace") as fh:
+        with fsspec.open(path, "rt", errors="replace", compression="gzip" if path.endswith(".gz") else None) as fh:
             for line in fh:
                 if line.strip():
                     lines.append(line.strip())
@@ -50,7 +55,7 @@ def _split(line: str, sep: str | None) -> list[str]:
     return line.split() if sep is None else [t.strip().strip('"') for t in line.split(sep)]
 
 
-def _read_csv(dataset: DatasetSpec, path: Path, dtypes: dict[str, str]):
+def _read_csv(dataset: DatasetSpec, path: str, dtypes: dict[str, str]):
     """The file's columns named in `dtypes` (the spec's), each parsed as given. The other columns are read as text
     and dropped: typed by dask's guess from a sample, one record's blank or 40.5 in an undeclared integer column past
     the sample refused the whole file. A line with a field count other than the header's is refused."""
@@ -77,7 +82,7 @@ def _read_csv(dataset: DatasetSpec, path: Path, dtypes: dict[str, str]):
                              f"column the spec's bounds name ({dataset.columns}); give bounds for every field, in "
                              f"order")
         names = dataset.columns
-    gz = path.suffix == ".gz"
+    gz = path.endswith(".gz")
     # Never dask's guess from a sample: a guess lets one record's value decide how the others are read (or
     # refuse them as "mismatched dtypes"). The other columns are read as text, never typed; every column is read so
     # that a line with more fields than the header is refused, not read as its first fields (a review's ragged line).
@@ -94,20 +99,21 @@ def _unreadable(dataset: DatasetSpec, exc: BaseException) -> InputError:
                       f"{reason(exc)} (a value that is not a number in a numeric column, or a malformed line?)")
 
 
-def read_source(dataset: DatasetSpec, path: Path):
+def read_source(dataset: DatasetSpec, path: str):
     """The dataset at `path` as a dask DataFrame restricted to the spec's columns (not yet computed): numeric
     columns as float64, categorical ones as strings (nulls kept), the weight column as float64."""
     import dask.dataframe as dd
     import pandas as pd
 
-    if not path.exists():
+    path = str(path)
+    if not storage.exists(path):
         raise InputError(f"dataset '{dataset.id}': {path} does not exist")
     weight = [dataset.weight_column] if dataset.weight_column else []
     numeric = list(dataset.bounds or {}) + list(dataset.numeric or []) + weight
     categorical = list(dataset.categories or {})
     try:
         parquet = dataset.source_format == "parquet" or is_builtin(dataset.path)
-        ddf = dd.read_parquet(str(path)) if parquet else _read_csv(dataset, path, {
+        ddf = dd.read_parquet(path) if parquet else _read_csv(dataset, path, {
             c: "string" if c in categorical else "float64" for c in dataset.columns + weight})
     except InputError:
         raise
@@ -150,58 +156,62 @@ def _level_text(col):
     return text.where(~whole, col.where(whole, 0.0).astype("int64").astype("string"))
 
 
-def _ingest_sets(dataset: DatasetSpec, source: Path, out_dir: Path, log) -> StageOutput:
-    if not source.exists():
+def _ingest_sets(dataset: DatasetSpec, source: str, out: str, internal: Path, log) -> StageOutput:
+    if not storage.exists(source):
         raise InputError(f"dataset '{dataset.id}': {source} does not exist")
-    if out_dir.exists():
-        shutil.rmtree(out_dir)
+    storage.remove(out)
     from distributed import get_client
 
     fmt = dataset.format or dataset.source_format
     if dataset.user_column:
-        rows, parts, outside = ingest_users(source, dataset.items_column, dataset.user_column, out_dir,
+        rows, parts, outside = ingest_users(source, dataset.items_column, dataset.user_column, out,
                                             dataset.item_count)
     else:
-        rows, parts, outside = ingest_sets(source, fmt, dataset.items_column, out_dir, client=get_client(),
+        rows, parts, outside = ingest_sets(source, fmt, dataset.items_column, out, client=get_client(),
                                            item_count=dataset.item_count)
     if rows + outside["records_left_out"] == 0:  # empty before the public universe: a fixed fact of the data
         raise InputError(f"dataset '{dataset.id}': {dataset.path} has no records")
-    (out_dir.parent / ITEMS_OUTSIDE).write_text(json.dumps({"records_trimmed": outside["records_trimmed"],
-                                                            "records_left_out": outside["records_left_out"]}))
+    (internal / ITEMS_OUTSIDE).write_text(json.dumps({"records_trimmed": outside["records_trimmed"],
+                                                      "records_left_out": outside["records_left_out"]}))
     log.info("ingested the set-valued records; records with item ids at or above item_count: counted in %s "
-             "(internal)", out_dir.parent / ITEMS_OUTSIDE)
-    return StageOutput(str(out_dir), rows, parts)
+             "(internal)", (internal / ITEMS_OUTSIDE).resolve())
+    return StageOutput(out, rows, parts)
 
 
 @task(name="ingest", cache_policy=NO_CACHE, **SAFE)
 @sanitised
-def ingest(dataset: DatasetSpec, out_dir: Path) -> StageOutput:
-    """Read the source with dask and write it as partitioned Parquet (float64 columns) to `out_dir`."""
-    return ingest_dataset(dataset, out_dir, get_run_logger())
+def ingest(dataset: DatasetSpec, out: str, internal: Path, admitted: list[list]) -> StageOutput:
+    """Read the source with dask and write it as partitioned Parquet (float64 columns) to the location `out` (the
+    run's scratch: a local folder, or a store's prefix every worker reads); small diagnostics to `internal`. The
+    source must still be what the run was admitted to read (`admitted`, its `storage.identity`)."""
+    if not is_builtin(dataset.path) and storage.identity(dataset.path) != admitted:
+        raise InputError(f"dataset '{dataset.id}': {dataset.path} changed since the run's checks (an object or file "
+                         f"was replaced, added or removed): nothing was read; rerun the release")
+    return ingest_dataset(dataset, out, internal, get_run_logger())
 
 
-def ingest_dataset(dataset: DatasetSpec, out_dir: Path, log) -> StageOutput:
+def ingest_dataset(dataset: DatasetSpec, out: str, internal: Path, log) -> StageOutput:
     """The ingest step on the current dask client, outside Prefect (the conformance suite runs it)."""
+    out = str(out)
     if is_builtin(dataset.path):
         try:
-            source = materialise(dataset.path, out_dir.parent / "builtin-source")
+            source = materialise(dataset.path, storage.join(storage.parent(out), "builtin-source"))
         except ValueError as exc:
             raise InputError(f"dataset '{dataset.id}': {exc}") from None
         log.info("generated the built-in dataset %s (public synthetic data)", dataset.path)
     else:
-        source = Path(dataset.path)
+        source = dataset.path
     if dataset.items_column:
-        return _ingest_sets(dataset, source, out_dir, log)
+        return _ingest_sets(dataset, source, out, Path(internal), log)
     ddf = read_source(dataset, source)
-    if out_dir.exists():
-        shutil.rmtree(out_dir)
+    storage.remove(out)
     try:
-        ddf.to_parquet(str(out_dir), write_index=False)
+        ddf.to_parquet(out, write_index=False)
     except Exception as exc:  # a value that does not parse surfaces here unless it is in dask's first sample
         raise _unreadable(dataset, exc) from None
-    rows = count_rows(out_dir)
+    rows = count_rows(out)
     if rows == 0:
         raise InputError(f"dataset '{dataset.id}': {dataset.path} has no data rows")
-    parts = len(parquet_files(out_dir))
+    parts = len(parquet_files(out))
     log.info("ingested the %d columns of the spec", len(ddf.columns))
-    return StageOutput(str(out_dir), rows, parts)
+    return StageOutput(out, rows, parts)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 from datetime import datetime, timezone
 from importlib import metadata
 from pathlib import Path
@@ -10,11 +11,14 @@ from pathlib import Path
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
+from tasks import storage
 from tasks.ledger import PrivacyLedger
 from tasks.retry import SAFE, sanitised
 from tasks.run import RunPaths, publish, read_meta
 from tasks.spec import ReleaseSpec
 from tasks.stages import Measured
+from tasks.storage import catalogue
+from tasks.storage.catalogue import release_location
 
 #: Every package whose version can change a release's bytes or its checks (noise, accounting, numerics, I/O,
 #: contracts), recorded in the manifest.
@@ -58,13 +62,14 @@ def _provenance() -> dict:
 
 @task(name="publish", cache_policy=NO_CACHE, **SAFE)
 @sanitised
-def publish_release(spec: ReleaseSpec, release_id: str, run: RunPaths, staging: Path, measured: Measured) -> dict:
+def publish_release(spec: ReleaseSpec, release_id: str, run: RunPaths, staging: Path, measured: Measured,
+                    period: str | None = None) -> dict:
     """Manifest: the privacy guarantee and its accounting, the mechanisms (the plan recorded with the
     measurements), the dataset's budget after this release, the public parameters, the randomness and a
-    checksum of every file. Then release/ (test-output/ in test mode) appears atomically."""
+    checksum of every file. Every released Parquet file describes itself (`describe`). Then release/ (test-output/
+    in test mode) appears atomically, and a release is copied to the public output location and catalogued
+    (`publish_public`)."""
     meta = read_meta(measured.path)
-    files = {str(p.relative_to(staging)): {"sha256": _sha256(p), "bytes": p.stat().st_size}
-             for p in sorted(staging.rglob("*")) if p.is_file()}
     privacy = {"epsilon": measured.guarantee.epsilon, "delta": measured.guarantee.delta,
                "accounting": measured.guarantee.method, "mechanisms": meta["mechanisms"], "dp_event": meta["event"]}
     if meta.get("extra_delta"):
@@ -97,13 +102,67 @@ def publish_release(spec: ReleaseSpec, release_id: str, run: RunPaths, staging: 
                        "categories": spec.dataset.categories, "weight_column": spec.dataset.weight_column,
                        "max_weight": spec.dataset.max_weight,
                        "weights_count_records": spec.dataset.weights_count_records},
-        "files": files,
+        "period": period,
         "software": _versions(),
         "provenance": _provenance(),
     }
+    digest = manifest_digest(manifest)
+    describe(staging, manifest, digest)
+    manifest["files"] = {str(p.relative_to(staging)): {"sha256": _sha256(p), "bytes": p.stat().st_size}
+                         for p in sorted(staging.rglob("*")) if p.is_file()}
+    manifest["manifest_sha256"] = {"sha256": digest, "over": DIGEST_COVERS}
     publish(run, staging, manifest)
+    if not spec.test_mode:
+        publish_public(spec, release_id, run, manifest)
     if ledger is not None and ledger.status(release_id) != "published":
         ledger.mark(release_id, "published")
     get_run_logger().info("%s release %s to %s", "wrote the TEST-MODE (not private)" if spec.test_mode else
-                          "published", release_id, run.release)
+                          "published", release_id, release_location(spec.output_dir, spec.dataset.id,
+                                                                    spec.release.kind, release_id))
     return manifest
+
+
+#: What the manifest's digest covers: the files' checksums cannot be part of it, since every released file carries
+#: the digest in its own metadata.
+DIGEST_COVERS = "the manifest's canonical JSON (sorted keys, no spaces) without its `files` and `manifest_sha256`"
+
+
+def manifest_digest(manifest: dict) -> str:
+    core = {k: v for k, v in manifest.items() if k not in ("files", "manifest_sha256")}
+    return hashlib.sha256(json.dumps(core, sort_keys=True, separators=(",", ":"), default=str).encode()).hexdigest()
+
+
+def describe(staging: Path, manifest: dict, digest: str) -> None:
+    """Every released Parquet file carries, in its key-value metadata, the release it belongs to and its guarantee:
+    release id, dataset, kind, epsilon, delta, the manifest's digest and the layout's version (a file read alone
+    downstream still says what it is)."""
+    import pyarrow.parquet as pq
+
+    metadata = {"dprelease.release_id": manifest["release_id"], "dprelease.dataset_id": manifest["dataset_id"],
+                "dprelease.kind": manifest["kind"], "dprelease.epsilon": repr(manifest["privacy"]["epsilon"]),
+                "dprelease.delta": repr(manifest["privacy"]["delta"]), "dprelease.manifest_sha256": digest,
+                "dprelease.schema_version": catalogue.SCHEMA_VERSION}
+    for path in sorted(staging.rglob("*.parquet")):
+        storage.write_table(pq.read_table(path), str(path), metadata)
+
+
+def publish_public(spec: ReleaseSpec, release_id: str, run: RunPaths, manifest: dict) -> str:
+    """The published release at the public output location (the operator's `output`; else it is release/ itself),
+    its manifest written last, then its row in the output's catalogue. Idempotent: a rerun of a published release
+    finishes what a failure left (a manifest already there is the whole release)."""
+    public = release_location(spec.output_dir, spec.dataset.id, spec.release.kind, release_id)
+    if public != str(run.release.resolve()) and not storage.exists(storage.join(public, "manifest.json")):
+        written: list[str] = []
+        try:
+            storage.upload(run.release, public, last="manifest.json", written=written)
+        except BaseException:
+            for location in written:  # a failed copy removes what it wrote, never a published release
+                storage.remove(location)
+            raise
+    catalogue.add(catalogue.output_location(spec.output_dir), {
+        "release_id": release_id, "dataset_id": spec.dataset.id, "kind": spec.release.kind,
+        "period": manifest.get("period"), "epsilon": manifest["privacy"]["epsilon"],
+        "delta": manifest["privacy"]["delta"], "published_at": manifest["created_at"],
+        "manifest_sha256": manifest["manifest_sha256"]["sha256"], "location": public,
+        "files": [storage.join(public, f) for f in sorted(manifest["files"])] + [storage.join(public, "manifest.json")]})
+    return public

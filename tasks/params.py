@@ -156,12 +156,16 @@ class DatasetSpec(Strict):
 
     @property
     def source_format(self) -> str:
+        """The format given, else the path's suffix tells it (.parquet, .pq; .dat: transactions; a name without a
+        known suffix: a local folder, or a store's prefix, of Parquet files; otherwise CSV)."""
         if self.format:
             return self.format
         suffixes = Path(self.path).suffixes
         if ".parquet" in suffixes or ".pq" in suffixes or Path(self.path).is_dir():
             return "parquet"
-        return "transactions" if ".dat" in suffixes else "csv"
+        if ".dat" in suffixes:
+            return "transactions"
+        return "parquet" if "://" in self.path and not suffixes else "csv"
 
 
 #: The largest epsilon a release may ask for. Beyond it a guarantee says nothing (e^100 ~ 10^43), noise scales

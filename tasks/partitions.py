@@ -12,11 +12,10 @@ from typing import Callable, Iterator, Sequence
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from dpalgos import domain
 from dpalgos.lazy import module
-from tasks import settings
+from tasks import settings, storage
 from tasks.errors import ReleaseError
 from tasks.params import DaskSpec
 
@@ -33,13 +32,13 @@ def current_client():
 
 def read_points(path: str, columns: Sequence[str]) -> np.ndarray:
     """One partition as a float64 array (n, d), columns in the given order."""
-    table = pq.read_table(path, columns=list(columns))
+    table = storage.read_table(path, columns=list(columns))
     return np.column_stack([table.column(c).to_numpy().astype(np.float64, copy=False) for c in columns]) \
         if table.num_rows else np.empty((0, len(columns)))
 
 
 def write_points(path: str, X: np.ndarray, columns: Sequence[str]) -> None:
-    pq.write_table(pa.table({c: X[:, j] for j, c in enumerate(columns)}), path)
+    storage.write_table(pa.table({c: X[:, j] for j, c in enumerate(columns)}), path)
 
 
 def normalise_partition(src: str, dst: str, columns: Sequence[str], lower, upper) -> np.ndarray:
@@ -62,13 +61,13 @@ def bin_partition(src: str, dst: str, column: str, lower: float, upper: float, b
                   weight: str | None, max_weight: int | None = None) -> dict[str, int]:
     """Equal-width bin index in [0, bins) of every value over the PUBLIC [lower, upper] (values outside
     fall in the first / last bin), with the record weight capped at max_weight. Returns the capped rows."""
-    table = pq.read_table(src)
+    table = storage.read_table(src)
     v = table.column(column).to_numpy()
     idx = np.clip(np.floor((v - lower) / (upper - lower) * bins), 0, bins - 1).astype(np.int32)
     cols, capped = {"bin": idx}, 0
     if weight:
         cols["weight"], capped = _capped(table.column(weight).to_numpy(), max_weight)
-    pq.write_table(pa.table(cols), dst)
+    storage.write_table(pa.table(cols), dst)
     return {"rows_capped_at_max_weight": capped}
 
 
@@ -80,7 +79,7 @@ def cell_partition(src: str, dst: str, columns: Sequence[str], levels: Sequence[
     the levels whether anyone has one they left out. Returns the capped rows and the records left out."""
     import pandas as pd
 
-    frame = pq.read_table(src).to_pandas()
+    frame = storage.read_table(src).to_pandas()
     codes = np.stack([pd.Categorical(frame[c], categories=list(lv)).codes for c, lv in zip(columns, levels)]) \
         if len(columns) else np.empty((0, len(frame)), dtype=np.int8)
     inside = (codes >= 0).all(axis=0)
@@ -88,13 +87,13 @@ def cell_partition(src: str, dst: str, columns: Sequence[str], levels: Sequence[
     cols, capped = {"cell": cell}, 0
     if weight:
         cols["weight"], capped = _capped(frame[weight].to_numpy(dtype=np.float64)[inside], max_weight)
-    pq.write_table(pa.table(cols), dst)
+    storage.write_table(pa.table(cols), dst)
     return {"rows_capped_at_max_weight": capped, "rows_outside_public_levels": int(np.count_nonzero(~inside))}
 
 
 def index_counts(path: str, index: str, weighted: bool, size: int) -> np.ndarray:
     """Exact counts (size,) of the records of one encoded partition per index (weights summed)."""
-    table = pq.read_table(path)
+    table = storage.read_table(path)
     w = table.column("weight").to_numpy() if weighted else None
     return np.bincount(table.column(index).to_numpy(), weights=w, minlength=size).astype(np.float64)
 

@@ -5,8 +5,8 @@ validating the raw data again would be its most expensive part at call-detail-re
 stages leaves a stamp in internal/stages/<stage>.json once its output has passed its contract: the key it was
 made under and where it is. A rerun reuses the output when the key is the same. The key covers everything
 that determines the output: the spec (its fingerprint and the dataset section, parse options included), the
-input files (path, size, modification and change times, inode of every file), and the code (a hash of the
-package's sources). Anything else (a stamp missing, a changed input,
+inputs' identity (`storage.identity`: a store's objects' sizes and versions or ETags; a local file's size,
+modification and change times and inode), and the code (a hash of the package's sources). Anything else (a stamp missing, a changed input,
 a new code revision, the output folder gone) makes the stage run again.
 """
 
@@ -18,6 +18,7 @@ import json
 from dataclasses import asdict
 from pathlib import Path
 
+from tasks import storage
 from tasks.example_data import is_builtin
 from tasks.params import PUBLIC_INPUTS
 from tasks.run import StageOutput
@@ -37,15 +38,9 @@ def code_hash() -> str:
 
 
 def _files(path: str) -> list[list]:
-    """(relative path, size, mtime) of every file of an input (a file or a folder); [] for built-in data and
-    for a missing input (the stage itself then says what is missing)."""
-    if is_builtin(path) or not Path(path).exists():
-        return []
-    root = Path(path)
-    files = sorted(p for p in root.rglob("*") if p.is_file()) if root.is_dir() else [root]
-    # ctime and inode too: a file replaced by `cp -p` or rsync keeps its size and mtime, not its ctime
-    return [[str(p.relative_to(root)) if root.is_dir() else p.name, st.st_size, st.st_mtime_ns, st.st_ctime_ns,
-             st.st_ino] for p in files for st in [p.stat()]]
+    """What identifies an input's content (`storage.identity`); [] for built-in data and a missing input (the stage
+    itself then says what is missing)."""
+    return [] if is_builtin(path) else storage.identity(path)
 
 
 def stage_key(stage: str, spec, *parts: str) -> str:
@@ -70,7 +65,7 @@ def reusable(internal: Path, stage: str, key: str) -> StageOutput | None:
     except (OSError, ValueError):
         return None
     output = StageOutput(**stamp["output"])
-    return output if stamp.get("key") == key and Path(output.path).exists() else None
+    return output if stamp.get("key") == key and storage.exists(output.path) else None
 
 
 def stamp(internal: Path, stage: str, key: str, output: StageOutput) -> None:

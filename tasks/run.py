@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Callable
 
 from dpalgos.plan import Plan
+from tasks import settings, storage
 from tasks.errors import ReleaseConflict
 
 META = "measurements.json"
@@ -54,17 +55,62 @@ def committed_plan(measurements: str | Path) -> Plan:
 @dataclass(frozen=True)
 class RunPaths:
     """The folders of one run. A test-mode run (seeded noise: not private) puts its products in
-    `test-output/`, never in `release/`."""
+    `test-output/`, never in `release/`.
+
+    `root` is the run's folder on the machine that runs the flow (its logs, contract results, report, a working copy
+    of its measurements and release). `scratch` is where its raw-derived partitioned stage outputs live, which every
+    dask worker reads and writes: the operator's scratch location for the release (`tasks.settings`: a store's
+    private prefix on a cluster whose workers share no disk), or None for `internal/` on the local disk. With a store
+    as scratch, the measurements are kept there too, so that a run on another host resumes the release."""
     root: Path
     test: bool = False
+    scratch: str | None = None
+
+    @classmethod
+    def of(cls, output_dir: str | Path, release_id: str, test: bool = False) -> "RunPaths":
+        """The run folders of a release, where the operator's settings put them (nothing is created)."""
+        scratch = settings.current().scratch
+        return cls(Path(output_dir) / release_id, test, None if scratch is None else storage.join(scratch, release_id))
 
     @property
     def internal(self) -> Path:
         return self.root / "internal"
 
+    def stage(self, name: str) -> str:
+        """The location of a stage's partitioned output (ingested, normalised, encoded...)."""
+        return str(self.internal / name) if self.scratch is None else storage.join(self.scratch, name)
+
     @property
     def measurements(self) -> Path:
         return self.root / "measurements"
+
+    @property
+    def kept_measurements(self) -> str:
+        """Where the committed measurements are kept for good: the scratch store's copy, else the local folder."""
+        return str(self.measurements.resolve()) if self.scratch is None else storage.join(self.scratch, "measurements")
+
+    @property
+    def drawn_at(self) -> str:
+        """Where the release is drawn, as the ledger records it (a release id is drawn once, in one place): the run
+        folder, or the scratch store's prefix of the release, which any host reaches."""
+        return str(self.root.resolve()) if self.scratch is None else self.scratch
+
+    def has_measurements(self) -> bool:
+        """Committed measurements, here or in the store (a copy there is whole once its META is)."""
+        return self.measurements.exists() or (self.scratch is not None and
+                                              storage.exists(storage.join(self.kept_measurements, META)))
+
+    def fetch_measurements(self) -> None:
+        """The store's committed measurements into the local folder, when only the store has them (a release resumed
+        on another host), and the local ones into the store when only the local folder has them (a run that stopped
+        between its commit and the copy)."""
+        if self.scratch is None:
+            return
+        kept = storage.exists(storage.join(self.kept_measurements, META))
+        if not self.measurements.exists() and kept:
+            commit_once(self.measurements, lambda tmp: storage.download(self.kept_measurements, tmp))
+        elif self.measurements.exists() and not kept:
+            storage.upload(self.measurements, self.kept_measurements, last=META)
 
     @property
     def release(self) -> Path:
@@ -105,7 +151,7 @@ def _alive(pid: int) -> bool:
 
 
 def open_run(output_dir: str | Path, release_id: str, test: bool = False) -> RunPaths:
-    run = RunPaths(Path(output_dir) / release_id, test)
+    run = RunPaths.of(output_dir, release_id, test)
     run.internal.mkdir(parents=True, exist_ok=True)
     return run
 

@@ -5,17 +5,15 @@ max_item), since great-expectations cannot look inside list values."""
 
 from __future__ import annotations
 
-import gzip
 from collections import Counter
-from pathlib import Path
 from typing import Iterator
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from dpalgos.arrays import distinct
 from dpalgos.lazy import module
+from tasks import storage
 from tasks.errors import InputError, reason
 
 sp = module("scipy.sparse")
@@ -66,10 +64,11 @@ def set_table(column: str, offsets: np.ndarray, values: np.ndarray) -> pa.Table:
                      "n_items": n_items, "min_item": mins, "max_item": maxs})
 
 
-def _transaction_chunks(path: Path) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-    opener = gzip.open if path.suffix == ".gz" else open
+def _transaction_chunks(path: str) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    import fsspec
+
     lengths, values = [], []
-    with opener(path, "rt") as fh:
+    with fsspec.open(path, "rt", compression="gzip" if path.endswith(".gz") else None) as fh:
         for line in fh:
             tokens = line.split()
             try:
@@ -86,10 +85,9 @@ def _transaction_chunks(path: Path) -> Iterator[tuple[np.ndarray, np.ndarray]]:
         yield np.concatenate([[0], np.cumsum(lengths)]), np.array(values, dtype=np.int64)
 
 
-def _parquet_chunks(path: Path, column: str) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-    files = sorted(path.glob("*.parquet")) if path.is_dir() else [path]
-    for f in files:
-        table = pq.read_table(f, columns=[column])
+def _parquet_chunks(path: str, column: str) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    for f in storage.files(path, ".parquet") if storage.is_dir(path) else [path]:
+        table = storage.read_table(f, columns=[column])
         arr = table.column(column).combine_chunks()
         if not pa.types.is_list(arr.type) and not pa.types.is_large_list(arr.type):
             raise InputError(f"{f}: column '{column}' is {arr.type}, not a list of item ids")
@@ -107,20 +105,21 @@ def _parquet_chunks(path: Path, column: str) -> Iterator[tuple[np.ndarray, np.nd
 def _normalise_file(src: str, dst: str, column: str, item_count: int | None) -> tuple[int, Counter]:
     """One Parquet source file -> one normalised partition; returns its number of records and what
     `within_universe` left out."""
-    offsets, values, outside = within_universe(*next(_parquet_chunks(Path(src), column)), item_count)
-    pq.write_table(set_table(column, offsets, values), dst)
+    offsets, values, outside = within_universe(*next(_parquet_chunks(src, column)), item_count)
+    storage.write_table(set_table(column, offsets, values), dst)
     return offsets.size - 1, outside
 
 
-def ingest_users(path: Path, column: str, user_column: str, out_dir: Path,
+def ingest_users(path: str, column: str, user_column: str, out_dir: str,
                  item_count: int | None = None) -> tuple[int, int, Counter]:
     """Parquet rows (user, items) grouped into one record per user, the union of the user's items (the privacy
     unit is the user, whatever the number of rows); the user ids are dropped. Returns (records, partitions,
     what `within_universe` left out)."""
     import polars as pl
 
-    files = sorted(path.glob("*.parquet")) if path.is_dir() else [path]
-    rows = pl.scan_parquet([str(f) for f in files]).select(pl.col(user_column), pl.col(column))
+    path, out_dir = str(path), str(out_dir)
+    files = storage.files(path, ".parquet") if storage.is_dir(path) else [path]
+    rows = pl.scan_parquet(files).select(pl.col(user_column), pl.col(column))
     try:
         null_items = rows.select(pl.col(column).list.eval(pl.element().is_null()).list.any().any()).collect().item()
         users = (rows.explode(column).drop_nulls(column).unique([user_column, column])
@@ -129,7 +128,7 @@ def ingest_users(path: Path, column: str, user_column: str, out_dir: Path,
         raise InputError(f"cannot read {path} with the user column '{user_column}': {reason(exc)}") from None
     if null_items:
         raise InputError(f"{path}: column '{column}' has null item ids in its records")
-    out_dir.mkdir(parents=True)
+    storage.makedirs(out_dir)
     parts, rows, outside = 0, 0, Counter()
     for start in range(0, max(users.height, 1), ROWS_PER_PART):
         lists = users[column][start:start + ROWS_PER_PART].to_arrow()
@@ -137,33 +136,34 @@ def ingest_users(path: Path, column: str, user_column: str, out_dir: Path,
         offsets = lists.offsets.to_numpy()
         values = lists.values.to_numpy(zero_copy_only=False)[offsets[0]:offsets[-1]]
         offsets, values, left = within_universe(offsets - offsets[0], values, item_count)
-        pq.write_table(set_table(column, offsets, values), out_dir / f"part.{parts}.parquet")
+        storage.write_table(set_table(column, offsets, values), storage.join(out_dir, f"part.{parts}.parquet"))
         parts, rows, outside = parts + 1, rows + offsets.size - 1, outside + left
     return rows, parts, outside
 
 
-def ingest_sets(path: Path, fmt: str, column: str, out_dir: Path, client=None,
+def ingest_sets(path: str, fmt: str, column: str, out_dir: str, client=None,
                 item_count: int | None = None) -> tuple[int, int, Counter]:
-    """Write the records of `path` as out_dir/part.<i>.parquet, their items below item_count
-    (`within_universe`); returns (rows, partitions, what was left out). With a dask client, the files of a
-    Parquet folder are normalised in parallel, one task per file."""
-    if client is not None and fmt == "parquet" and path.is_dir():
-        files = sorted(path.glob("*.parquet"))
-        out_dir.mkdir(parents=True)
+    """Write the records of the location `path` as out_dir/part.<i>.parquet (locations: local or a store's), their
+    items below item_count (`within_universe`); returns (rows, partitions, what was left out). With a dask client,
+    the files of a Parquet folder are normalised in parallel, one task per file."""
+    path, out_dir = str(path), str(out_dir)
+    if client is not None and fmt == "parquet" and storage.is_dir(path):
+        files = storage.files(path, ".parquet")
+        storage.makedirs(out_dir)
         try:
-            done = client.gather(client.map(_normalise_file, [str(f) for f in files],
-                                            [str(out_dir / f"part.{i}.parquet") for i in range(len(files))],
+            done = client.gather(client.map(_normalise_file, files,
+                                            [storage.join(out_dir, f"part.{i}.parquet") for i in range(len(files))],
                                             column=column, item_count=item_count))
         except (OSError, pa.ArrowInvalid) as exc:
             raise InputError(f"cannot read {path}: {reason(exc)}") from None
         return int(sum(n for n, _ in done)), len(files), sum((c for _, c in done), Counter())
     chunks = _transaction_chunks(path) if fmt == "transactions" else _parquet_chunks(path, column)
-    out_dir.mkdir(parents=True)
+    storage.makedirs(out_dir)
     rows, parts, outside = 0, 0, Counter()
     try:
         for chunk in chunks:
             offsets, values, left = within_universe(*chunk, item_count)
-            pq.write_table(set_table(column, offsets, values), out_dir / f"part.{parts}.parquet")
+            storage.write_table(set_table(column, offsets, values), storage.join(out_dir, f"part.{parts}.parquet"))
             rows, parts, outside = rows + offsets.size - 1, parts + 1, outside + left
     except (OSError, EOFError, pa.ArrowInvalid) as exc:
         raise InputError(f"cannot read {path}: {reason(exc)}") from None
@@ -172,7 +172,7 @@ def ingest_sets(path: Path, fmt: str, column: str, out_dir: Path, client=None,
 
 def read_sets(path: str, column: str, item_count: int) -> sp.csr_matrix:
     """One partition of set-valued records as a binary CSR matrix (n, item_count) float32."""
-    arr = pq.read_table(path, columns=[column]).column(column).combine_chunks()
+    arr = storage.read_table(path, columns=[column]).column(column).combine_chunks()
     offsets = arr.offsets.to_numpy()
     values = arr.values.to_numpy(zero_copy_only=False)[offsets[0]:offsets[-1]]
     return sp.csr_matrix((np.ones(values.size, dtype=np.float32), values, offsets - offsets[0]),

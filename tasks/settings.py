@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from tasks.errors import ReleaseError
+from tasks.storage.locations import check_supported
 
 __all__ = ["OperatorSettings", "config_file", "current", "env_of", "table"]
 
@@ -88,6 +89,19 @@ def _folders(value: Any, where: str) -> tuple[str, ...]:
 
 
 # ---- defaults -----------------------------------------------------------------------------------------------------
+def _location(value: Any, where: str) -> str | None:
+    """An absolute local path or a store's URL (its scheme checked when it is used: `tasks.storage`)."""
+    if value in (None, ""):
+        return None
+    if isinstance(value, str) and "://" in value and not value.startswith("file://"):
+        try:
+            check_supported(value, where)
+        except ReleaseError as exc:
+            raise ReleaseError(str(exc)) from None
+        return value.rstrip("/")
+    return _absolute_path(value.removeprefix("file://") if isinstance(value, str) else value, where)
+
+
 def _default_ledger() -> str:
     state = Path(os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state")
     return str(state / "dprelease" / "privacy-ledger.sqlite")
@@ -151,6 +165,18 @@ class OperatorSettings:
         "The folders a flow run's `spec_file` parameter may name a file in (a list in config.toml; "
         "os.pathsep-separated in the variable). Anyone who can start a deployment run chooses the parameter: a file "
         "elsewhere is refused before it is read.", "the checkout's deployments/specs")
+    scratch: str | None = setting(
+        "DPRELEASE_SCRATCH", None, _location,
+        "The private location of the raw-derived stage outputs (ingested and prepared partitions) and of the committed "
+        "measurements, which every dask worker reads: an absolute folder, or a store's URL (`s3://bucket/prefix`) on a "
+        "cluster whose workers share no disk. Owner-only (a folder) or private to the release hosts (a bucket): never "
+        "published. Each release gets `<scratch>/<release id>/`.", "none: `<output_dir>/<release id>/internal/`")
+    output: str | None = setting(
+        "DPRELEASE_OUTPUT", None, _location,
+        "The public output location (an absolute folder or a store's URL): every release is published there as "
+        "`dataset=<id>/kind=<kind>/release=<release id>/` with its manifest written last, and listed in its "
+        "catalogue (`catalogue/`), which DuckDB or polars read as one table.",
+        "none: `<output_dir>/<release id>/release/`, catalogue in `<output_dir>/catalogue/`")
     ui_evaluation: bool = setting(
         "DPRELEASE_UI_EVALUATION", False, _allowed,
         "`allowed` shows the internal evaluation's headline (computed on raw data) in the Prefect UI's report.",

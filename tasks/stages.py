@@ -74,10 +74,11 @@ def measure(spec: ReleaseSpec, release_id: str, run: RunPaths, prepared: StageOu
     own = plan.guarantee(getattr(spec.release, "delta", 0.0))
     ledger, charge = None, None
     owner = secrets.token_hex(8)  # this attempt: the lease to draw (PrivacyLedger.begin_draw)
+    run.fetch_measurements()  # kept in the scratch store: a run on another host resumes the release
     reused = run.measurements.exists()  # this release's: the admission refused another's (tasks.admission)
     if not spec.test_mode:
         ledger = PrivacyLedger(spec.ledger_path)
-        charge = admission.charge_for(ledger, spec, release_id, run.root, plan, owner)
+        charge = admission.charge_for(ledger, spec, release_id, run, plan, owner)
         own = charge.release
         log.info("privacy ledger: release %s costs epsilon=%.4g, delta=%.3g (%s); dataset '%s' total epsilon=%.4g "
                  "of %.4g", release_id, own.epsilon, own.delta, charge.state, spec.dataset.id,
@@ -119,7 +120,8 @@ def _draw_and_commit(spec, release_id, run, prepared, plan, ledger, owner, log) 
     if not commit_once(run.measurements, write):
         raise ReleaseConflict(f"measurements of release '{release_id}' were committed concurrently by "
                               f"another run; rerun to use them")
-    log.info("committed the noisy measurements to %s", run.measurements)
+    run.fetch_measurements()  # into the scratch store, its META last
+    log.info("committed the noisy measurements to %s", run.kept_measurements)
 
 
 @task(name="postprocess", cache_policy=NO_CACHE, **SAFE)

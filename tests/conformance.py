@@ -134,7 +134,7 @@ def measure_calls(kind, spec_d: dict, folder: Path, client, replay: list[Call] |
     spec = parse_spec(spec_d)
     run = RunPaths(folder / "run")
     run.internal.mkdir(parents=True, exist_ok=True)
-    ingested = ingest_dataset(spec.dataset, run.internal / "ingested", LOG)
+    ingested = ingest_dataset(spec.dataset, run.stage("ingested"), run.internal, LOG)
     prepared = kind.prepare(spec, ingested, run, LOG)
     source = Recording(replay)
     kind.draw(spec, prepared, Measure(plan or kind.plan(spec), source), np.random.default_rng(3), LOG)

@@ -194,6 +194,9 @@ def test_release_through_the_flow(name, tmp_path, monkeypatch):
     again = tmp_path / "again"
     again.mkdir()
     products = kind.postprocess(spec, rel / "measurements", again, tmp_path / "scratch-internal", C.LOG)
+    from tasks.manifest import describe
+
+    describe(again, manifest, manifest["manifest_sha256"]["sha256"])  # the released files' metadata, as published
     for product in products:
         a, b = rel / product, again / product
         if a.is_dir():
@@ -221,7 +224,7 @@ def test_postprocessing_reads_the_plan_committed_with_the_measurements(name, ent
     spec = parse_spec({**C.spec_for(kind, tmp_path), "mode": "test", "seed": 1})
     run = RunPaths(tmp_path / "run")
     run.internal.mkdir(parents=True)
-    prepared = kind.prepare(spec, ingest_dataset(spec.dataset, run.internal / "ingested", log), run, log)
+    prepared = kind.prepare(spec, ingest_dataset(spec.dataset, run.stage("ingested"), run.internal, log), run, log)
     plan = kind.plan(spec)
     stages._draw_and_commit(spec, "r1", run, prepared, plan, None, None, log)
 

@@ -17,6 +17,8 @@ The order, and why it is this order:
        the line it could not read).
 
   The spec (`admit_spec`), before its data is read:
+    2b. Every location it names is a local path or a URL of a supported store whose package is installed (`s3://`
+       needs `dprelease[s3]`): a one-line refusal, before any store is contacted.
     3. The ledger accepts the dataset's path and the public inputs: a lifetime budget, the data the dataset id is
        bound to (and the exact path an operator's reading names), inputs declared public and unchanged. Asked
        before any existence, since "does not exist" for a path of the spec's choosing answered for free whether a
@@ -40,6 +42,8 @@ The order, and why it is this order:
    12. The charge would pass: budget, delta, release-id conflicts (a dry run of the charge, nothing recorded).
    13. The dataset's binding is committed, if nothing bound it yet (the first run's, before the data is read: a
        run refused while reading still fixes how the dataset is read).
+   14. The data's identity is taken (its objects' versions or ETags, its files' sizes and times): the ingest refuses
+       data that changed between these checks and its read.
 
 Test mode (seeded, not private, allowed only by the operator) reads no ledger: rules 3, 6, 8, 12 and 13 are
 skipped. Every refusal is one line per problem naming the problem, never a value of the data.
@@ -47,14 +51,16 @@ skipped. Every refusal is one line per problem naming the problem, never a value
 
 from __future__ import annotations
 
+import json
 import os
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
 
 from dpalgos.lazy import module
-from tasks import settings
+from tasks import settings, storage
 from tasks.admission.footprint import check_fits
 from tasks.errors import NoBudget, Refused, ReleaseConflict, SpecError
 from tasks.example_data import is_builtin
@@ -100,6 +106,7 @@ def admit_file(spec_file: str | Path, *, flow_run: bool = False) -> dict:
 def admit_spec(data: dict, *, source: str = "spec"):
     """Rules 3-7: the parsed spec (a `ReleaseSpec`), its data path resolved once. `source` names the spec in
     messages."""
+    _supported_locations(data)
     test = data.get("mode") == "test" and settings.current().test_mode
     if test or _ledger_accepts_inputs(data):
         _inputs_exist(data)
@@ -110,29 +117,37 @@ def admit_spec(data: dict, *, source: str = "spec"):
     return _pinned(spec)
 
 
-def admit_run(spec, release_id: str):
-    """Rules 8-13 for the release id: the plan it will be charged with."""
-    run_root = Path(spec.output_dir) / release_id
+@dataclass(frozen=True)
+class Admitted:
+    """What the admission of a run found: the plan it will be charged with, and the identity of the data it was
+    admitted to read (`storage.identity`), which the ingest must find unchanged."""
+    plan: object
+    source: list
+
+
+def admit_run(spec, release_id: str) -> Admitted:
+    """Rules 8-14 for the release id."""
+    run = _run.RunPaths.of(spec.output_dir, release_id, spec.test_mode)
     if not spec.test_mode:
         _outside_every_dataset(spec.output_dir, release_id)
     _writable(spec.output_dir)
-    _measurements_are_this_release(spec, run_root)
+    _measurements_are_this_release(spec, run)
     plan = _plan(spec)
     _kinds.kind_of(spec).check_feasible(spec)
     if not spec.test_mode:
         ledger = PrivacyLedger(spec.ledger_path)
-        charge_for(ledger, spec, release_id, run_root, plan, owner=None, dry_run=True)
+        charge_for(ledger, spec, release_id, run, plan, owner=None, dry_run=True)
         ledger.bind(spec.dataset.id, spec.dataset.path, dataset_reading(spec.dataset))
-    return plan
+    return Admitted(plan, [] if is_builtin(spec.dataset.path) else storage.identity(spec.dataset.path))
 
 
-def charge_for(ledger: PrivacyLedger, spec, release_id: str, run_root: Path, plan, owner: str | None,
-               dry_run: bool = False):
-    """The ledger's charge of this release: rule 12 (dry run) and the charge itself (tasks/stages.py) ask the same."""
+def charge_for(ledger: PrivacyLedger, spec, release_id: str, run, plan, owner: str | None, dry_run: bool = False):
+    """The ledger's charge of this release (`run`: its `tasks.run.RunPaths`): rule 12 (dry run) and the charge itself
+    (tasks/stages.py) ask the same. The location the ledger records is where the release is drawn (`drawn_at`)."""
     return ledger.charge(dataset_id=spec.dataset.id, release_id=release_id, kind=spec.release.kind,
                          fingerprint=spec.fingerprint(), plan=plan, release_delta=getattr(spec.release, "delta", None),
-                         redraw=not (run_root / "measurements").exists(), location=str(run_root.resolve()),
-                         owner=owner, dry_run=dry_run, source=spec.dataset.path, reading=dataset_reading(spec.dataset))
+                         redraw=not run.has_measurements(), location=run.drawn_at, owner=owner,
+                         dry_run=dry_run, source=spec.dataset.path, reading=dataset_reading(spec.dataset))
 
 
 # ---- 1-2: the spec file ------------------------------------------------------------------------------------------
@@ -173,17 +188,38 @@ def _ledger_accepts_inputs(data: dict) -> bool:
     return True
 
 
-def _inputs_exist(data: dict) -> None:
-    problems = []
+def _inputs(data: dict) -> list[tuple[str, str]]:
+    """(where in the spec, location) of the inputs a spec names: its data and its public inputs."""
+    named = []
     for section, field in (("dataset", "path"),) + tuple(("release", f) for f in PUBLIC_INPUTS):
         value = data.get(section, {}).get(field) if isinstance(data.get(section), dict) else None
-        if not value or (field == "path" and is_builtin(str(value))):
-            continue
-        target = Path(data_source(str(value)))  # the path the ledger judged: `..` past a missing folder asks nothing
-        if not target.exists():
-            problems.append(f"{section}.{field}: {target} does not exist")
-        elif not os.access(target, os.R_OK) or (target.is_dir() and not os.access(target, os.X_OK)):
-            problems.append(f"{section}.{field}: {target} is not readable")
+        if value and not (field == "path" and is_builtin(str(value))):
+            named.append((f"{section}.{field}", str(value)))
+    return named
+
+
+def _supported_locations(data: dict) -> None:
+    for where, value in _inputs(data):
+        storage.check_supported(value, where)
+
+
+def _inputs_exist(data: dict) -> None:
+    problems = []
+    for where, value in _inputs(data):
+        target = data_source(value)  # the location the ledger judged: `..` past a missing folder asks nothing
+        if storage.is_url(target):
+            try:  # a store's access rights are its credentials': readable if listed
+                found = storage.exists(target)
+            except Exception as exc:  # no credentials, no endpoint, a network error: its type only
+                problems.append(f"{where}: {target} cannot be reached ({type(exc).__name__}; credentials and endpoint "
+                                f"come from the store's standard environment, e.g. AWS_ENDPOINT_URL)")
+                continue
+            if not found:
+                problems.append(f"{where}: {target} does not exist")
+        elif not Path(target).exists():
+            problems.append(f"{where}: {target} does not exist")
+        elif not os.access(target, os.R_OK) or (Path(target).is_dir() and not os.access(target, os.X_OK)):
+            problems.append(f"{where}: {target} is not readable")
     if problems:
         raise Refused("\n".join(problems))
 
@@ -233,12 +269,14 @@ def _writable(output_dir: str) -> None:
         raise Refused(f"output_dir: {target} is not writable")
 
 
-def _measurements_are_this_release(spec, run_root: Path) -> None:
-    if (run_root / "measurements").exists():
-        stored = _run.read_meta(run_root / "measurements")["fingerprint"]
-        if stored != spec.fingerprint():
-            raise ReleaseConflict(f"release '{run_root.name}' was measured in {run_root} with other data or parameters "
-                                  f"({stored} != {spec.fingerprint()}); choose a new release id")
+def _measurements_are_this_release(spec, run) -> None:
+    if not run.has_measurements():
+        return
+    where = run.measurements if run.measurements.exists() else run.kept_measurements
+    stored = json.loads(storage.read_bytes(storage.join(str(where), _run.META)))["fingerprint"]
+    if stored != spec.fingerprint():
+        raise ReleaseConflict(f"release '{run.root.name}' was measured in {where} with other data or parameters "
+                              f"({stored} != {spec.fingerprint()}); choose a new release id")
 
 
 def _plan(spec):
@@ -280,7 +318,7 @@ def require_public(paths: list[str]) -> None:
                                   f"operator declares it with `dprelease public register {where} --source "
                                   f"WHERE-IT-COMES-FROM`. Nothing was run")
         try:
-            digest = content_sha256(Path(where))
+            digest = content_sha256(where)
         except OSError:
             raise ReleaseConflict(f"the public input {where}, declared public, cannot be read. Nothing was run") from None
         if digest != row["sha256"]:

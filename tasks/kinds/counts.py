@@ -4,7 +4,6 @@ record as a bin / cell index on dask, and count records per index with only the 
 from __future__ import annotations
 
 import json
-import shutil
 from functools import partial
 
 import numpy as np
@@ -12,6 +11,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from data_contracts.validate import parquet_files
+from tasks import storage
 from tasks.partitions import bin_partition, cell_partition, current_client, index_counts
 from tasks.progress import Progress, gather
 from tasks.run import RunPaths, StageOutput
@@ -24,19 +24,18 @@ def encode(run: RunPaths, ingested: StageOutput, fn, log=None) -> StageOutput:
     """Apply fn(src, dst) -> {diagnostic: count} to every ingested partition, writing internal/encoded/; the
     summed counts (rows whose weight was capped at max_weight, records left out for a level outside the public
     ones) go to internal/encoding.json (raw-derived: never logged; the log names the file whatever they are)."""
-    out = run.internal / "encoded"
-    if out.exists():
-        shutil.rmtree(out)
-    out.mkdir(parents=True)
+    out = run.stage("encoded")
+    storage.remove(out)
+    storage.makedirs(out)
     files = parquet_files(ingested.path)
-    futures = current_client().map(fn, [str(f) for f in files], [str(out / f.name) for f in files])
+    futures = current_client().map(fn, files, [storage.join(out, storage.name(f)) for f in files])
     parts = gather(current_client(), futures, Progress(log, "partitions encoded", len(files)) if log else None)
     counts = {k: int(sum(p.get(k, 0) for p in parts)) for k in sorted({k for p in parts for k in p})}
     (run.internal / ENCODING).write_text(json.dumps(counts))
     if log:
         log.info("records capped or left out by the public weights and levels: counted in %s (internal)",
-                 run.internal / ENCODING)
-    return StageOutput(str(out), ingested.rows, len(files))
+                 (run.internal / ENCODING).resolve())
+    return StageOutput(out, ingested.rows, len(files))
 
 
 def _weights(spec) -> dict:
@@ -58,7 +57,7 @@ def encode_cells(spec, run: RunPaths, ingested: StageOutput, log=None) -> StageO
 def count(spec, prepared: StageOutput, index: str, size: int) -> np.ndarray:
     """Exact record counts per index (raw-derived: noise is added by the caller, or it stays internal)."""
     files = parquet_files(prepared.path)
-    futures = current_client().map(index_counts, [str(f) for f in files], index=index,
+    futures = current_client().map(index_counts, files, index=index,
                                    weighted=spec.dataset.weight_column is not None, size=size)
     return np.sum(current_client().gather(futures), axis=0)
 

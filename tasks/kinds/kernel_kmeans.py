@@ -21,6 +21,7 @@ from pydantic import Field, model_validator
 from data_contracts import suites
 from data_contracts.validate import parquet_files
 from dpalgos.lazy import module
+from tasks import storage
 from tasks.errors import InputError
 from tasks.kinds.base import Draw, Footprint, ReleaseKind, noise_footprint
 from tasks.ledger import PrivacyLedger, public_copy
@@ -112,7 +113,7 @@ def public_records(spec, limit: int = 20_000) -> sp.csr_matrix:
                           None if spec.test_mode else PrivacyLedger(spec.ledger_path))
         fmt = "parquet" if src.is_dir() or src.suffix == ".parquet" else "transactions"
         ingest_sets(src, fmt, ds.items_column, Path(tmp) / "public", item_count=ds.item_count)
-        parts = [read_sets(str(f), ds.items_column, ds.item_count) for f in parquet_files(Path(tmp) / "public")]
+        parts = [read_sets(f, ds.items_column, ds.item_count) for f in parquet_files(Path(tmp) / "public")]
     X = sp.vstack(parts).tocsr()
     return X[:limit]
 
@@ -262,7 +263,7 @@ def write_assignments(folder: Path, files, labels) -> None:
     start = 0
     for f, lab in zip(files, labels):
         pq.write_table(pa.table({"record": np.arange(start, start + lab.size, dtype=np.int64), "cluster": lab}),
-                       folder / f.name)
+                       folder / storage.name(f))
         start += lab.size
 
 

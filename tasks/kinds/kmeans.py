@@ -7,7 +7,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import shutil
 from pathlib import Path
 from typing import Literal
 
@@ -18,6 +17,7 @@ from data_contracts import suites
 from data_contracts.validate import parquet_files
 from dpalgos import domain
 from dpalgos.lazy import module
+from tasks import storage
 from tasks.kinds.base import FLOPS, Draw, Footprint, ReleaseKind, noise_footprint
 from tasks.params import ReleaseBase
 from tasks.partitions import Partitioned, current_client, read_points, write_points
@@ -212,13 +212,12 @@ class KMeansKind(ReleaseKind):
     def prepare(self, spec, ingested, run, log):
         """Scale every attribute into [-1, 1] with the PUBLIC bounds and project each row onto the domain,
         partition by partition. Clipping counts go to internal/normalisation.json (raw-derived: never logged)."""
-        out = run.internal / "normalised"
-        if out.exists():
-            shutil.rmtree(out)
-        out.mkdir(parents=True)
+        out = run.stage("normalised")
+        storage.remove(out)
+        storage.makedirs(out)
         lower, upper = _bounds(spec)
         files = parquet_files(ingested.path)
-        futures = current_client().map(normalise_points, [str(f) for f in files], [str(out / f.name) for f in files],
+        futures = current_client().map(normalise_points, files, [storage.join(out, storage.name(f)) for f in files],
                                        columns=spec.dataset.columns, lower=lower, upper=upper,
                                        domain_name=domain_of(spec))
         bar = progress.Progress(log, "partitions normalised", len(files))
@@ -341,7 +340,7 @@ class KMeansKind(ReleaseKind):
 
     def _scaled_figures(self, spec, run, traj, released) -> dict:
         lower, upper = _bounds(spec)
-        points = Partitioned.points(current_client(), parquet_files(run.internal / "ingested"), spec.dataset.columns)
+        points = Partitioned.points(current_client(), parquet_files(run.stage("ingested")), spec.dataset.columns)
         try:
             per_iteration = [points.reduce(_box_wcss, C, lower, upper) for C in traj.centroids]
             wcss = points.reduce(_box_wcss, released, lower, upper)

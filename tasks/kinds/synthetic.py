@@ -26,6 +26,7 @@ from pydantic import Field, model_validator
 from data_contracts import suites
 from data_contracts.validate import parquet_files
 from dpalgos.lazy import module
+from tasks import settings, storage
 from tasks.errors import ReleaseConflict
 from tasks.kinds.base import FLOPS, Draw, Footprint, ReleaseKind, noise_footprint
 from tasks.kinds.kernel_kmeans import (
@@ -36,7 +37,7 @@ from tasks.kinds.kernel_kmeans import (
     write_clustering,
 )
 from tasks.partitions import Partitioned, current_client
-from tasks.run import read_meta
+from tasks.run import RunPaths, read_meta
 from tasks.sets import set_table
 
 pa = module("pyarrow")
@@ -230,9 +231,16 @@ class SyntheticKind(ReleaseKind):
         if spec.release.match_marginals:
             dpgm.match_marginals(models, marginals, lengths, MIN_LENGTH, rng)
         out = staging / SYNTHETIC
-        out.mkdir()
-        done = write_synthetic(out, spec.dataset.items_column, models, marginals,
+        # The workers write the parts where every worker can: the run's scratch when it is a store (workers on other
+        # hosts share no disk with this one), then they are copied here.
+        parts = RunPaths.of(spec.output_dir, meta["release_id"]).stage(SYNTHETIC) if settings.current().scratch \
+            else str(out)
+        storage.remove(parts)
+        storage.makedirs(parts)
+        done = write_synthetic(parts, spec.dataset.items_column, models, marginals,
                                dpgm.record_plan(weights, lengths, MIN_LENGTH, meta["records"], rng), rng, log)
+        if parts != str(out):
+            storage.download(parts, out)
         pq.write_table(pq.read_table(measurements / MIXTURE), staging / MIXTURE)
         (staging / "synthetic.json").write_text(json.dumps({
             "records": done, "format": f"Parquet, column '{spec.dataset.items_column}' list<int32> of item ids in "
@@ -259,7 +267,7 @@ def write_synthetic(out, column: str, models: list, marginals: np.ndarray, plan:
     starts = range(0, clusters.size, RECORDS_PER_PART)
     seeds = rng.integers(0, 2 ** 63 - 1, len(starts))
     [mixture] = client.scatter([(models, marginals)], broadcast=True)
-    futures = client.map(write_synthetic_part, [str(out / f"part.{i}.parquet") for i in range(len(starts))],
+    futures = client.map(write_synthetic_part, [storage.join(out, f"part.{i}.parquet") for i in range(len(starts))],
                          [clusters[a:a + RECORDS_PER_PART] for a in starts],
                          [lengths[a:a + RECORDS_PER_PART] for a in starts], seeds, mixture=mixture, column=column)
     done = 0
@@ -273,7 +281,7 @@ def write_synthetic_part(path: str, clusters: np.ndarray, lengths: np.ndarray, s
                          column: str) -> int:
     models, marginals = mixture
     X = dpgm.synthesize_part(models, marginals, clusters, lengths, np.random.default_rng(seed))
-    pq.write_table(set_table(column, X.indptr, X.indices), path)
+    storage.write_table(set_table(column, X.indptr, X.indices), path)
     return X.shape[0]
 
 

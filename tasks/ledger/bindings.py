@@ -9,10 +9,9 @@ would make the data's refusals answer its questions, or redefine the neighbourin
 
 from __future__ import annotations
 
-import hashlib
 import json
-from pathlib import Path
 
+from tasks import storage
 from tasks.errors import ReleaseConflict
 from tasks.example_data import BUILTIN_PREFIX
 
@@ -89,35 +88,21 @@ class Bindings:
 
 
 def source_digest(source: str) -> str | None:
-    """What a bound source holds, whatever its path: the sha256 of a file's bytes, or of a folder's digest manifest
-    (each file's path relative to the folder and the sha256 of its bytes, in order); None where there is nothing to
-    compare (a built-in dataset, a source not written yet, an empty folder)."""
-    path = Path(source)
-    if source.startswith(BUILTIN_PREFIX) or not path.exists():
-        return None
-    if path.is_file():
-        return file_sha256(path)
-    files = [f for f in sorted(path.rglob("*")) if f.is_file()]
-    manifest = "".join(f"{f.relative_to(path)}\t{file_sha256(f)}\n" for f in files)
-    return hashlib.sha256(manifest.encode()).hexdigest() if files else None
-
-
-def file_sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
+    """What a bound source holds, whatever its path (`storage.digest`: a file's sha256, a folder's digest manifest, a
+    store's manifest of its objects' versions or ETags); None where there is nothing to compare (a built-in dataset, a
+    source not written yet, an empty folder)."""
+    return None if source.startswith(BUILTIN_PREFIX) else storage.digest(source)
 
 
 def data_source(path: str) -> str:
-    """A dataset's data as the ledger binds it: the absolute path (a built-in dataset: its name)."""
-    return path if path.startswith(BUILTIN_PREFIX) else str(Path(path).expanduser().resolve())
+    """A dataset's data as the ledger binds it: the canonical location (`storage.canonical`: a local path absolute and
+    resolved, or a store's URL), or a built-in dataset's name."""
+    return path if path.startswith(BUILTIN_PREFIX) else storage.canonical(path)
 
 
 def within(source: str, bound: str) -> bool:
-    """The release's data is the bound source, or inside the bound folder."""
-    return source == bound or (not bound.startswith(BUILTIN_PREFIX) and Path(bound) in Path(source).parents)
+    """The release's data is the bound source, or inside the bound folder or prefix."""
+    return source == bound or (not bound.startswith(BUILTIN_PREFIX) and storage.within(source, bound))
 
 
 def unit_fields(reading: dict) -> dict:

@@ -5,11 +5,11 @@ registered here and unchanged since, and reads it from a private copy checked ag
 from __future__ import annotations
 
 import hashlib
-import shutil
 from pathlib import Path
 
+from tasks import storage
 from tasks.errors import ReleaseConflict
-from tasks.ledger.bindings import data_source, file_sha256, within
+from tasks.ledger.bindings import data_source, within
 from tasks.ledger.store import now
 
 
@@ -21,8 +21,8 @@ class PublicInputs:
         Refused for the data of a dataset (a bound source, inside one, or a byte-identical copy of a bound file).
         Returns its sha256."""
         where = data_source(path)
-        digest = content_sha256(Path(where))  # before the ledger's lock: a folder may take a while to read
-        same_bytes = file_sha256(Path(where)) if Path(where).is_file() else None
+        digest = content_sha256(where)  # before the ledger's lock: a folder may take a while to read
+        same_bytes = storage.digest(where) if not storage.is_dir(where) else None
         with self._transaction(immediate=True) as db:
             for row in db.execute("SELECT dataset_id, source, source_digest FROM budgets WHERE source IS NOT NULL"):
                 if within(where, row["source"]) or within(row["source"], where) or \
@@ -40,33 +40,27 @@ class PublicInputs:
 
 
 def public_copy(path: str, into: Path, ledger) -> Path:
-    """A private copy of a public input, checked: the bytes a release reads are those the operator declared
-    public (the copy's sha256 against the registry of `ledger`, a PrivacyLedger; None: test mode, unchecked).
-    Reading the copy and not the path closes the window in which the file could be swapped after a check (an audit
-    swapped the registered marginals for the data mid-run and released its exact table)."""
-    src = Path(data_source(path))
-    into.mkdir(parents=True, exist_ok=True)
-    dst = into / src.name
-    if src.is_dir():
-        shutil.copytree(src, dst)
-    else:
-        shutil.copyfile(src, dst)
+    """A private local copy of a public input (a local file or folder, or a store's), checked: the bytes a release
+    reads are those the operator declared public (the copy's sha256 against the registry of `ledger`, a
+    PrivacyLedger; None: test mode, unchecked). Reading the copy and not the path closes the window in which the file
+    could be swapped after a check (an audit swapped the registered marginals for the data mid-run and released its
+    exact table)."""
+    where = data_source(path)
+    dst = storage.copy_into(where, into)
     if ledger is not None:
         registered = {r["path"]: r["sha256"] for r in ledger.public_inputs()}
-        if registered.get(str(src)) != content_sha256(dst):
-            raise ReleaseConflict(f"the public input {src} is not, or no longer, what the operator declared public "
+        if registered.get(where) != content_sha256(str(dst)):
+            raise ReleaseConflict(f"the public input {where} is not, or no longer, what the operator declared public "
                                   f"(`dprelease public list`); nothing was released")
     return dst
 
 
-def content_sha256(path: Path) -> str:
-    """sha256 of a file (its name and bytes), or of a folder's files (their relative paths and bytes, in order): what
-    a public input's registration records."""
+def content_sha256(location: str) -> str:
+    """sha256 of a file (its name and bytes), or of a folder's files (their relative paths and bytes, in order), local
+    or in a store: what a public input's registration records (public inputs are small: they are read whole)."""
     h = hashlib.sha256()
-    for f in sorted(path.rglob("*")) if path.is_dir() else [path]:
-        if f.is_file():
-            h.update(str(f.relative_to(path) if path.is_dir() else f.name).encode())
-            with open(f, "rb") as fh:
-                for block in iter(lambda: fh.read(1 << 20), b""):
-                    h.update(block)
+    single = not storage.is_dir(location)
+    for f in storage.files(location):
+        h.update((storage.name(f) if single else storage.relative(f, location)).encode())
+        h.update(storage.read_bytes(f))
     return h.hexdigest()

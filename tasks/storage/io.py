@@ -1,0 +1,209 @@
+"""Reading and writing locations (local paths or store URLs, `tasks.storage.locations`). Local paths go through the
+standard library and pyarrow as before; URLs through fsspec (imported on first use: a store's package takes a second
+to load), with each store's credentials from the standard environment of the process, on every host."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from tasks.storage.locations import is_url, join, relative
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+
+def filesystem(location: str):
+    """(fsspec filesystem, its path) of a URL; fsspec caches one filesystem per store and options."""
+    import fsspec
+
+    return fsspec.core.url_to_fs(location)
+
+
+def exists(location: str) -> bool:
+    if not is_url(location):
+        return Path(location).exists()
+    fs, path = filesystem(location)
+    return fs.exists(path)
+
+
+def is_dir(location: str) -> bool:
+    if not is_url(location):
+        return Path(location).is_dir()
+    fs, path = filesystem(location)
+    return fs.isdir(path)
+
+
+def files(location: str, suffix: str = "") -> list[str]:
+    """Every file at or under `location` whose name ends with `suffix`, in order (a file: itself)."""
+    if not is_url(location):
+        root = Path(location)
+        found = sorted(p for p in root.rglob("*") if p.is_file()) if root.is_dir() else [root]
+        return [str(p) for p in found if p.name.endswith(suffix)]
+    fs, path = filesystem(location)
+    scheme = location.split("://", 1)[0]
+    if not fs.isdir(path):
+        return [location]
+    return [f"{scheme}://{p}" for p in sorted(fs.find(path)) if p.endswith(suffix)]
+
+
+def identity(location: str) -> list[list]:
+    """What identifies the content of every file at or under `location` without reading it: on a store, each object's
+    path, size and version id or ETag (an object's identity, never its modification time); on a local disk, each
+    file's path, size, modification and change times and inode (a file replaced by `cp -p` keeps its size and mtime,
+    not its ctime)."""
+    if not is_url(location):
+        root = Path(location)
+        if not root.exists():
+            return []
+        found = sorted(p for p in root.rglob("*") if p.is_file()) if root.is_dir() else [root]
+        return [[str(p.relative_to(root)) if root.is_dir() else p.name, st.st_size, st.st_mtime_ns, st.st_ctime_ns,
+                 st.st_ino] for p in found for st in [p.stat()]]
+    fs, path = filesystem(location)
+    if not fs.exists(path):
+        return []
+    infos = [fs.info(p) for p in (sorted(fs.find(path)) if fs.isdir(path) else [path])]
+    return [[relative(i["name"], path) if i["name"] != path else i["name"].rsplit("/", 1)[-1], i.get("size"),
+             i.get("VersionId") or i.get("ETag") or i.get("etag") or i.get("md5Hash") or i.get("generation")]
+            for i in infos]
+
+
+def digest(location: str) -> str | None:
+    """What a location holds, whatever its path: a local file's sha256, a local folder's digest manifest (each file's
+    path below it and sha256), or a store's digest manifest of its objects' paths, sizes and versions or ETags (the
+    store's own content identity: reading terabytes back to hash them is not an option); None where there is nothing
+    to compare (missing, or an empty folder)."""
+    if not is_url(location):
+        path = Path(location)
+        if not path.exists():
+            return None
+        if path.is_file():
+            return file_sha256(path)
+        found = [f for f in sorted(path.rglob("*")) if f.is_file()]
+        manifest = "".join(f"{f.relative_to(path)}\t{file_sha256(f)}\n" for f in found)
+        return hashlib.sha256(manifest.encode()).hexdigest() if found else None
+    objects = identity(location)
+    single = not is_dir(location)  # one object: its content, whatever its key
+    manifest = "".join(f"{'' if single else rel}\t{size}\t{version}\n" for rel, size, version in objects)
+    return hashlib.sha256(manifest.encode()).hexdigest() if objects else None
+
+
+def file_sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def read_bytes(location: str) -> bytes:
+    if not is_url(location):
+        return Path(location).read_bytes()
+    fs, path = filesystem(location)
+    return fs.cat_file(path)
+
+
+def write_bytes(location: str, data: bytes) -> None:
+    if not is_url(location):
+        Path(location).parent.mkdir(parents=True, exist_ok=True)
+        Path(location).write_bytes(data)
+        return
+    fs, path = filesystem(location)
+    fs.pipe_file(path, data)
+
+
+def makedirs(location: str) -> None:
+    """A folder (a local one; a store has no folders: objects make their prefixes)."""
+    if not is_url(location):
+        Path(location).mkdir(parents=True, exist_ok=True)
+
+
+def remove(location: str) -> None:
+    """Remove a file or a folder (a prefix of objects), if there."""
+    if not is_url(location):
+        path = Path(location)
+        if path.is_dir():
+            shutil.rmtree(path, ignore_errors=True)
+        else:
+            path.unlink(missing_ok=True)
+        return
+    fs, path = filesystem(location)
+    if fs.exists(path):
+        fs.rm(path, recursive=True)
+
+
+def read_table(location: str, columns: list[str] | None = None) -> pa.Table:
+    import pyarrow.parquet as pq
+
+    if not is_url(location):
+        return pq.read_table(location, columns=columns)
+    fs, path = filesystem(location)
+    return pq.read_table(path, columns=columns, filesystem=fs)
+
+
+def write_table(table: pa.Table, location: str, metadata: dict | None = None) -> None:
+    """Write a Parquet file; `metadata` (str -> str) goes into its key-value metadata."""
+    import pyarrow.parquet as pq
+
+    if metadata:
+        table = table.replace_schema_metadata({**(table.schema.metadata or {}), **{k.encode(): v.encode()
+                                                                                  for k, v in metadata.items()}})
+    if not is_url(location):
+        Path(location).parent.mkdir(parents=True, exist_ok=True)
+        pq.write_table(table, location)
+        return
+    fs, path = filesystem(location)
+    pq.write_table(table, path, filesystem=fs)
+
+
+def upload(folder: Path, location: str, last: str | None = None, written: list[str] | None = None) -> list[str]:
+    """Every file of a local folder to the same paths under `location` (a store's prefix or a local folder), the file
+    named `last` after all the others: a reader that finds it finds everything (object stores have no atomic rename).
+    Returns the locations written, also appended to `written` as they are (what a failure must remove)."""
+    written = [] if written is None else written
+    for f in sorted(p for p in folder.rglob("*") if p.is_file() and p.name != last):
+        written.append(_put(f, join(location, str(f.relative_to(folder)))))
+    if last is not None and (folder / last).exists():
+        written.append(_put(folder / last, join(location, last)))
+    return written
+
+
+def _put(source: Path, location: str) -> str:
+    if not is_url(location):
+        Path(location).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(source, location)
+    else:
+        fs, path = filesystem(location)
+        fs.put_file(str(source), path)
+    return location
+
+
+def download(location: str, folder: Path) -> None:
+    """Every file at or under `location` into a local folder, at the same relative paths."""
+    for f in files(location):
+        target = folder / (relative(f, location) if f != location else Path(f).name)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if is_url(f):
+            fs, path = filesystem(f)
+            fs.get_file(path, str(target))
+        else:
+            shutil.copyfile(f, target)
+
+
+def copy_into(location: str, folder: Path) -> Path:
+    """A private local copy of a file or folder (a public input read from a checked copy): returns its path."""
+    target = folder / location.rstrip("/").rsplit("/", 1)[-1] if is_url(location) else folder / Path(location).name
+    if is_url(location) and is_dir(location) or not is_url(location) and Path(location).is_dir():
+        download(location, target)
+    elif is_url(location):
+        fs, path = filesystem(location)
+        folder.mkdir(parents=True, exist_ok=True)
+        fs.get_file(path, str(target))
+    else:
+        folder.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(location, target)
+    os.chmod(target, 0o700 if target.is_dir() else 0o600)
+    return target

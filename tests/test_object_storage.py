@@ -1,0 +1,322 @@
+"""Releases where teams keep their data: inputs, scratch and outputs on an S3 API (a real one, moto's server on
+loopback, as s3fs and dask test their own S3 code), the ledger binding a URL, a catalogue downstream tools read."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from tests.conftest import ledger
+
+moto_server = pytest.importorskip("moto.server", reason="moto[server] (the test extra) runs the S3 API")
+S3_ENV = ("AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION")
+
+
+@pytest.fixture(scope="module")
+def s3_server():
+    server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    yield {"AWS_ENDPOINT_URL": f"http://{host}:{port}", "AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test",
+           "AWS_DEFAULT_REGION": "us-east-1"}
+    server.stop()
+
+
+@pytest.fixture
+def s3(s3_server, monkeypatch, request):
+    """Fresh buckets `data`, `private` and `public` for the test, the client environment set as a host's would be."""
+    import boto3
+    import fsspec
+
+    for key, value in s3_server.items():
+        monkeypatch.setenv(key, value)
+    fsspec.filesystem("s3").invalidate_cache()
+    client = boto3.client("s3")
+    for bucket in ("data", "private", "public"):
+        existing = client.list_objects_v2(Bucket=bucket).get("Contents", []) if _exists(client, bucket) else []
+        for o in existing:
+            client.delete_object(Bucket=bucket, Key=o["Key"])
+        if not _exists(client, bucket):
+            client.create_bucket(Bucket=bucket)
+    return client
+
+
+def _exists(client, bucket: str) -> bool:
+    return bucket in {b["Name"] for b in client.list_buckets()["Buckets"]}
+
+
+def _keys(client, bucket: str) -> list[str]:
+    return sorted(o["Key"] for o in client.list_objects_v2(Bucket=bucket).get("Contents", []))
+
+
+def _put_values(client, key: str, n: int = 2000, seed: int = 0) -> str:
+    values = np.random.default_rng(seed).uniform(0, 100, n)
+    client.put_object(Bucket="data", Key=key, Body=("x\n" + "\n".join(f"{v:.3f}" for v in values) + "\n").encode())
+    return f"s3://data/{key}"
+
+
+def _histogram(source: str, tmp_path: Path, **extra) -> dict:
+    return {"dataset": {"id": "sensors", "path": source, "header": True, "bounds": {"x": [0, 100]}},
+            "release": {"kind": "histogram", "bins": 16, "branching": 4, "epsilon": 0.5},
+            "output_dir": str(tmp_path / "runs"), "evaluate": False, **extra}
+
+
+def _cli(*args, cwd=None, env=None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "flows.cli", *args], capture_output=True, text=True, timeout=300,
+                          cwd=cwd, env={**os.environ, **(env or {})})
+
+
+def test_budget_set_binds_a_url_and_a_spec_is_admitted_by_it(s3, tmp_path):
+    """`budget set --source s3://...` bound a local folder named `s3:/bucket/...` (the URL mangled into a path)."""
+    source = _put_values(s3, "sensors/part-0.csv")
+    (tmp_path / "spec.yaml").write_text(yaml.safe_dump(_histogram(source, tmp_path)))
+    bound = _cli("budget", "set", "sensors", "--epsilon", "2", "--source", source, "--reading-from",
+                 str(tmp_path / "spec.yaml"))
+    assert bound.returncode == 0, bound.stderr
+    assert ledger().source("sensors") == "s3://data/sensors/part-0.csv"
+    checked = _cli("spec", "check", str(tmp_path / "spec.yaml"))
+    assert checked.returncode == 0, checked.stderr
+    s3.put_object(Bucket="data", Key="sensors/part-1.csv", Body=b"x\n1\n")
+    other = _histogram("s3://data/sensors/part-1.csv", tmp_path)
+    (tmp_path / "other.yaml").write_text(yaml.safe_dump(other))
+    refused = _cli("spec", "check", str(tmp_path / "other.yaml"))
+    assert refused.returncode == 2 and "is bound to the data s3://data/sensors/part-0.csv; this release reads " \
+        "s3://data/sensors/part-1.csv" in refused.stderr
+
+
+@pytest.mark.parametrize("location, problem", [
+    ("xyz://bucket/data.csv", "the scheme xyz:// is not supported"),
+    ("s3:///data.csv", "names no bucket or container"),
+    ("s3://data/../secret.csv", "has a '..' in its path"),
+])
+def test_an_unsupported_url_is_one_line_before_anything_runs(location, problem, tmp_path):
+    (tmp_path / "spec.yaml").write_text(yaml.safe_dump(_histogram(location, tmp_path)))
+    for command in (["spec", "check"], ["run"]):
+        out = _cli(*command, str(tmp_path / "spec.yaml"))
+        assert out.returncode == 2 and out.stderr.count("\n") == 1 and problem in out.stderr, out.stderr
+    assert not (tmp_path / "runs").exists()
+
+
+def test_a_store_whose_package_is_missing_names_the_extra(tmp_path):
+    from tasks import storage
+    from tasks.errors import Refused
+
+    missing = next((s for s, package in storage.SCHEMES.items() if package and
+                    __import__("importlib").util.find_spec(package) is None), None)
+    if missing is None:
+        pytest.skip("every store's package is installed here")
+    with pytest.raises(Refused, match=r'pip install "dprelease\['):
+        storage.check_supported(f"{missing}://bucket/data.csv", "dataset.path")
+
+
+@pytest.mark.usefixtures("prefect_api")
+def test_a_release_reads_writes_and_publishes_on_the_store(s3, tmp_path, monkeypatch):
+    """Inputs, scratch and output on the S3 API: the raw-derived partitions and the measurements in the private
+    bucket only, the release under its prefix in the public bucket with its manifest, files that describe themselves
+    and a catalogue row; a resume on a host without the run folder draws nothing again; data changed between the
+    checks and the read is refused."""
+    from flows.release import release
+    from tasks import storage
+    from tasks.storage import catalogue
+
+    monkeypatch.setenv("DPRELEASE_SCRATCH", "s3://private/scratch")
+    monkeypatch.setenv("DPRELEASE_OUTPUT", "s3://public/releases")
+    source = _put_values(s3, "sensors/part-0.csv")
+    ledger().set_budget("sensors", 5.0, 0.0, source=source)
+    summary = release(spec=_histogram(source, tmp_path, release_id="s3-1"))
+    prefix = "releases/dataset=sensors/kind=histogram/release=s3-1/"
+    public = _keys(s3, "public")
+    assert summary["published_at"] == f"s3://public/{prefix.rstrip('/')}"
+    assert {k.removeprefix(prefix) for k in public if k.startswith(prefix)} == {
+        "manifest.json", "histogram.parquet", "tree.parquet", "consistency.json", "measurements/measurements.json",
+        "measurements/noisy_tree.parquet"}
+    assert public == sorted([prefix + k for k in ("manifest.json", "histogram.parquet", "tree.parquet",
+                                                  "consistency.json", "measurements/measurements.json",
+                                                  "measurements/noisy_tree.parquet")] +
+                            ["releases/catalogue/release=s3-1.parquet"])  # nothing raw-derived is public
+    private = _keys(s3, "private")
+    assert any(k.startswith("scratch/s3-1/ingested/") for k in private) and \
+        "scratch/s3-1/measurements/measurements.json" in private
+    manifest = json.loads(storage.read_bytes(f"s3://public/{prefix}manifest.json"))
+    described = storage.read_table(f"s3://public/{prefix}histogram.parquet").schema.metadata
+    assert described[b"dprelease.release_id"] == b"s3-1" and described[b"dprelease.kind"] == b"histogram"
+    assert described[b"dprelease.manifest_sha256"].decode() == manifest["manifest_sha256"]["sha256"]
+    [row] = catalogue.rows("s3://public/releases")
+    assert row["release_id"] == "s3-1" and row["epsilon"] == manifest["privacy"]["epsilon"]
+    assert row["location"] == summary["published_at"] and f"s3://public/{prefix}manifest.json" in row["files"]
+
+    # Another host resumes the release: no run folder here, the measurements come from the scratch store.
+    import shutil
+
+    shutil.rmtree(tmp_path / "runs")
+    again = release(spec=_histogram(source, tmp_path, release_id="s3-1"))
+    assert again["status"] == "published"
+    assert [(r["status"], r["attempts"]) for r in ledger().releases("sensors")] == [("published", 1)]
+
+    # The data changed between the checks and the read: refused, nothing drawn or charged.
+    from tasks import admission
+
+    checked = admission.admit_run
+
+    def check_then_replace(*args):
+        plan = checked(*args)
+        s3.put_object(Bucket="data", Key="sensors/part-0.csv", Body=b"x\n1\n2\n")
+        return plan
+    monkeypatch.setattr(admission, "admit_run", check_then_replace)
+    from tasks.errors import InputError
+
+    with pytest.raises(InputError, match="changed since the run's checks"):
+        release(spec=_histogram(source, tmp_path, release_id="s3-2"))
+    assert [r["release_id"] for r in ledger().releases("sensors")] == ["s3-1"]
+
+
+@pytest.mark.usefixtures("prefect_api")
+def test_duckdb_and_polars_read_the_daily_releases_as_one_table(tmp_path, monkeypatch):
+    """Daily histogram releases of one dataset in a local output location: the catalogue and the releases read as one
+    table each (the queries of docs/how-to/downstream.md)."""
+    import duckdb
+    import polars as pl
+
+    from flows.release import release
+    from tests.conftest import write_csv
+
+    output = tmp_path / "public"
+    monkeypatch.setenv("DPRELEASE_OUTPUT", str(output))
+    data = write_csv(tmp_path / "v.csv", np.column_stack([np.random.default_rng(1).uniform(0, 100, 500)]),
+                     header=("x",))
+    ledger().set_budget("sensors", 10.0, 0.0, source=str(data))
+    days = ["20261101", "20261102", "20261103"]
+    for day in days:
+        release(spec=_histogram(str(data), tmp_path, release_id=f"sensors-histogram-{day}"), period="daily")
+    catalogue = duckdb.sql(f"SELECT release_id, epsilon FROM read_parquet('{output}/catalogue/*.parquet') "
+                           f"WHERE dataset_id = 'sensors' ORDER BY release_id").fetchall()
+    assert [r[0] for r in catalogue] == [f"sensors-histogram-{d}" for d in days]
+    series = duckdb.sql(f"SELECT release, bin, count FROM read_parquet('{output}/dataset=sensors/kind=histogram/*/"
+                        f"histogram.parquet', hive_partitioning = true) ORDER BY release, bin").fetchall()
+    assert len(series) == 16 * len(days) and {r[0] for r in series} == {f"sensors-histogram-{d}" for d in days}
+    frame = pl.read_parquet(f"{output}/dataset=sensors/kind=histogram/*/histogram.parquet", hive_partitioning=True)
+    assert frame.height == 16 * len(days) and set(frame["release"].unique()) == {f"sensors-histogram-{d}" for d in days}
+    listed = json.loads(_cli("releases", "list", "--output", str(output), "--dataset", "sensors", "--json").stdout)
+    assert [r["release_id"] for r in listed] == [f"sensors-histogram-{d}" for d in days]
+
+
+def _specs(data: dict[str, str], tmp_path: Path, tag: str) -> list[dict]:
+    """A histogram, a k-means and a kernel k-means release of the data at `data` (locations)."""
+    out = str(tmp_path / f"runs-{tag}")
+    return [
+        {"dataset": {"id": "values", "path": data["values"], "header": True, "bounds": {"x": [0, 100]}},
+         "release": {"kind": "histogram", "bins": 16, "branching": 4, "epsilon": 0.5}, "output_dir": out,
+         "evaluate": False, "release_id": f"h-{tag}"},
+        {"dataset": {"id": "points", "path": data["points"], "header": True,
+                     "bounds": {"x": [0, 100], "y": [0, 100]}},
+         "release": {"kind": "kmeans", "k": 3, "iterations": 3, "epsilon": 1.0, "postprocess": ["consistency"]},
+         "output_dir": out, "evaluate": False, "release_id": f"k-{tag}"},
+        {"dataset": {"id": "sets", "path": data["sets"], "items_column": "items", "item_count": 40},
+         "release": {"kind": "kernel_kmeans", "k": 2, "iterations": 2, "features": 16, "gamma": 0.05,
+                     "epsilon": 2.0, "delta": 1e-6}, "output_dir": out, "evaluate": False, "release_id": f"kk-{tag}"},
+    ]
+
+
+def _write_data(folder: str) -> dict[str, str]:
+    """The three datasets at a location (a local folder or an S3 prefix)."""
+    import pyarrow as pa
+
+    from tasks import storage
+
+    rng = np.random.default_rng(3)
+    storage.write_bytes(storage.join(folder, "values.csv"),
+                        ("x\n" + "\n".join(f"{v:.3f}" for v in rng.uniform(0, 100, 3000)) + "\n").encode())
+    X = np.clip(rng.normal([30, 70], 8, (3000, 2)), 0, 100)
+    storage.write_bytes(storage.join(folder, "points.csv"),
+                        ("x,y\n" + "\n".join(f"{a:.3f},{b:.3f}" for a, b in X) + "\n").encode())
+    for part in range(2):  # a folder of two partitions
+        records = [sorted(set(rng.choice(40, rng.integers(1, 8), replace=False).tolist())) for _ in range(500)]
+        storage.write_table(pa.table({"items": pa.array(records, type=pa.list_(pa.int32()))}),
+                            storage.join(folder, "sets", f"part.{part}.parquet"))
+    return {"values": storage.join(folder, "values.csv"), "points": storage.join(folder, "points.csv"),
+            "sets": storage.join(folder, "sets")}
+
+
+def _structure(location: str) -> dict:
+    """A published release's files and, for its Parquet files, their columns."""
+    from tasks import storage
+
+    return {storage.relative(f, location): (storage.read_table(f).column_names if f.endswith(".parquet") else None)
+            for f in storage.files(location)}
+
+
+@pytest.mark.slow  # about 2-3 minutes: six releases, a dask scheduler and two worker processes
+@pytest.mark.usefixtures("prefect_api")
+def test_releases_on_a_cluster_whose_workers_share_no_disk(s3, s3_server, tmp_path, monkeypatch):
+    """A `dask scheduler` and two `dask worker` processes on loopback, each worker in an empty working directory of
+    its own with its own temporary folder, the data, the scratch and the output in the S3 API: histogram, k-means and
+    kernel k-means releases complete and are published as the same files, with the same columns, as on the local
+    disk with a local cluster."""
+    import socket
+
+    from flows.release import release
+    from tasks import storage
+    from tasks.storage import catalogue
+
+    local = _write_data(str(tmp_path / "local-data"))
+    for spec in _specs(local, tmp_path, "local"):
+        ledger().set_budget(spec["dataset"]["id"], 10.0, 1e-5, source=spec["dataset"]["path"])
+        release(spec=spec)
+    expected = {s["release"]["kind"]: _structure(str(tmp_path / "runs-local" / s["release_id"] / "release"))
+                for s in _specs(local, tmp_path, "local")}
+
+    remote = _write_data("s3://data/cluster")
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    env = {**os.environ, **s3_server, "DASK_DISTRIBUTED__WORKER__DAEMON": "False"}
+    procs = [subprocess.Popen([sys.executable, "-m", "distributed.cli.dask_scheduler", "--host", "127.0.0.1", "--port",
+                               str(port), "--dashboard-address", "127.0.0.1:0"], env=env, cwd=tmp_path,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)]
+    try:
+        for i in range(2):
+            home = tmp_path / f"worker-{i}"
+            home.mkdir()
+            procs.append(subprocess.Popen(
+                [sys.executable, "-m", "distributed.cli.dask_worker", f"tcp://127.0.0.1:{port}", "--nthreads", "1",
+                 "--local-directory", str(home / "tmp"), "--host", "127.0.0.1", "--dashboard-address", "127.0.0.1:0"],
+                env={**env, "TMPDIR": str(home / "tmp")}, cwd=home, stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL))
+        _wait_for_workers(f"tcp://127.0.0.1:{port}", 2)
+        monkeypatch.setenv("DPRELEASE_DASK_ADDRESS", f"tcp://127.0.0.1:{port}")
+        monkeypatch.setenv("DPRELEASE_SCRATCH", "s3://private/scratch")
+        monkeypatch.setenv("DPRELEASE_OUTPUT", "s3://public/releases")
+        for spec in _specs(remote, tmp_path, "s3"):
+            ledger().set_budget(spec["dataset"]["id"] + "-s3", 10.0, 1e-5, source=spec["dataset"]["path"])
+            spec["dataset"]["id"] += "-s3"
+            assert release(spec=spec)["status"] == "published"
+    finally:
+        for proc in procs:
+            proc.terminate()
+        for proc in procs:
+            proc.wait(30)
+    for row in catalogue.rows("s3://public/releases"):
+        assert _structure(row["location"]) == expected[row["kind"]], row["kind"]
+    assert len(catalogue.rows("s3://public/releases")) == 3
+    for i in range(2):  # the workers wrote nothing where they run
+        assert [p for p in (tmp_path / f"worker-{i}").rglob("*.parquet")] == []
+    assert any("/ingested/" in f for f in storage.files("s3://private/scratch"))
+
+
+def _wait_for_workers(address: str, n: int, timeout: float = 120) -> None:
+    import time
+
+    from distributed import Client
+
+    deadline = time.monotonic() + timeout
+    with Client(address, timeout="60s") as client:
+        while len(client.scheduler_info()["workers"]) < n:
+            assert time.monotonic() < deadline, "the dask workers did not start"
+            time.sleep(0.5)
