@@ -20,7 +20,8 @@ from data_contracts import suites
 from data_contracts.project import build_docs
 from flows.logs import in_run_logging, log_path, run_logging
 from tasks import admission, settings
-from tasks.artifacts import StageProgress, emit_failed, emit_if_budget_low, emit_published, publish_artifacts
+from tasks.artifacts import (StageProgress, emit_failed, emit_if_budget_low, emit_published, publish_artifacts,
+                             record_lineage)
 from tasks.contracts import check_contract
 from tasks.errors import Refused, StageFailed
 from tasks.ingest import ingest
@@ -252,6 +253,7 @@ def _announce(spec, summary, manifest, run, evaluation, published: bool) -> None
                       evaluation["headline"] if evaluation else None)
     if not published and not spec.test_mode:  # automations publish downstream on this event
         emit_published(summary)
+        record_lineage(manifest, summary["published_at"])
     emit_if_budget_low(summary)
 
 

@@ -23,10 +23,12 @@ from prefect.artifacts import (
     create_table_artifact,
     update_progress_artifact,
 )
+from prefect.assets import Asset, add_asset_metadata, materialize
+from prefect.cache_policies import NO_CACHE
 from prefect.events import emit_event
 from prefect.runtime import deployment, flow_run
 
-from tasks import settings
+from tasks import settings, storage
 
 #: The operator's setting that lets the internal evaluation's headline into the UI.
 UI_EVALUATION_ENV = settings.env_of("ui_evaluation")
@@ -164,4 +166,33 @@ def emit_if_budget_low(summary: dict) -> bool:
                                         "prefect.resource.name": summary["dataset_id"]}, related=_related(),
                payload={"remaining_epsilon": budget["remaining_epsilon"], "lifetime_epsilon": budget["epsilon"],
                         "threshold_fraction": threshold})
+    return True
+
+
+@materialize("dprelease://lineage", name="lineage", cache_policy=NO_CACHE, persist_result=False)
+def _materialise(metadata: dict[str, dict]) -> None:
+    for key, values in metadata.items():
+        add_asset_metadata(key, values)
+
+
+def record_lineage(manifest: dict, location: str) -> None:
+    """Every published file a Prefect asset materialised by this flow run, with the release id, the dataset and the
+    privacy spend as its metadata: the UI's asset graph shows which runs made which releases. Public facts only
+    (the manifest's), as every artifact."""
+    files = [*sorted(manifest["files"]), "manifest.json"]
+    keys = [storage.join(location, f) for f in files]
+    keys = [k if storage.is_url(k) else Path(k).resolve().as_uri() for k in keys]
+    about = {"release_id": manifest["release_id"], "dataset_id": manifest["dataset_id"], "kind": manifest["kind"],
+             "epsilon": manifest["privacy"]["epsilon"], "delta": manifest["privacy"]["delta"],
+             "manifest_sha256": manifest["manifest_sha256"]["sha256"]}
+    valid = [k for k in keys if _asset_key(k)]
+    if valid:
+        _materialise.with_options(assets=[Asset(key=k) for k in valid])({k: about for k in valid})
+
+
+def _asset_key(key: str) -> bool:
+    try:
+        Asset(key=key)
+    except ValueError:  # a path Prefect will not take as a key (a space, a '#'): that file is left out of the graph
+        return False
     return True

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import time
 import sys
 from pathlib import Path
 
@@ -320,3 +321,38 @@ def _wait_for_workers(address: str, n: int, timeout: float = 120) -> None:
         while len(client.scheduler_info()["workers"]) < n:
             assert time.monotonic() < deadline, "the dask workers did not start"
             time.sleep(0.5)
+
+
+@pytest.mark.usefixtures("prefect_api")
+def test_every_published_file_is_an_asset_the_flow_run_materialised(tmp_path, monkeypatch):
+    from prefect.client.orchestration import get_client
+    from prefect.events.worker import EventsWorker
+
+    from flows.release import release
+    from tests.conftest import write_csv
+
+    data = write_csv(tmp_path / "v.csv", np.column_stack([np.random.default_rng(2).uniform(0, 100, 300)]),
+                     header=("x",))
+    ledger().set_budget("sensors", 10.0, 0.0, source=str(data))
+    state = release(spec=_histogram(str(data), tmp_path, release_id="lineage-1"), return_state=True)
+    summary = state.result()
+    published = Path(summary["published_at"])
+    wanted = {published.joinpath(f).as_uri() for f in ("manifest.json", "histogram.parquet", "tree.parquet",
+                                                      "consistency.json", "measurements/noisy_tree.parquet")}
+    events: list[dict] = []
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:  # events reach the server's store asynchronously
+        EventsWorker.drain_all(timeout=30)
+        with get_client(sync_client=True) as client:
+            events = client.request("POST", "/events/filter", json={"filter": {
+                "event": {"name": ["prefect.asset.materialization.succeeded"]},
+                "resource": {"id_prefix": [published.as_uri()]}, "occurred": {"since": "2000-01-01T00:00:00Z"}},
+                "limit": 50}).json()["events"]
+        if wanted <= {e["resource"]["prefect.resource.id"] for e in events}:
+            break
+        time.sleep(1)
+    assert wanted <= {e["resource"]["prefect.resource.id"] for e in events}
+    run_id = str(state.state_details.flow_run_id)
+    for e in events:
+        assert e["payload"]["release_id"] == "lineage-1" and e["payload"]["epsilon"] == summary["epsilon"]
+        assert any(r.get("prefect.resource.id") == f"prefect.flow-run.{run_id}" for r in e["related"]), e["related"]
