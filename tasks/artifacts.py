@@ -181,7 +181,7 @@ def record_lineage(manifest: dict, location: str) -> None:
     (the manifest's), as every artifact."""
     files = [*sorted(manifest["files"]), "manifest.json"]
     keys = [storage.join(location, f) for f in files]
-    keys = [k if storage.is_url(k) else Path(k).resolve().as_uri() for k in keys]
+    keys = [k if storage.is_url(k) else f"file://{Path(k).resolve()}" for k in keys]  # as_uri() escapes "="
     about = {"release_id": manifest["release_id"], "dataset_id": manifest["dataset_id"], "kind": manifest["kind"],
              "epsilon": manifest["privacy"]["epsilon"], "delta": manifest["privacy"]["delta"],
              "manifest_sha256": manifest["manifest_sha256"]["sha256"]}

@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import time
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -181,7 +181,8 @@ def test_a_release_reads_writes_and_publishes_on_the_store(s3, tmp_path, monkeyp
 @pytest.mark.usefixtures("prefect_api")
 def test_duckdb_and_polars_read_the_daily_releases_as_one_table(tmp_path, monkeypatch):
     """Daily histogram releases of one dataset in a local output location: the catalogue and the releases read as one
-    table each (the queries of docs/how-to/downstream.md)."""
+    table each (the queries of docs/how-to/object-storage.md); every published file is a Prefect asset materialised by
+    its flow run, with the release id, dataset and privacy spend as metadata."""
     import duckdb
     import polars as pl
 
@@ -195,7 +196,8 @@ def test_duckdb_and_polars_read_the_daily_releases_as_one_table(tmp_path, monkey
     ledger().set_budget("sensors", 10.0, 0.0, source=str(data))
     days = ["20261101", "20261102", "20261103"]
     for day in days:
-        release(spec=_histogram(str(data), tmp_path, release_id=f"sensors-histogram-{day}"), period="daily")
+        state = release(spec=_histogram(str(data), tmp_path, release_id=f"sensors-histogram-{day}"), period="daily",
+                        return_state=True)
     catalogue = duckdb.sql(f"SELECT release_id, epsilon FROM read_parquet('{output}/catalogue/*.parquet') "
                            f"WHERE dataset_id = 'sensors' ORDER BY release_id").fetchall()
     assert [r[0] for r in catalogue] == [f"sensors-histogram-{d}" for d in days]
@@ -206,6 +208,32 @@ def test_duckdb_and_polars_read_the_daily_releases_as_one_table(tmp_path, monkey
     assert frame.height == 16 * len(days) and set(frame["release"].unique()) == {f"sensors-histogram-{d}" for d in days}
     listed = json.loads(_cli("releases", "list", "--output", str(output), "--dataset", "sensors", "--json").stdout)
     assert [r["release_id"] for r in listed] == [f"sensors-histogram-{d}" for d in days]
+
+    # Lineage: every published file of the last release a Prefect asset its flow run materialised.
+    from prefect.client.orchestration import get_client
+    from prefect.events.worker import EventsWorker
+
+    summary = state.result()
+    published = Path(summary["published_at"])
+    wanted = {f"file://{published / f}" for f in ("manifest.json", "histogram.parquet", "tree.parquet",
+                                                 "consistency.json", "measurements/noisy_tree.parquet")}
+    events: list[dict] = []
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:  # events reach the server's store asynchronously
+        EventsWorker.drain_all(timeout=30)
+        with get_client(sync_client=True) as client:
+            events = client.request("POST", "/events/filter", json={"filter": {
+                "event": {"name": ["prefect.asset.materialization.succeeded"]},
+                "resource": {"id_prefix": [f"file://{published}"]}, "occurred": {"since": "2000-01-01T00:00:00Z"}},
+                "limit": 50}).json()["events"]
+        if wanted <= {e["resource"]["prefect.resource.id"] for e in events}:
+            break
+        time.sleep(1)
+    assert wanted <= {e["resource"]["prefect.resource.id"] for e in events}
+    run_id = str(state.state_details.flow_run_id)
+    for e in events:
+        assert e["payload"]["release_id"] == summary["release_id"] and e["payload"]["epsilon"] == summary["epsilon"]
+        assert any(r.get("prefect.resource.id") == f"prefect.flow-run.{run_id}" for r in e["related"]), e["related"]
 
 
 def _specs(data: dict[str, str], tmp_path: Path, tag: str) -> list[dict]:
@@ -321,38 +349,3 @@ def _wait_for_workers(address: str, n: int, timeout: float = 120) -> None:
         while len(client.scheduler_info()["workers"]) < n:
             assert time.monotonic() < deadline, "the dask workers did not start"
             time.sleep(0.5)
-
-
-@pytest.mark.usefixtures("prefect_api")
-def test_every_published_file_is_an_asset_the_flow_run_materialised(tmp_path, monkeypatch):
-    from prefect.client.orchestration import get_client
-    from prefect.events.worker import EventsWorker
-
-    from flows.release import release
-    from tests.conftest import write_csv
-
-    data = write_csv(tmp_path / "v.csv", np.column_stack([np.random.default_rng(2).uniform(0, 100, 300)]),
-                     header=("x",))
-    ledger().set_budget("sensors", 10.0, 0.0, source=str(data))
-    state = release(spec=_histogram(str(data), tmp_path, release_id="lineage-1"), return_state=True)
-    summary = state.result()
-    published = Path(summary["published_at"])
-    wanted = {published.joinpath(f).as_uri() for f in ("manifest.json", "histogram.parquet", "tree.parquet",
-                                                      "consistency.json", "measurements/noisy_tree.parquet")}
-    events: list[dict] = []
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:  # events reach the server's store asynchronously
-        EventsWorker.drain_all(timeout=30)
-        with get_client(sync_client=True) as client:
-            events = client.request("POST", "/events/filter", json={"filter": {
-                "event": {"name": ["prefect.asset.materialization.succeeded"]},
-                "resource": {"id_prefix": [published.as_uri()]}, "occurred": {"since": "2000-01-01T00:00:00Z"}},
-                "limit": 50}).json()["events"]
-        if wanted <= {e["resource"]["prefect.resource.id"] for e in events}:
-            break
-        time.sleep(1)
-    assert wanted <= {e["resource"]["prefect.resource.id"] for e in events}
-    run_id = str(state.state_details.flow_run_id)
-    for e in events:
-        assert e["payload"]["release_id"] == "lineage-1" and e["payload"]["epsilon"] == summary["epsilon"]
-        assert any(r.get("prefect.resource.id") == f"prefect.flow-run.{run_id}" for r in e["related"]), e["related"]
