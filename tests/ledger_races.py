@@ -55,6 +55,17 @@ def one_release_id(location: str, trials: int, racer: int) -> list[str]:
     return outcomes
 
 
+def open_each(locations: list[str], trials: int, racer: int) -> list[str]:
+    """Trial t: every racer opens the new, empty database locations[t] at once (each creates the tables it finds
+    missing)."""
+    outcomes = []
+    for t in range(trials):
+        _barrier.wait(timeout=120)
+        PrivacyLedger(locations[t])
+        outcomes.append("opened")
+    return outcomes
+
+
 class Racers:
     """`n` racer processes. A race runs one task per racer: each task waits at the barrier before its first trial,
     so no process takes two tasks."""
@@ -64,7 +75,7 @@ class Racers:
         self.n = n
         self._pool = ctx.Pool(n, initializer=_start, initargs=(ctx.Barrier(n),))
 
-    def race(self, race, location: str, trials: int) -> list[list[str]]:
+    def race(self, race, location: str | list[str], trials: int) -> list[list[str]]:
         """Per trial, every racer's outcome."""
         per_racer = self._pool.starmap(race, [(location, trials, racer) for racer in range(self.n)], chunksize=1)
         return [list(outcomes) for outcomes in zip(*per_racer)]

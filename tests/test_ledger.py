@@ -6,7 +6,7 @@ from dpalgos.plan import Mechanism, Plan
 from tasks.admission import require_budget, require_public
 from tasks.errors import BudgetExceeded, NoBudget, ReleaseConflict, ReleaseError
 from tasks.ledger import PrivacyLedger, data_source, public_copy
-from tests.ledger_races import Racers, one_budget, one_release_id
+from tests.ledger_races import Racers, one_budget, one_release_id, open_each
 
 BUDGET = (1.0, 1e-6)
 
@@ -144,6 +144,14 @@ def test_two_runs_racing_one_release_id_draw_it_once(racers, ledger_location, tr
         winner = f"/runs/host-{o.index('won')}"
         assert [(r["status"], r["attempts"], r["location"]) for r in ledger.releases(f"i{t}")] == \
             [("drawing", 1, winner)]
+
+
+def test_hosts_opening_a_new_database_at_once_create_its_tables_once(racers, postgres):
+    """CREATE TABLE IF NOT EXISTS is not safe against a concurrent one: the schema is made under an advisory lock."""
+    trials = 5
+    databases = [postgres.new_database() for _ in range(trials)]
+    assert racers.race(open_each, databases, trials) == [["opened", "opened"]] * trials
+    assert all(PrivacyLedger(url).budget("none") is None for url in databases)
 
 
 def _backend(location: str) -> str:
