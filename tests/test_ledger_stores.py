@@ -177,3 +177,28 @@ def test_ledger_migrate_refuses_what_it_does_not_copy(postgres, tmp_path, monkey
     code, _, err = cli("ledger", "migrate", "--to", postgres.new_database())
     assert code == 2 and usage in err
     assert not (tmp_path / "absent.sqlite").exists()
+
+
+@pytest.mark.slow  # one CLI release, its own Prefect API: ~40 s
+def test_a_release_on_a_postgresql_ledger(postgres, tmp_path, monkeypatch):
+    """The whole path on a database: admission, charge, lease, marks, manifest, report and artifacts; the password in
+    no output and no file of the run (its log included)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from tests.conftest import blobs, write_csv
+
+    url = _with_password(postgres.new_database())
+    monkeypatch.setenv(LEDGER_ENV, url)
+    (tmp_path / "s.yaml").write_text(yaml.safe_dump(spec_dict(tmp_path, write_csv(tmp_path / "b.csv", blobs(2000)))))
+    run = subprocess.run([sys.executable, "-m", "flows.cli", "run", str(tmp_path / "s.yaml"), "--release-id", "pg-1",
+                          "--json"], capture_output=True, text=True, cwd=tmp_path, timeout=600,
+                         env={**os.environ, "PREFECT_HOME": str(tmp_path / ".prefect-home")})
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert json.loads(run.stdout)["status"] == "published"
+    assert [(r["release_id"], r["status"], r["attempts"]) for r in PrivacyLedger(url).releases("blobs")] == \
+        [("pg-1", "published", 1)]
+    assert PASSWORD not in run.stdout + run.stderr
+    assert not [f for f in (tmp_path / "runs").rglob("*") if f.is_file() and PASSWORD.encode() in f.read_bytes()]
