@@ -320,12 +320,12 @@ def cmd_ledger_migrate(args) -> int:
         raise SpecError(f"no privacy ledger at {source_location}: nothing to migrate")
     target = PrivacyLedger(args.target)
     copied = copy_ledger(source, target)
-    print(f"copied the ledger {source.location} into {target.location}: "
+    print(f"copied the ledger {source.name} into {target.name}: "
           + ", ".join(f"{table} {n} rows" for table, n in copied["rows"].items()))
     for dataset_id, (epsilon, delta, spent) in copied["datasets"].items():
         print(f"  dataset '{dataset_id}': lifetime epsilon={epsilon:g} delta={delta:g}, spent epsilon={spent:.6g} "
               f"(the same in both)")
-    print(f"next: set `ledger = \"{target.location}\"` on every host that runs releases (the password as you "
+    print(f"next: set `ledger = \"{target.name}\"` on every host that runs releases (the password as you "
           f"keep it), then check with `dprelease budget show DATASET`")
     return 0
 

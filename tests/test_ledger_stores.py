@@ -5,7 +5,11 @@ and `dprelease ledger migrate`."""
 
 from __future__ import annotations
 
+import json
+import os
 import sqlite3
+import subprocess
+import sys
 from pathlib import Path
 
 import psycopg
@@ -16,7 +20,7 @@ from dpalgos import dpkmeans
 from flows.cli import main
 from tasks.errors import NoBudget, ReleaseError
 from tasks.ledger import LEDGER_ENV, PrivacyLedger, configured_location
-from tests.conftest import spec_dict
+from tests.conftest import blobs, spec_dict, write_csv
 
 PASSWORD = "s3cret-Pa55"
 
@@ -75,6 +79,15 @@ def test_a_bad_database_is_a_one_line_error_naming_it(postgres, tmp_path):
             PrivacyLedger(url)
         assert str(failed.value).startswith("cannot open privacy ledger postgresql://dprelease")
         assert problem in str(failed.value) and "\n" not in str(failed.value) and PASSWORD not in str(failed.value)
+
+
+def test_a_database_ledger_without_its_client_installed_is_a_one_line_error(monkeypatch, cli):
+    monkeypatch.setitem(sys.modules, "psycopg", None)  # as if the postgres extra were not installed
+    monkeypatch.delitem(sys.modules, "tasks.ledger.postgres", raising=False)
+    code, _, err = cli("budget", "show", "d", "--ledger", f"postgresql://dprelease:{PASSWORD}@db.internal/ledger")
+    assert code == 1 and err == ("error: the privacy ledger postgresql://dprelease:***@db.internal/ledger is a "
+                                 "PostgreSQL database, and its client is not installed: pip install "
+                                 "'dprelease[postgres]'\n")
 
 
 def test_an_older_sqlite_ledger_gets_the_columns_added_since_and_keeps_its_history_in_order(tmp_path):
@@ -183,13 +196,6 @@ def test_ledger_migrate_refuses_what_it_does_not_copy(postgres, tmp_path, monkey
 def test_a_release_on_a_postgresql_ledger(postgres, tmp_path, monkeypatch):
     """The whole path on a database: admission, charge, lease, marks, manifest, report and artifacts; the password in
     no output and no file of the run (its log included)."""
-    import json
-    import os
-    import subprocess
-    import sys
-
-    from tests.conftest import blobs, write_csv
-
     url = _with_password(postgres.new_database())
     monkeypatch.setenv(LEDGER_ENV, url)
     (tmp_path / "s.yaml").write_text(yaml.safe_dump(spec_dict(tmp_path, write_csv(tmp_path / "b.csv", blobs(2000)))))

@@ -21,7 +21,7 @@ def copy_ledger(source, target) -> dict:
     with source._transaction(immediate=True, keep=False) as src, target._transaction(immediate=True) as dst:
         held = _counts(dst)
         if any(held.values()):
-            raise ReleaseConflict(f"the ledger {target.location} is not empty ({_listed(held)}): a migration copies "
+            raise ReleaseConflict(f"the ledger {target.name} is not empty ({_listed(held)}): a migration copies "
                                   f"into a ledger that holds nothing. Nothing was copied")
         for table, key in TABLES.items():
             rows = [dict(r) for r in src.execute(f"SELECT * FROM {table} ORDER BY {key}")]
@@ -31,13 +31,13 @@ def copy_ledger(source, target) -> dict:
                                 f"({', '.join('?' for _ in columns)})", [tuple(r[c] for c in columns) for r in rows])
         copied = _counts(src)
         if _counts(dst) != copied:
-            raise ReleaseError(f"the copy into {target.location} holds {_listed(_counts(dst))} rows, the source "
+            raise ReleaseError(f"the copy into {target.name} holds {_listed(_counts(dst))} rows, the source "
                                f"{_listed(copied)}: nothing was copied")
         datasets = {d: _figures(source, src, d) for d in _datasets(src)}
         for dataset_id, figures in datasets.items():
             if _figures(target, dst, dataset_id) != figures:
                 raise ReleaseError(f"dataset '{dataset_id}' has another budget or spend in the copy into "
-                                   f"{target.location} than in {source.location}: nothing was copied")
+                                   f"{target.name} than in {source.name}: nothing was copied")
     return {"rows": copied, "datasets": datasets}
 
 

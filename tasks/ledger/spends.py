@@ -223,7 +223,7 @@ class Spends:
             n = db.execute("UPDATE spends SET status=?, updated_at=? WHERE release_id=?",
                            (status, now(), release_id)).rowcount
         if n != 1:
-            raise ReleaseConflict(f"release '{release_id}' is not in the ledger {self.location}")
+            raise ReleaseConflict(f"release '{release_id}' is not in the ledger {self.name}")
 
     def status(self, release_id: str) -> str | None:
         with self._transaction() as db:
@@ -262,7 +262,7 @@ class Spends:
     def _budget_locked(self, db, dataset_id: str) -> tuple[float, float]:
         row = db.execute("SELECT epsilon, delta FROM budgets WHERE dataset_id=?", (dataset_id,)).fetchone()
         if row is None:
-            raise NoBudget(no_budget_message(dataset_id, self.location))
+            raise NoBudget(no_budget_message(dataset_id, self.name))
         return row["epsilon"], row["delta"]
 
 

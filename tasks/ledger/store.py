@@ -21,7 +21,7 @@ from pathlib import Path
 
 from tasks.errors import ReleaseError
 from tasks.ledger.schema import ADDED, SCHEMA, TABLES
-from tasks.settings import is_database
+from tasks.settings import is_database, masked
 
 
 def now() -> str:
@@ -30,18 +30,15 @@ def now() -> str:
 
 class Store:
     """The store of a ledger, a SQLite file or a PostgreSQL database (`location`: a path or a postgresql:// URL);
-    `_transaction` is what every part of the ledger reads and writes through. `location` names it in messages, its
-    password masked."""
+    `_transaction` is what every part of the ledger reads and writes through. `name`: the location as messages show
+    it, a URL's password masked."""
 
     def __init__(self, location: str | Path):
         if is_database(location):
-            # Deferred: psycopg is an optional dependency, and the CLI's checks of a SQLite ledger need not load it.
-            from tasks.ledger.postgres import Database
-
-            self._db = Database(str(location))
+            self._db = _database(str(location))
         else:
             self._db = SQLiteFile(Path(location))
-        self.location = self._db.shown
+        self.name = self._db.shown
         self._create()
 
     def _create(self) -> None:
@@ -65,6 +62,18 @@ class Store:
         and whose rows are addressable by column name. immediate: a write transaction, taken at once (serialises
         the writers). keep=False: every check runs as it would, and nothing is written (a dry run)."""
         return self._db.transaction(immediate, keep)
+
+
+def _database(url: str):
+    try:
+        # Deferred: psycopg is an optional dependency, and the CLI's checks of a SQLite ledger need not load it.
+        from tasks.ledger.postgres import Database
+    except ImportError as exc:
+        if not (exc.name or "").startswith("psycopg"):
+            raise
+        raise ReleaseError(f"the privacy ledger {masked(url)} is a PostgreSQL database, and its client is not "
+                           f"installed: pip install 'dprelease[postgres]'") from None
+    return Database(url)
 
 
 class SQLiteFile:
