@@ -41,9 +41,10 @@ def _absolute_path(value: Any, where: str) -> str:
 
 #: What a `ledger` setting names a PostgreSQL database with (libpq's URI schemes); anything else is a SQLite file.
 DATABASE_SCHEMES = ("postgresql://", "postgres://")
-#: A password in a URL's user information (`scheme://user:PASSWORD@host`, the scheme's slashes mistyped too) and in
-#: a `password=` parameter (of the URL, or of a libpq "key=value" string given where a URL was expected).
-_USERINFO_PASSWORD = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*:/*[^:/?#@\s]*:)[^/?#\s]*@")
+#: A password in a URL's user information (`scheme://user:PASSWORD@host`, the scheme's slashes mistyped too; the URL
+#: alone or quoted in a text) and in a `password=` parameter (of the URL, or of a libpq "key=value" string given
+#: where a URL was expected).
+_USERINFO_PASSWORD = re.compile(r"(?<![A-Za-z0-9+.-])([A-Za-z][A-Za-z0-9+.-]*:/*[^:/?#@\s\"']*:)[^/?#\s\"']*@")
 _PASSWORD_PARAMETER = re.compile(r"(?i)(\bpassword\s*=\s*)[^&#\s]*")
 
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 import re
 from contextlib import contextmanager
 from functools import lru_cache
+from urllib.parse import unquote
 
 import psycopg
 from psycopg.conninfo import conninfo_to_dict
@@ -55,12 +56,11 @@ class Database:
 
     def __init__(self, url: str):
         self.shown = masked(url)
-        self._password = None
+        self._secrets = _passwords(url)
         try:
             self._params = conninfo_to_dict(url)
         except psycopg.Error as exc:
             raise ReleaseError(f"cannot open privacy ledger {self.shown}: {self._line(exc)}") from None
-        self._password = self._params.get("password")
         self._params.setdefault("connect_timeout", CONNECT_TIMEOUT_SECONDS)
         self._params.setdefault("application_name", "dprelease")
 
@@ -101,9 +101,20 @@ class Database:
         later says here how its existing rows are filled)."""
 
     def _line(self, exc: BaseException) -> str:
-        """An error as one line, without the password (libpq's messages do not quote it; a parse error may)."""
+        """An error as one line, without the password (libpq's connection errors do not quote it; its URL parser may,
+        e.g. a bad %-escape in it)."""
         text = " ".join(str(exc).split()) or type(exc).__name__
-        return masked(text.replace(self._password, "***") if self._password else text)
+        for secret in self._secrets:
+            text = text.replace(secret, "***")
+        return masked(text)
+
+
+def _passwords(url: str) -> list[str]:
+    """The password of a URL (user information or `password=` parameter), as written and decoded, longest first."""
+    userinfo = re.match(r"[^:]*://([^/?#]*)@", url)
+    found = [userinfo.group(1).split(":", 1)[1]] if userinfo and ":" in userinfo.group(1) else []
+    found += re.findall(r"[?&]password=([^&#]*)", url)
+    return sorted({s for f in found for s in (f, unquote(f)) if s}, key=len, reverse=True)
 
 
 class Connection:
