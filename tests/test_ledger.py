@@ -111,7 +111,7 @@ def racers():
     pool.close()
 
 
-RACE_TRIALS = [20, pytest.param(500, marks=pytest.mark.slow)]
+RACE_TRIALS = [10, pytest.param(500, marks=pytest.mark.slow)]
 
 
 @pytest.mark.parametrize("trials", RACE_TRIALS)
