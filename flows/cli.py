@@ -29,6 +29,8 @@ DEFAULT_OUTPUT = "dprelease-runs"
 #: The built-in example's own budget, registered in its own ledger (never the operator's); the same figure
 #: as deployments/specs/example-kmeans.yaml suggests for the operator's ledger.
 EXAMPLE_BUDGET = (30.0, 1e-6)
+LEDGER_HELP = ("the ledger: a SQLite file or a postgresql:// URL (default: the `ledger` setting, $DPRELEASE_LEDGER, "
+               "config.toml, or ~/.local/state/dprelease/privacy-ledger.sqlite)")
 
 
 def _new_release_id(dataset_id: str) -> str:
@@ -177,24 +179,25 @@ def cmd_generate(args) -> int:
     return 0
 
 
-def _ledger_arg(args) -> str:
-    """--ledger, else the machine's configured ledger."""
-    from tasks.ledger import configured_path
+def _ledger(args, create: bool = True):
+    """The ledger of --ledger, else the machine's configured one (`tasks.ledger.configured_ledger`; create=False:
+    None where nothing was ever recorded), and its name as messages show it (a URL's password masked)."""
+    from tasks.ledger import configured_ledger, configured_location, ledger_at
+    from tasks.settings import masked
 
-    return args.ledger or str(configured_path())
+    if args.ledger:
+        return ledger_at(args.ledger, create), masked(args.ledger)
+    return configured_ledger(create), configured_location()
 
 
 def cmd_budget_show(args) -> int:
-    from tasks.ledger import PrivacyLedger
-
-    args.ledger = _ledger_arg(args)
-    if not Path(args.ledger).exists():
-        print(f"error: no privacy ledger at {args.ledger}", file=sys.stderr)
+    ledger, shown = _ledger(args, create=False)
+    if ledger is None:
+        print(f"error: no privacy ledger at {shown}", file=sys.stderr)
         return 1
-    ledger = PrivacyLedger(args.ledger)
     budget = ledger.budget(args.dataset)
     if budget is None:
-        print(f"error: dataset '{args.dataset}' has no budget in {args.ledger}", file=sys.stderr)
+        print(f"error: dataset '{args.dataset}' has no budget in {shown}", file=sys.stderr)
         return 1
     spent = ledger.spent(args.dataset)
     rows = ledger.releases(args.dataset)
@@ -205,7 +208,7 @@ def cmd_budget_show(args) -> int:
                           "budget": {"epsilon": budget[0], "delta": budget[1]},
                           "spent": spent.__dict__, "releases": rows, "budget_history": history}, indent=2))
         return 0
-    print(f"dataset '{args.dataset}'  ledger {args.ledger}")
+    print(f"dataset '{args.dataset}'  ledger {shown}")
     print(f"  data source      {ledger.source(args.dataset) or '(none yet: bound by its first release)'}")
     unbound = "(not bound yet: by its first release, or by `budget set --reading-from SPEC`)"
     print(f"  read as          {ledger.reading(args.dataset) or unbound}")
@@ -226,10 +229,8 @@ def cmd_budget_show(args) -> int:
 
 def cmd_budget_set(args) -> int:
     from tasks.errors import ReleaseConflict, SpecError
-    from tasks.ledger import PrivacyLedger
 
-    args.ledger = _ledger_arg(args)
-    ledger = PrivacyLedger(args.ledger)
+    ledger, shown = _ledger(args)
     if (args.source is None or args.reading_from is None) and ledger.source(args.dataset) is None:
         print(f"error: dataset '{args.dataset}' is bound to no data yet: give its --source (the file or folder its "
               f"releases read; a dataset id spends the budget of its own data only) and --reading-from (the specs "
@@ -251,7 +252,7 @@ def cmd_budget_set(args) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     print(f"dataset '{args.dataset}' ({ledger.source(args.dataset)}): lifetime budget set to epsilon={args.epsilon:g}, "
-          f"delta={args.delta:g} in {args.ledger}")
+          f"delta={args.delta:g} in {shown}")
     bound = ledger.reading(args.dataset)
     print(f"  read as {bound}" if bound else "  how its data is read is not bound yet (a budget set before readings "
           "were): its first release will bind it; bind it now with --reading-from SPEC..., the specs you reviewed")
@@ -290,27 +291,24 @@ def _reading_of(spec_paths: list[str], dataset_id: str, source: str) -> dict:
 def cmd_public_register(args) -> int:
     from tasks import storage
     from tasks.errors import ReleaseConflict
-    from tasks.ledger import PrivacyLedger
 
-    args.ledger = _ledger_arg(args)
     storage.check_supported(args.path, "path")
     if not storage.exists(storage.canonical(args.path)):
         print(f"error: {args.path} does not exist", file=sys.stderr)
         return 2
+    ledger, shown = _ledger(args)
     try:
-        digest = PrivacyLedger(args.ledger).register_public(args.path, args.source)
+        digest = ledger.register_public(args.path, args.source)
     except ReleaseConflict as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    print(f"{storage.canonical(args.path)} is public ({args.source}; sha256 {digest[:16]}...) in {args.ledger}")
+    print(f"{storage.canonical(args.path)} is public ({args.source}; sha256 {digest[:16]}...) in {shown}")
     return 0
 
 
 def cmd_public_list(args) -> int:
-    from tasks.ledger import PrivacyLedger
-
-    args.ledger = _ledger_arg(args)
-    rows = PrivacyLedger(args.ledger).public_inputs() if Path(args.ledger).exists() else []
+    ledger, _ = _ledger(args, create=False)
+    rows = ledger.public_inputs() if ledger else []
     for r in rows:
         print(f"{r['path']}  sha256 {r['sha256'][:16]}...  {r['source']}  (registered {r['registered_at']})")
     return 0
@@ -330,6 +328,29 @@ def cmd_releases_list(args) -> int:
     for r in rows:
         print(f"  {r['release_id']:<44} {r['dataset_id']:<20} {r['kind']:<16} {r['period'] or '-':<10} "
               f"epsilon={r['epsilon']:<8.4g} delta={r['delta']:<8.2g} {r['published_at']}  {r['location']}")
+
+
+def cmd_ledger_migrate(args) -> int:
+    from tasks import settings
+    from tasks.ledger import PrivacyLedger, ledger_at
+    from tasks.ledger.migrate import copy_ledger
+
+    source_location = args.source or settings.current().ledger
+    if settings.is_database(source_location) or not settings.is_database(args.target):
+        raise SpecError(f"ledger migrate copies a SQLite file (--from, else the `ledger` setting: "
+                        f"{settings.masked(source_location)}) into a PostgreSQL database (--to postgresql://...)")
+    source = ledger_at(source_location, create=False)
+    if source is None:
+        raise SpecError(f"no privacy ledger at {source_location}: nothing to migrate")
+    target = PrivacyLedger(args.target)
+    copied = copy_ledger(source, target)
+    print(f"copied the ledger {source.name} into {target.name}: "
+          + ", ".join(f"{table} {n} rows" for table, n in copied["rows"].items()))
+    for dataset_id, (epsilon, delta, spent) in copied["datasets"].items():
+        print(f"  dataset '{dataset_id}': lifetime epsilon={epsilon:g} delta={delta:g}, spent epsilon={spent:.6g} "
+              f"(the same in both)")
+    print(f"next: set `ledger = \"{target.name}\"` on every host that runs releases (the password as you "
+          f"keep it), then check with `dprelease budget show DATASET`")
     return 0
 
 
@@ -452,8 +473,7 @@ def build_parser() -> argparse.ArgumentParser:
                            description="Print the lifetime budget, the composed spend and every release "
                                        "of a dataset.")
     show.add_argument("dataset", help="dataset id")
-    show.add_argument("--ledger", default=None, help="ledger file (default: $DPRELEASE_LEDGER, config.toml, or "
-                                                     "~/.local/state/dprelease/privacy-ledger.sqlite)")
+    show.add_argument("--ledger", default=None, help=LEDGER_HELP)
     show.add_argument("--json", action="store_true", help="machine-readable output")
     show.set_defaults(func=cmd_budget_show)
     setb = bsub.add_parser("set", help="set or change a dataset's lifetime budget",
@@ -479,8 +499,7 @@ def build_parser() -> argparse.ArgumentParser:
     setb.add_argument("--reason", default=None,
                       help="why the budget changes, kept in the budget's history (`budget show`); required to raise "
                            "the budget of a dataset that has spent any of it")
-    setb.add_argument("--ledger", default=None, help="ledger file (default: $DPRELEASE_LEDGER, config.toml, or "
-                                                     "~/.local/state/dprelease/privacy-ledger.sqlite)")
+    setb.add_argument("--ledger", default=None, help=LEDGER_HELP)
     setb.set_defaults(func=cmd_budget_set)
 
     public = sub.add_parser("public", help="declare a file public (public marginals, a public sample)",
@@ -494,11 +513,10 @@ def build_parser() -> argparse.ArgumentParser:
                                       "be declared public.")
     reg.add_argument("path", help="the public file or folder")
     reg.add_argument("--source", required=True, help="where it comes from (e.g. 'census 2021, table P12')")
-    reg.add_argument("--ledger", default=None, help="ledger file (default: $DPRELEASE_LEDGER, config.toml, or "
-                                                    "~/.local/state/dprelease/privacy-ledger.sqlite)")
+    reg.add_argument("--ledger", default=None, help=LEDGER_HELP)
     reg.set_defaults(func=cmd_public_register)
     plist = psub.add_parser("list", help="list the files declared public", description="List the public inputs.")
-    plist.add_argument("--ledger", default=None, help="ledger file (default: as `register`)")
+    plist.add_argument("--ledger", default=None, help=LEDGER_HELP)
     plist.set_defaults(func=cmd_public_list)
 
     releases = sub.add_parser("releases", help="list the published releases of an output location (its catalogue)",
@@ -514,6 +532,24 @@ def build_parser() -> argparse.ArgumentParser:
                                                       f"operator's `output` setting, else {DEFAULT_OUTPUT})")
     rlist.add_argument("--json", action="store_true", help="machine-readable output")
     rlist.set_defaults(func=cmd_releases_list)
+    ledger = sub.add_parser("ledger", help="move the privacy ledger to a database several hosts share",
+                            description="The privacy ledger's store: a SQLite file on one machine, or a PostgreSQL "
+                                        "database that every host running releases shares.")
+    lsub = ledger.add_subparsers(dest="ledger_command", required=True)
+    migrate = lsub.add_parser("migrate", help="copy a SQLite ledger into an empty PostgreSQL database",
+                              description="Copy every row of a SQLite ledger (budgets, their history, spends, public "
+                                          "inputs) into a PostgreSQL database that holds no ledger rows, in one "
+                                          "transaction, then check that the copy holds as many rows and that "
+                                          "every dataset has the same budget and composed spend. Stop every "
+                                          "release first; afterwards, point every host's `ledger` setting at the "
+                                          "database. The SQLite file is left as it was.")
+    migrate.add_argument("--to", required=True, metavar="URL", dest="target",
+                         help="the PostgreSQL database to copy into, postgresql://USER@HOST:PORT/DATABASE (its "
+                              "password is never printed); it must hold no ledger rows")
+    migrate.add_argument("--from", metavar="PATH", dest="source", default=None,
+                         help="the SQLite ledger to copy (default: the `ledger` setting, which must then be a "
+                              "SQLite file)")
+    migrate.set_defaults(func=cmd_ledger_migrate)
 
     kinds = sub.add_parser("kinds", help="list the release kinds (a Markdown table)",
                            description="Print every registered release kind, its data shape and its method.")

@@ -20,13 +20,19 @@ from data_contracts import suites
 from data_contracts.project import build_docs
 from flows.logs import in_run_logging, log_path, run_logging
 from tasks import admission, settings
-from tasks.artifacts import (StageProgress, emit_failed, emit_if_budget_low, emit_published, publish_artifacts,
-                             record_lineage)
+from tasks.artifacts import (
+    StageProgress,
+    emit_failed,
+    emit_if_budget_low,
+    emit_published,
+    publish_artifacts,
+    record_lineage,
+)
 from tasks.contracts import check_contract
 from tasks.errors import Refused, StageFailed
 from tasks.ingest import ingest
 from tasks.kinds import kind_of
-from tasks.ledger import PrivacyLedger
+from tasks.ledger import configured_ledger
 from tasks.manifest import publish_public, publish_release
 from tasks.partitions import dask_client
 from tasks.report import write_report
@@ -248,7 +254,7 @@ def _release(spec: ReleaseSpec, release_id: str, log, period: str | None = None,
 
 def _announce(spec, summary, manifest, run, evaluation, published: bool) -> None:
     """Artifacts for the UI, and the events automations react to."""
-    rows = [] if spec.test_mode else PrivacyLedger(spec.ledger_path).releases(spec.dataset.id)
+    rows = [] if spec.test_mode else configured_ledger().releases(spec.dataset.id)
     publish_artifacts(summary, manifest, run.internal / "contracts", rows,
                       evaluation["headline"] if evaluation else None)
     if not published and not spec.test_mode:  # automations publish downstream on this event

@@ -12,7 +12,7 @@ from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
 from tasks import storage
-from tasks.ledger import PrivacyLedger
+from tasks.ledger import configured_ledger
 from tasks.retry import SAFE, sanitised
 from tasks.run import RunPaths, publish, read_meta
 from tasks.spec import ReleaseSpec
@@ -80,7 +80,7 @@ def publish_release(spec: ReleaseSpec, release_id: str, run: RunPaths, staging: 
         privacy["warning"] = ("TEST MODE: the noise was drawn from a seeded generator; these outputs are NOT "
                               "differentially private and must not be published")
     else:
-        ledger = PrivacyLedger(spec.ledger_path)
+        ledger = configured_ledger()
         total = ledger.spent(spec.dataset.id)
         budget_eps, budget_delta = measured.budget
         privacy["private"] = True

@@ -10,7 +10,7 @@ from prefect import task
 from prefect.cache_policies import NO_CACHE
 
 from tasks.artifacts import markdown_table, privacy_lines
-from tasks.ledger import PrivacyLedger
+from tasks.ledger import configured_ledger
 from tasks.retry import sanitised
 from tasks.run import RunPaths
 from tasks.spec import ReleaseSpec
@@ -50,7 +50,7 @@ def write_report(spec: ReleaseSpec, release_id: str, run: RunPaths, manifest: di
                   "Releases in the ledger:", ""]
         lines += markdown_table(["release", "kind", "epsilon", "delta", "status", "attempts", "created"],
                         [[r["release_id"], r["kind"], f"{r['epsilon']:.4g}", f"{r['delta']:.3g}", r["status"],
-                          r["attempts"], r["created_at"]] for r in PrivacyLedger(spec.ledger_path).releases(spec.dataset.id)])
+                          r["attempts"], r["created_at"]] for r in configured_ledger().releases(spec.dataset.id)])
     lines += ["", "## Data contracts", ""]
     contract_rows = []
     for stage_file in sorted((run.internal / "contracts").glob("*.json"), key=lambda p: p.stat().st_mtime):

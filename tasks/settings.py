@@ -17,11 +17,12 @@ import tomllib
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Callable
+from urllib.parse import urlsplit
 
 from tasks.errors import ReleaseError
 from tasks.storage.locations import check_supported
 
-__all__ = ["OperatorSettings", "config_file", "current", "env_of", "table"]
+__all__ = ["OperatorSettings", "config_file", "current", "env_of", "is_database", "masked", "table"]
 
 _SCHEDULER_ADDRESS = re.compile(r"(tcp|tls)://(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9](?:[A-Za-z0-9.-]*[A-Za-z0-9])?)"
                                 r":([0-9]{1,5})")
@@ -37,6 +38,46 @@ def _absolute_path(value: Any, where: str) -> str:
     if not isinstance(value, str) or not Path(value).expanduser().is_absolute():
         raise ReleaseError(f"{where} must be an absolute path, got {value!r}")
     return str(Path(value).expanduser())
+
+
+#: What a `ledger` setting names a PostgreSQL database with (libpq's URI schemes); anything else is a SQLite file.
+DATABASE_SCHEMES = ("postgresql://", "postgres://")
+#: A password in a URL's user information (`scheme://user:PASSWORD@host`, the scheme's slashes mistyped too; the URL
+#: alone or quoted in a text) and in a `password=` parameter (of the URL, or of a libpq "key=value" string given
+#: where a URL was expected).
+_USERINFO_PASSWORD = re.compile(r"(?<![A-Za-z0-9+.-])([A-Za-z][A-Za-z0-9+.-]*:/*[^:/?#@\s\"']*:)[^/?#\s\"']*@")
+_PASSWORD_PARAMETER = re.compile(r"(?i)(\bpassword\s*=\s*)[^&#\s]*")
+
+
+def is_database(location: Any) -> bool:
+    """Whether a ledger location is a PostgreSQL URL (else it is the path of a SQLite file)."""
+    return isinstance(location, str) and location.strip().lower().startswith(DATABASE_SCHEMES)
+
+
+def masked(location: str) -> str:
+    """A location as every message, log line and listing shows it: its password replaced by `***`. The password is
+    the operator's configuration, not output."""
+    return _PASSWORD_PARAMETER.sub(r"\1***", _USERINFO_PASSWORD.sub(r"\1***@", str(location)))
+
+
+def _ledger(value: Any, where: str) -> str:
+    if not is_database(value):
+        if not isinstance(value, str) or not Path(value).expanduser().is_absolute():
+            raise ReleaseError(f"{where} must be an absolute path of a SQLite file or a postgresql:// URL, got "
+                               f"{masked(str(value))!r}")
+        return str(Path(value).expanduser())
+    url = value.strip()
+    if not _database_named(url):
+        raise ReleaseError(f"{where} must name a database: postgresql://USER@HOST:PORT/DATABASE, got {masked(url)!r}")
+    return url
+
+
+def _database_named(url: str) -> bool:
+    try:
+        parts = urlsplit(url)
+        return parts.path.strip("/") != "" and (parts.port is None or parts.port > 0)  # .port: ValueError if bad
+    except ValueError:
+        return False
 
 
 def _optional_path(value: Any, where: str) -> str | None:
@@ -138,9 +179,12 @@ class OperatorSettings:
     """Every setting of the machine that runs releases (see the module docstring)."""
 
     ledger: str = setting(
-        "DPRELEASE_LEDGER", _default_ledger, _absolute_path,
-        "The privacy ledger: an absolute path of a SQLite file. It holds every dataset's lifetime budget and spends; "
-        "a spec, a flow parameter or `--output-dir` cannot choose it (they would choose the budget).",
+        "DPRELEASE_LEDGER", _default_ledger, _ledger,
+        "The privacy ledger: an absolute path of a SQLite file (one machine), or the URL of a PostgreSQL database that "
+        "every host running releases shares, `postgresql://USER@HOST:PORT/DATABASE` (needs the `postgres` extra: "
+        "`pip install 'dprelease[postgres]'`; see [A ledger several hosts share](../how-to/shared-ledger.md)). It "
+        "holds every dataset's lifetime budget and spends; a spec, a flow parameter or `--output-dir` cannot choose "
+        "it (they would choose the budget). Messages show a URL with its password masked.",
         "$XDG_STATE_HOME/dprelease/privacy-ledger.sqlite (~/.local/state/...)")
     test_mode: bool = setting(
         "DPRELEASE_TEST_MODE", False, _allowed,

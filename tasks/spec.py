@@ -69,11 +69,6 @@ class ReleaseSpec(Strict):
     def test_mode(self) -> bool:
         return self.mode == "test"
 
-    @property
-    def ledger_path(self) -> Path:
-        """The operator's ledger (configuration of the machine, `tasks.settings`)."""
-        return Path(settings.current().ledger)
-
     def fingerprint(self) -> str:
         """Hash of everything that determines the DP measurements; a resumed release must match it."""
         basis = {"dataset": self.dataset.id, "path": self.dataset.path, "numeric": self.dataset.numeric,

@@ -28,7 +28,7 @@ from dpalgos.noise import ExactNoise, Measure, SeededNoise
 from tasks import admission
 from tasks.errors import DrawFailed, ReleaseConflict
 from tasks.kinds import kind_of
-from tasks.ledger import PrivacyLedger
+from tasks.ledger import configured_ledger
 from tasks.retry import INTERNAL_LOG, SAFE, sanitised
 from tasks.run import META, RunPaths, StageOutput, commit_once
 from tasks.spec import ReleaseSpec
@@ -77,7 +77,7 @@ def measure(spec: ReleaseSpec, release_id: str, run: RunPaths, prepared: StageOu
     run.fetch_measurements()  # kept in the scratch store: a run on another host resumes the release
     reused = run.measurements.exists()  # this release's: the admission refused another's (tasks.admission)
     if not spec.test_mode:
-        ledger = PrivacyLedger(spec.ledger_path)
+        ledger = configured_ledger()
         charge = admission.charge_for(ledger, spec, release_id, run, plan, owner)
         own = charge.release
         log.info("privacy ledger: release %s costs epsilon=%.4g, delta=%.3g (%s); dataset '%s' total epsilon=%.4g "

@@ -92,9 +92,9 @@ EXTREMES = {
 
 def spec_for(kind, folder: Path, extra: list | None = None, **overrides) -> dict:
     """The kind's example release on data of its shape; registers the dataset's budget in the test's ledger."""
-    from tasks.ledger import PrivacyLedger, configured_path
+    from tasks.ledger import configured_ledger
 
-    PrivacyLedger(configured_path()).set_budget("conf", 100.0, 1e-5)
+    configured_ledger().set_budget("conf", 100.0, 1e-5)
     return {"dataset": dataset_for(kind.shape, folder / "data", extra), "release": kind.example(),
             "output_dir": str(folder / "runs"), "dask": {"n_workers": 1, "threads_per_worker": 1}, **overrides}
 

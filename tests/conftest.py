@@ -1,4 +1,5 @@
-"""Shared fixtures. Flow tests use one Prefect test harness (a temporary local API) for the session."""
+"""Shared fixtures. Flow tests use one Prefect test harness (a temporary local API) for the session; ledger tests
+run on a SQLite file and on a PostgreSQL server the session starts once (`postgres`, `ledger_location`)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from flows.environment import apply_defaults
+from tests import postgres as pg
 
 apply_defaults()  # the CLI's process settings, before prefect is imported
 os.environ.setdefault("DPRELEASE_TASK_RETRY_DELAY_SECONDS", "0")  # retries at once: the tests force failures
@@ -42,17 +44,44 @@ def operator_ledger(tmp_path, monkeypatch) -> Path:
     return path
 
 
+@pytest.fixture(scope="session")
+def postgres():
+    """A PostgreSQL server for the session (tests/postgres.py), started when a test first asks for it and stopped at
+    the end, whatever happened."""
+    bin_dir = pg.binaries()
+    if bin_dir is None:
+        pytest.skip("no PostgreSQL server binaries (initdb, pg_ctl) on the PATH or in /usr/lib/postgresql/*/bin: "
+                    "install Debian's postgresql package (.ci/run does)")
+    server = pg.Server.start(bin_dir)
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def ledger_location(request, tmp_path, monkeypatch) -> str:
+    """A ledger of the test's own on each backend (a SQLite file, or a fresh database on the session's server),
+    configured as the operator's."""
+    from tasks.ledger import LEDGER_ENV
+
+    if request.param == "sqlite":
+        location = str(tmp_path / "l.sqlite")
+    else:
+        location = request.getfixturevalue("postgres").new_database()
+    monkeypatch.setenv(LEDGER_ENV, location)
+    return location
+
+
 def budget(dataset_id: str, epsilon: float = 10.0, delta: float = 1e-6) -> None:
     """Register a dataset's lifetime budget in the configured ledger, as `dprelease budget set` does."""
-    from tasks.ledger import PrivacyLedger, configured_path
-
-    PrivacyLedger(configured_path()).set_budget(dataset_id, epsilon, delta)
+    ledger().set_budget(dataset_id, epsilon, delta)
 
 
 def ledger():
-    from tasks.ledger import PrivacyLedger, configured_path
+    from tasks.ledger import configured_ledger
 
-    return PrivacyLedger(configured_path())
+    return configured_ledger()
 
 
 @pytest.fixture

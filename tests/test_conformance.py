@@ -14,7 +14,7 @@ import pytest
 
 from tasks.errors import StageFailed
 from tasks.kinds import REGISTRY
-from tasks.ledger import PrivacyLedger
+from tasks.ledger import configured_ledger
 from tasks.retry import RETRIES
 from tasks.spec import parse_spec
 from tests import conformance as C
@@ -172,7 +172,7 @@ def test_release_through_the_flow(name, tmp_path, monkeypatch):
     summary = release(spec=spec)  # the resume
     assert failures == ["mark"] + ["post"] * (1 + RETRIES["retries"]) and len(draws) == 1
     assert summary["status"] == "published"
-    rows = PrivacyLedger(spec.ledger_path).releases("conf")
+    rows = configured_ledger().releases("conf")
     assert [(r["status"], r["attempts"]) for r in rows] == [("published", 1)]
 
     rel = Path(summary["release_dir"])

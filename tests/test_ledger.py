@@ -1,6 +1,3 @@
-import multiprocessing as mp
-import sqlite3
-
 import dp_accounting
 import pytest
 
@@ -8,7 +5,8 @@ from dpalgos import dpkmeans
 from dpalgos.plan import Mechanism, Plan
 from tasks.admission import require_budget, require_public
 from tasks.errors import BudgetExceeded, NoBudget, ReleaseConflict, ReleaseError
-from tasks.ledger import PrivacyLedger, configured_path, data_source, public_copy
+from tasks.ledger import PrivacyLedger, data_source, public_copy
+from tests.ledger_races import Racers, one_budget, one_release_id, open_each
 
 BUDGET = (1.0, 1e-6)
 
@@ -21,8 +19,8 @@ def _charge(ledger, release_id, eps, fingerprint="f", dataset="d", budget=BUDGET
                          plan=dpkmeans.plan(epsilon=eps, iterations=5))
 
 
-def test_spends_compose_and_the_budget_refuses_before_noise(tmp_path):
-    ledger = PrivacyLedger(tmp_path / "l.sqlite")
+def test_spends_compose_and_the_budget_refuses_before_noise(ledger_location):
+    ledger = PrivacyLedger(ledger_location)
     a = _charge(ledger, "r1", 0.4)
     assert a.state == "charged" and a.release.epsilon == pytest.approx(0.4) and a.release.delta == 0.0
     b = _charge(ledger, "r2", 0.6)
@@ -35,8 +33,8 @@ def test_spends_compose_and_the_budget_refuses_before_noise(tmp_path):
     assert ledger.spent("d").epsilon <= 1.0 + 1e-9
 
 
-def test_a_dry_run_refuses_as_the_charge_would_and_records_nothing(tmp_path):
-    ledger = PrivacyLedger(tmp_path / "l.sqlite")
+def test_a_dry_run_refuses_as_the_charge_would_and_records_nothing(ledger_location):
+    ledger = PrivacyLedger(ledger_location)
     _charge(ledger, "r1", 0.6)
     kw = dict(dataset_id="d", kind="kmeans", fingerprint="f", plan=dpkmeans.plan(epsilon=0.3, iterations=5),
               dry_run=True)
@@ -46,26 +44,27 @@ def test_a_dry_run_refuses_as_the_charge_would_and_records_nothing(tmp_path):
         ledger.charge(release_id="r2", **{**kw, "plan": dpkmeans.plan(epsilon=0.9, iterations=5)})
     with pytest.raises(ReleaseConflict, match="already used"):
         ledger.charge(release_id="r1", **{**kw, "fingerprint": "g"})
-    assert [r["release_id"] for r in ledger.releases("d")] == ["r1"] and ledger.spent("d").epsilon == pytest.approx(0.6, rel=1e-2)
+    assert [r["release_id"] for r in ledger.releases("d")] == ["r1"]
+    assert ledger.spent("d").epsilon == pytest.approx(0.6, rel=1e-2)
 
 
-def test_charging_the_same_release_again_is_free(tmp_path):
-    ledger = PrivacyLedger(tmp_path / "l.sqlite")
+def test_charging_the_same_release_again_is_free(ledger_location):
+    ledger = PrivacyLedger(ledger_location)
     _charge(ledger, "r1", 0.9)
     again = _charge(ledger, "r1", 0.9)
     assert again.state == "already charged"
     assert len(ledger.releases("d")) == 1
 
 
-def test_reusing_a_release_id_with_other_parameters_is_refused(tmp_path):
-    ledger = PrivacyLedger(tmp_path / "l.sqlite")
+def test_reusing_a_release_id_with_other_parameters_is_refused(ledger_location):
+    ledger = PrivacyLedger(ledger_location)
     _charge(ledger, "r1", 0.5, fingerprint="a")
     with pytest.raises(ReleaseConflict, match="different data or parameters"):
         _charge(ledger, "r1", 0.5, fingerprint="b")
 
 
-def test_budgets_are_set_by_an_operator_only(tmp_path):
-    ledger = PrivacyLedger(tmp_path / "l.sqlite")
+def test_budgets_are_set_by_an_operator_only(ledger_location):
+    ledger = PrivacyLedger(ledger_location)
     with pytest.raises(NoBudget, match="budget set unregistered"):
         ledger.charge(dataset_id="unregistered", release_id="x", kind="kmeans", fingerprint="f",
                       plan=dpkmeans.plan(epsilon=0.5, iterations=5))
@@ -88,8 +87,8 @@ def test_budgets_are_set_by_an_operator_only(tmp_path):
             ledger.set_budget("d", *bad)
 
 
-def test_status_advances(tmp_path):
-    ledger = PrivacyLedger(tmp_path / "l.sqlite")
+def test_status_advances(ledger_location):
+    ledger = PrivacyLedger(ledger_location)
     _charge(ledger, "r1", 0.5)
     assert ledger.status("r1") == "charged"
     ledger.mark("r1", "measured")
@@ -105,34 +104,62 @@ def test_corrupt_ledger_is_a_clear_error(tmp_path):
         PrivacyLedger(bad)
 
 
-def _race(path, release_id, barrier, results):
-    ledger = PrivacyLedger(path)
-    barrier.wait()
-    try:
-        _charge(ledger, release_id, 0.6)
-        results.put("ok")
-    except BudgetExceeded:
-        results.put("refused")
+@pytest.fixture(scope="module")
+def racers():
+    pool = Racers(2)
+    yield pool
+    pool.close()
 
 
-def test_concurrent_releases_cannot_both_pass_the_budget_check(tmp_path):
-    path = tmp_path / "l.sqlite"
-    PrivacyLedger(path).set_budget("d", *BUDGET)
-    ctx = mp.get_context("spawn")
-    barrier, results = ctx.Barrier(4), ctx.Queue()
-    procs = [ctx.Process(target=_race, args=(path, f"r{i}", barrier, results)) for i in range(4)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(60)
-    outcomes = sorted(results.get(timeout=5) for _ in procs)
-    assert outcomes == ["ok", "refused", "refused", "refused"]
-    rows = sqlite3.connect(path).execute("SELECT COUNT(*) FROM spends").fetchone()[0]
-    assert rows == 1
+RACE_TRIALS = [10, pytest.param(500, marks=pytest.mark.slow)]
 
 
-def test_gaussian_spends_compose_with_dp_accounting(tmp_path):
-    ledger = PrivacyLedger(tmp_path / "l.sqlite")
+@pytest.mark.parametrize("trials", RACE_TRIALS)
+def test_concurrent_releases_cannot_both_pass_the_budget_check(racers, ledger_location, trials):
+    """Two releases race one budget that holds one of them: in every trial exactly one is charged."""
+    ledger = PrivacyLedger(ledger_location)
+    for t in range(trials):
+        ledger.set_budget(f"b{t}", *BUDGET)
+    outcomes = racers.race(one_budget, ledger_location, trials)
+    wins = [o.count("won") for o in outcomes]
+    print(f"\n{_backend(ledger_location)}: {racers.n} releases raced one budget in {trials} trials; one won in "
+          f"{wins.count(1)}, more than one in {sum(w > 1 for w in wins)}")
+    assert wins == [1] * trials
+    assert all(len(ledger.releases(f"b{t}")) == 1 and ledger.spent(f"b{t}").epsilon <= 1.0 for t in range(trials))
+
+
+@pytest.mark.parametrize("trials", RACE_TRIALS)
+def test_two_runs_racing_one_release_id_draw_it_once(racers, ledger_location, trials):
+    """Two runs of one release id (two hosts, two run folders) race its charge and its lease to draw: in every trial
+    exactly one may draw, and the release is charged once."""
+    ledger = PrivacyLedger(ledger_location)
+    for t in range(trials):
+        ledger.set_budget(f"i{t}", *BUDGET)
+    outcomes = racers.race(one_release_id, ledger_location, trials)
+    wins = [o.count("won") for o in outcomes]
+    print(f"\n{_backend(ledger_location)}: {racers.n} runs raced one release id in {trials} trials; one drew in "
+          f"{wins.count(1)}, more than one in {sum(w > 1 for w in wins)}")
+    assert wins == [1] * trials
+    for t, o in enumerate(outcomes):
+        winner = f"/runs/host-{o.index('won')}"
+        assert [(r["status"], r["attempts"], r["location"]) for r in ledger.releases(f"i{t}")] == \
+            [("drawing", 1, winner)]
+
+
+def test_hosts_opening_a_new_database_at_once_create_its_tables_once(racers, postgres):
+    """CREATE TABLE IF NOT EXISTS is not safe against a concurrent one: the schema is made under an advisory lock."""
+    trials = 5
+    databases = [postgres.new_database() for _ in range(trials)]
+    assert racers.race(open_each, databases, trials) == [["opened", "opened"]] * trials
+    assert all(PrivacyLedger(url).budget("none") is None for url in databases)
+
+
+def _backend(location: str) -> str:
+    return "postgresql" if location.startswith("postgresql://") else "sqlite"
+
+
+def test_gaussian_spends_compose_with_dp_accounting(ledger_location):
+    ledger = PrivacyLedger(ledger_location)
     plan = Plan((Mechanism("g", "a query", "gaussian", 1.0, "by construction", 4.0, per_step_generator=True),))
     assert plan.event() == dp_accounting.GaussianDpEvent(4.0)
     ledger.set_budget("g", 2.0, 1e-5)
@@ -143,9 +170,9 @@ def test_gaussian_spends_compose_with_dp_accounting(tmp_path):
     assert c1.release.epsilon < c2.total.epsilon < 2 * c1.release.epsilon
 
 
-def test_a_retry_after_noise_was_drawn_is_charged_again(tmp_path):
+def test_a_retry_after_noise_was_drawn_is_charged_again(ledger_location):
     """The redraw rule: a failed attempt that had drawn noise counts as a run of the mechanism."""
-    ledger = PrivacyLedger(tmp_path / "l.sqlite")
+    ledger = PrivacyLedger(ledger_location)
     ledger.set_budget("d", *BUDGET)
     first = ledger.charge(dataset_id="d", release_id="r", kind="kmeans", fingerprint="f", redraw=True,
                           plan=dpkmeans.plan(epsilon=0.3, iterations=2))
@@ -172,10 +199,10 @@ def test_a_retry_after_noise_was_drawn_is_charged_again(tmp_path):
             ledger.mark("r", "drawing")
 
 
-def test_a_charged_release_whose_public_input_is_corrected_before_any_draw_is_recharged(tmp_path):
+def test_a_charged_release_whose_public_input_is_corrected_before_any_draw_is_recharged(ledger_location):
     """The charge is for the release, not the typo: before any noise, a rerun with corrected parameters replaces
     the event (against the budget); after noise, other parameters are refused."""
-    ledger = PrivacyLedger(tmp_path / "l.sqlite")
+    ledger = PrivacyLedger(ledger_location)
     _charge(ledger, "r", 0.9, fingerprint="typo")
     fixed = ledger.charge(dataset_id="d", release_id="r", kind="kmeans", fingerprint="fixed", redraw=True,
                           plan=dpkmeans.plan(epsilon=0.5, iterations=5))
@@ -193,8 +220,8 @@ def _ch(ledger, release_id="r", eps=0.5, fingerprint="f", location="/runs/a", ow
                          owner=owner)
 
 
-def test_a_measured_release_is_never_drawn_again_when_its_folder_is_gone(tmp_path):
-    ledger = PrivacyLedger(tmp_path / "l.sqlite")
+def test_a_measured_release_is_never_drawn_again_when_its_folder_is_gone(ledger_location):
+    ledger = PrivacyLedger(ledger_location)
     ledger.set_budget("d", 10.0, 1e-6)
     _ch(ledger)
     ledger.begin_draw("r", "A")
@@ -207,8 +234,8 @@ def test_a_measured_release_is_never_drawn_again_when_its_folder_is_gone(tmp_pat
     assert [(r["status"], r["attempts"]) for r in ledger.releases("d")] == [("published", 1)]
 
 
-def test_correcting_parameters_after_a_charged_retry_keeps_every_charge(tmp_path):
-    ledger = PrivacyLedger(tmp_path / "l.sqlite")
+def test_correcting_parameters_after_a_charged_retry_keeps_every_charge(ledger_location):
+    ledger = PrivacyLedger(ledger_location)
     ledger.set_budget("d", 10.0, 1e-6)
     _ch(ledger, eps=1.0)
     ledger.begin_draw("r", "A")            # attempt 1 drew, then crashed
@@ -219,10 +246,10 @@ def test_correcting_parameters_after_a_charged_retry_keeps_every_charge(tmp_path
     assert ledger.spent("d").epsilon > 1.5  # two eps = 1 runs composed (at the budget's delta)
 
 
-def test_only_one_run_of_a_release_id_draws(tmp_path):
+def test_only_one_run_of_a_release_id_draws(ledger_location):
     """Run A is charged and still computing; run B takes the id over (same or another folder): A is refused at
     its first draw, before drawing anything; B draws. With other parameters B's event replaces A's."""
-    ledger = PrivacyLedger(tmp_path / "l.sqlite")
+    ledger = PrivacyLedger(ledger_location)
     ledger.set_budget("d", 10.0, 1e-6)
     _ch(ledger, eps=1.0, owner="A", location="/runs/x")
     _ch(ledger, eps=0.01, fingerprint="g", owner="B", location="/runs/y")
@@ -235,9 +262,9 @@ def test_only_one_run_of_a_release_id_draws(tmp_path):
         ("drawing", 1, "/runs/y")]
 
 
-def test_a_dataset_id_spends_the_budget_of_its_own_data_only(tmp_path):
+def test_a_dataset_id_spends_the_budget_of_its_own_data_only(tmp_path, ledger_location):
     """The audit's attack: an exhausted dataset's data published under another id's budget."""
-    ledger = PrivacyLedger(configured_path())
+    ledger = PrivacyLedger(ledger_location)
     data = tmp_path / "data"
     (data / "2026-11").mkdir(parents=True)
     ledger.set_budget("d", *BUDGET, source=str(data))
@@ -253,8 +280,8 @@ def test_a_dataset_id_spends_the_budget_of_its_own_data_only(tmp_path):
     assert ledger.source("d") == str(data.resolve())
 
 
-def test_a_budget_bound_to_no_data_is_bound_by_its_first_release_not_by_a_dry_run(tmp_path):
-    ledger = PrivacyLedger(tmp_path / "l.sqlite")
+def test_a_budget_bound_to_no_data_is_bound_by_its_first_release_not_by_a_dry_run(tmp_path, ledger_location):
+    ledger = PrivacyLedger(ledger_location)
     ledger.set_budget("d", *BUDGET)
     kw = dict(dataset_id="d", kind="kmeans", fingerprint="f", plan=dpkmeans.plan(epsilon=0.1, iterations=5))
     ledger.charge(release_id="r1", source=str(tmp_path / "a.csv"), dry_run=True, **kw)
@@ -266,9 +293,9 @@ def test_a_budget_bound_to_no_data_is_bound_by_its_first_release_not_by_a_dry_ru
     assert data_source("builtin:example-sensors") == "builtin:example-sensors"
 
 
-def test_a_public_input_is_one_the_operator_declared_public_and_unchanged_since(tmp_path):
+def test_a_public_input_is_one_the_operator_declared_public_and_unchanged_since(tmp_path, ledger_location):
     """The audit's attack: a dataset's own file named as its public marginals released its exact table."""
-    ledger = PrivacyLedger(configured_path())
+    ledger = PrivacyLedger(ledger_location)
     data, public = tmp_path / "data.csv", tmp_path / "m1.csv"
     data.write_text("a\nu\n")
     public.write_text("a,count\nu,1\n")
@@ -286,10 +313,10 @@ def test_a_public_input_is_one_the_operator_declared_public_and_unchanged_since(
         require_public([str(public)])
 
 
-def test_how_a_dataset_is_read_is_bound_by_its_first_release(tmp_path):
+def test_how_a_dataset_is_read_is_bound_by_its_first_release(tmp_path, ledger_location):
     """The audit's attack: a delimiter of the spec's choice turned the parser's refusals into substring queries
     on the data ("has 4 fields per line" counted a digit of the first record)."""
-    ledger = PrivacyLedger(configured_path())
+    ledger = PrivacyLedger(ledger_location)
     ledger.set_budget("d", *BUDGET, source=str(tmp_path / "d.csv"))
     reading = {"format": "csv", "header": False, "delimiter": None, "user_column": None, "weight_column": None,
                "weights_count_records": False}
@@ -304,8 +331,8 @@ def test_how_a_dataset_is_read_is_bound_by_its_first_release(tmp_path):
     assert ledger.charge(release_id="r2", reading=reading, **kw).state == "charged"
 
 
-def test_the_operator_binds_the_reading_and_may_change_it_until_the_first_release(tmp_path):
-    ledger = PrivacyLedger(configured_path())
+def test_the_operator_binds_the_reading_and_may_change_it_until_the_first_release(tmp_path, ledger_location):
+    ledger = PrivacyLedger(ledger_location)
     reading = {"format": "csv", "header": True, "delimiter": ",", "user_column": None, "weight_column": None,
                "weights_count_records": False}
     ledger.set_budget("d", *BUDGET, source=str(tmp_path), reading=reading)  # a folder
@@ -335,9 +362,9 @@ def test_the_operator_binds_the_reading_and_may_change_it_until_the_first_releas
     require_budget("d", source=str(tmp_path / "d.csv"), reading={**changed, "columns": {"b": "categorical"}})
 
 
-def test_one_data_source_is_one_dataset_id(tmp_path):
+def test_one_data_source_is_one_dataset_id(tmp_path, ledger_location):
     """The same records under two ids would have two budgets (the shipped Adult specs had three)."""
-    ledger = PrivacyLedger(tmp_path / "l.sqlite")
+    ledger = PrivacyLedger(ledger_location)
     (tmp_path / "data").mkdir()
     ledger.set_budget("a", *BUDGET, source=str(tmp_path / "data"))
     for other in (tmp_path / "data", tmp_path / "data" / "part.csv", tmp_path):
@@ -350,9 +377,9 @@ def test_one_data_source_is_one_dataset_id(tmp_path):
     ledger.charge(dataset_id="c", release_id="r", source=str(tmp_path / "elsewhere.csv"), **kw)
 
 
-def test_a_public_input_is_read_from_a_checked_private_copy(tmp_path):
+def test_a_public_input_is_read_from_a_checked_private_copy(tmp_path, ledger_location):
     """The audit's attack: the registered marginals swapped for the data mid-run, after the check at the start."""
-    ledger = PrivacyLedger(tmp_path / "l.sqlite")
+    ledger = PrivacyLedger(ledger_location)
     public, data = tmp_path / "m1.csv", tmp_path / "data.csv"
     public.write_text("a,count\nu,1\n")
     data.write_text("a,count\nu,7\n")
@@ -371,10 +398,10 @@ def test_a_public_input_is_read_from_a_checked_private_copy(tmp_path):
         public_copy(str(public), tmp_path / "c3", ledger)
 
 
-def test_a_run_refused_while_reading_still_fixes_how_the_dataset_is_read(tmp_path):
+def test_a_run_refused_while_reading_still_fixes_how_the_dataset_is_read(tmp_path, ledger_location):
     """The third audit probed with one delimiter after another, each refused while reading (never charged), until
     a release first succeeded: the binding is committed by the run's check, before it reads the data."""
-    ledger = PrivacyLedger(tmp_path / "l.sqlite")
+    ledger = PrivacyLedger(ledger_location)
     ledger.set_budget("d", *BUDGET, source=str(tmp_path / "d.csv"))
     reading = {"format": "csv", "header": False, "delimiter": ";", "user_column": None, "weight_column": None,
                "weights_count_records": False}
@@ -395,9 +422,9 @@ def test_the_ledger_and_the_folder_it_makes_are_its_owners_only(tmp_path):
     assert path.stat().st_mode & 0o777 == 0o600
 
 
-def test_a_copy_of_a_datasets_data_under_another_path_is_refused_a_budget_of_its_own(tmp_path):
+def test_a_copy_of_a_datasets_data_under_another_path_is_refused_a_budget_of_its_own(tmp_path, ledger_location):
     """A review bound a byte-identical copy of a dataset, under another path, to a fresh budget."""
-    ledger = PrivacyLedger(tmp_path / "l.sqlite")
+    ledger = PrivacyLedger(ledger_location)
     (tmp_path / "a").mkdir()
     (tmp_path / "a" / "part-0.csv").write_text("x\n1\n2\n")
     ledger.set_budget("a", *BUDGET, source=str(tmp_path / "a"))

@@ -19,7 +19,6 @@ from flows.release import TEST_RUN
 from tasks.errors import BudgetExceeded, DrawFailed, InputError, Refused, ReleaseConflict, StageFailed
 from tasks.kinds import kind_of
 from tasks.kinds.kmeans import postprocessing_seed
-from tasks.ledger import PrivacyLedger
 from tasks.spec import parse_spec
 from tests.conftest import blobs, budget, ledger, spec_dict, write_csv, write_parquet
 
@@ -352,7 +351,7 @@ def test_no_raw_value_reaches_logs_exceptions_or_flow_states(tmp_path, caplog, m
 
     caplog.set_level(logging.INFO)
     (tmp_path / "c").mkdir()  # the contingency's data: both its files, one bound source
-    PrivacyLedger(ledger().path).set_budget("c", 10.0, 1e-6, source=str(tmp_path / "c"))
+    ledger().set_budget("c", 10.0, 1e-6, source=str(tmp_path / "c"))
     bad = write_parquet(tmp_path / "c" / "bad.parquet", {"a": ["u"] * 1235 + [PLANTED, None], "count": np.ones(1237)})
     d = {"dataset": {"id": "c", "path": str(bad), "categories": {"a": ["u", "v"]}, "weight_column": "count",
                      "weights_count_records": True},
@@ -480,7 +479,7 @@ def test_a_spec_cannot_make_a_file_public_by_naming_it(tmp_path):
     cell 'consistent' with itself). A public input is one the operator declared public; the data cannot be."""
     data = tmp_path / "t.csv"
     data.write_text("a,count\nu,7\nv,3\n")
-    PrivacyLedger(ledger().path).set_budget("t", 10.0, 1e-6, source=str(data))
+    ledger().set_budget("t", 10.0, 1e-6, source=str(data))
     with pytest.raises(ReleaseConflict, match="was not declared public"):
         _run(_contingency(tmp_path, data, data, "self-public", 0.01))
     assert not (tmp_path / "runs" / "self-public").exists() and ledger().releases("t") == []
@@ -494,7 +493,7 @@ def test_a_malformed_public_sample_is_refused_before_the_charge(tmp_path):
     generators.generate(generators.CDR, tmp_path / "cdr", users=200, seed=1, partition_rows=100)
     sample = tmp_path / "public.dat"
     sample.write_text("1 2\n3 foo\n")
-    PrivacyLedger(ledger().path).set_budget("cdr", 10.0, 1e-6, source=str(tmp_path / "cdr"))
+    ledger().set_budget("cdr", 10.0, 1e-6, source=str(tmp_path / "cdr"))
     ledger().register_public(str(sample), "the test's own")
     d = {"dataset": {"id": "cdr", "path": str(tmp_path / "cdr"), "items_column": "towers", "item_count": 1303},
          "release": {"kind": "kernel_kmeans", "k": 2, "iterations": 2, "epsilon": 1.0, "delta": 1e-6,
@@ -528,7 +527,7 @@ def test_the_data_path_is_resolved_once_for_the_check_and_the_read(tmp_path, csv
     other = write_csv(tmp_path / "other.csv", blobs(15))
     link = tmp_path / "bound" / "current.csv"
     link.symlink_to(real)
-    PrivacyLedger(ledger().path).set_budget("blobs", 10.0, 1e-6, source=str(tmp_path / "bound"))
+    ledger().set_budget("blobs", 10.0, 1e-6, source=str(tmp_path / "bound"))
     _swap_after_the_check(monkeypatch, link, other)
     _run({**spec_dict(tmp_path, link), "release_id": "swap"})
     ingested = tmp_path / "runs" / "swap" / "internal" / "ingested"
@@ -542,7 +541,7 @@ def test_public_marginals_swapped_after_the_check_are_refused_not_released(tmp_p
     data, public = tmp_path / "t.csv", tmp_path / "m0.csv"
     data.write_text("a,count\nu,7\nv,3\n")
     public.write_text("a,count\n,10\n")
-    PrivacyLedger(ledger().path).set_budget("t", 10.0, 1e-6, source=str(data))
+    ledger().set_budget("t", 10.0, 1e-6, source=str(data))
     ledger().register_public(str(public), "census")
     _swap_after_the_check(monkeypatch, public, data)
     with pytest.raises(ReleaseConflict, match="no longer, what the operator declared public"):

@@ -56,6 +56,20 @@ def test_a_bad_value_is_one_line_naming_the_variable(config, monkeypatch, env, v
     assert expected in str(refused.value) and "\n" not in str(refused.value)
 
 
+def test_the_ledger_is_a_sqlite_file_or_a_postgresql_database_its_password_never_shown(config, monkeypatch):
+    for url in ("postgresql://releases:pw@db.internal:5432/ledger", "postgres://db.internal/ledger?sslmode=require"):
+        monkeypatch.setenv("DPRELEASE_LEDGER", url)
+        assert settings.current().ledger == url and settings.is_database(settings.current().ledger)
+    for bad in ("postgresql://releases:pw@db.internal:5432/", "postgresql://releases:pw@db.internal:port/ledger",
+                "postgres:/releases:pw@db.internal/ledger", "host=db.internal password=pw"):
+        monkeypatch.setenv("DPRELEASE_LEDGER", bad)
+        with pytest.raises(ReleaseError, match="^DPRELEASE_LEDGER must") as refused:
+            settings.current()
+        assert ":pw" not in str(refused.value) and "=pw" not in str(refused.value) and "***" in str(refused.value)
+    assert settings.masked("postgresql://u:p@ss@h/db?password=x&sslmode=require") == \
+        "postgresql://u:***@h/db?password=***&sslmode=require"
+
+
 def test_an_unknown_key_in_the_config_file_is_refused(config):
     config.write_text('legder = "/var/lib/ledger.sqlite"\n')
     with pytest.raises(ReleaseError, match="unknown setting.*legder"):

@@ -67,7 +67,8 @@ from tasks.example_data import is_builtin
 from tasks.ledger import (
     PrivacyLedger,
     check_reading,
-    configured_path,
+    configured_ledger,
+    configured_location,
     data_source,
     no_budget_message,
     source_conflict_message,
@@ -135,7 +136,7 @@ def admit_run(spec, release_id: str) -> Admitted:
     plan = _plan(spec)
     _kinds.kind_of(spec).check_feasible(spec)
     if not spec.test_mode:
-        ledger = PrivacyLedger(spec.ledger_path)
+        ledger = configured_ledger()
         charge_for(ledger, spec, release_id, run, plan, owner=None, dry_run=True)
         ledger.bind(spec.dataset.id, spec.dataset.path, dataset_reading(spec.dataset))
     return Admitted(plan, [] if is_builtin(spec.dataset.path) else storage.identity(spec.dataset.path))
@@ -250,11 +251,11 @@ def _pinned(spec):
 
 # ---- 8-13: the run -----------------------------------------------------------------------------------------------
 def _outside_every_dataset(output_dir: str, release_id: str) -> None:
-    path = configured_path()
-    if not path.exists():
+    ledger = configured_ledger(create=False)
+    if ledger is None:
         return
     out, run = data_source(output_dir), data_source(str(Path(output_dir) / release_id))
-    for source in PrivacyLedger(path).sources():
+    for source in ledger.sources():
         if within(out, source) or within(source, run):
             raise Refused(f"the output folder {output_dir} is inside a dataset's data, or its run folder "
                                   f"{release_id} holds one: choose an output_dir outside every dataset's data. "
@@ -290,11 +291,10 @@ def _plan(spec):
 def require_budget(dataset_id: str, source: str | None = None, reading: dict | None = None) -> tuple[float, float]:
     """The dataset's lifetime budget; refused for a dataset without one, or one bound to another data source than
     `source` or read otherwise than `reading`."""
-    path = configured_path()
-    ledger = PrivacyLedger(path) if path.exists() else None
+    ledger = configured_ledger(create=False)
     budget = ledger.budget(dataset_id) if ledger else None
     if budget is None:
-        raise NoBudget(no_budget_message(dataset_id, path))
+        raise NoBudget(no_budget_message(dataset_id, configured_location()))
     bound = ledger.source(dataset_id)
     if source is not None and bound is not None and not within(data_source(source), bound):
         raise ReleaseConflict(source_conflict_message(dataset_id, bound, data_source(source)))
@@ -308,19 +308,20 @@ def require_public(paths: list[str]) -> None:
     naming its own file as the public marginals)."""
     if not paths:
         return
-    path = configured_path()
-    registered = {r["path"]: r for r in PrivacyLedger(path).public_inputs()} if path.exists() else {}
+    ledger = configured_ledger(create=False)
+    registered = {r["path"]: r for r in ledger.public_inputs()} if ledger else {}
     for p in paths:
         where = data_source(p)
         row = registered.get(where)
         if row is None:
-            raise ReleaseConflict(f"the public input {where} was not declared public in the ledger {path}: an "
-                                  f"operator declares it with `dprelease public register {where} --source "
-                                  f"WHERE-IT-COMES-FROM`. Nothing was run")
+            raise ReleaseConflict(f"the public input {where} was not declared public in the ledger "
+                                  f"{configured_location()}: an operator declares it with `dprelease public register "
+                                  f"{where} --source WHERE-IT-COMES-FROM`. Nothing was run")
         try:
             digest = content_sha256(where)
         except OSError:
-            raise ReleaseConflict(f"the public input {where}, declared public, cannot be read. Nothing was run") from None
+            raise ReleaseConflict(f"the public input {where}, declared public, cannot be read. Nothing was "
+                                  f"run") from None
         if digest != row["sha256"]:
             raise ReleaseConflict(f"the public input {where} changed since it was declared public: an operator "
                                   f"declares it again. Nothing was run")

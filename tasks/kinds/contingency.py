@@ -14,7 +14,7 @@ from data_contracts import suites
 from dpalgos.lazy import module
 from tasks.errors import InputError
 from tasks.kinds.base import Draw, Footprint, ReleaseKind, dense_footprint, noise_footprint
-from tasks.ledger import PrivacyLedger, public_copy
+from tasks.ledger import PrivacyLedger, configured_ledger, public_copy
 from tasks.params import ConsistencyBase
 from tasks.run import committed_plan
 
@@ -118,7 +118,7 @@ class ContingencyKind(ReleaseKind):
 
     def _marginals(self, spec):
         p, table = spec.release, table_of(spec)
-        ledger = None if spec.test_mode else PrivacyLedger(spec.ledger_path)
+        ledger = None if spec.test_mode else configured_ledger()
         marginals, values = (read_public_marginals(p.public_marginals, table, ledger) if p.public_marginals
                              else ([], np.zeros(0)))
         A = table.constraint_matrix(marginals)

@@ -24,7 +24,7 @@ from dpalgos.lazy import module
 from tasks import storage
 from tasks.errors import InputError
 from tasks.kinds.base import Draw, Footprint, ReleaseKind, noise_footprint
-from tasks.ledger import PrivacyLedger, public_copy
+from tasks.ledger import configured_ledger, public_copy
 from tasks.params import ReleaseBase
 from tasks.partitions import Partitioned, current_client
 from tasks.run import read_meta
@@ -110,7 +110,7 @@ def public_records(spec, limit: int = 20_000) -> sp.csr_matrix:
     with tempfile.TemporaryDirectory() as tmp:
         # a private copy checked against the operator's declaration (test mode: unchecked)
         src = public_copy(spec.release.public_sample, Path(tmp) / "source",
-                          None if spec.test_mode else PrivacyLedger(spec.ledger_path))
+                          None if spec.test_mode else configured_ledger())
         fmt = "parquet" if src.is_dir() or src.suffix == ".parquet" else "transactions"
         ingest_sets(src, fmt, ds.items_column, Path(tmp) / "public", item_count=ds.item_count)
         parts = [read_sets(f, ds.items_column, ds.item_count) for f in parquet_files(Path(tmp) / "public")]

@@ -29,7 +29,8 @@ class PublicInputs:
                         (same_bytes is not None and row["source_digest"] == same_bytes):
                     raise ReleaseConflict(f"{where} holds the data of dataset '{row['dataset_id']}': it cannot "
                                           f"be declared public")
-            db.execute("INSERT INTO public_inputs VALUES (?, ?, ?, ?) ON CONFLICT(path) DO UPDATE SET "
+            db.execute("INSERT INTO public_inputs (path, sha256, source, registered_at) VALUES (?, ?, ?, ?) "
+                       "ON CONFLICT(path) DO UPDATE SET "
                        "sha256=excluded.sha256, source=excluded.source, registered_at=excluded.registered_at",
                        (where, digest, source, now()))
         return digest

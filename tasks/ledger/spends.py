@@ -90,7 +90,10 @@ class Spends:
                        "reading=COALESCE(excluded.reading, budgets.reading)",
                        (dataset_id, epsilon, delta, now(), where,
                         None if reading is None else json.dumps(reading, sort_keys=True), digest))
-            db.execute("INSERT INTO budget_changes VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            # seq orders a budget's history (one after the last, under the writers' lock)
+            db.execute("INSERT INTO budget_changes (seq, dataset_id, changed_at, old_epsilon, old_delta, new_epsilon, "
+                       "new_delta, spent_epsilon, reason) VALUES ((SELECT COALESCE(MAX(seq), 0) + 1 FROM "
+                       "budget_changes), ?, ?, ?, ?, ?, ?, ?, ?)",
                        (dataset_id, now(), old["epsilon"] if old else None, old["delta"] if old else None, epsilon,
                         delta, spent, (reason or "").strip() or None))
 
@@ -102,8 +105,9 @@ class Spends:
     def budget_history(self, dataset_id: str) -> list[dict]:
         """Every change of the dataset's budget, oldest first."""
         with self._transaction() as db:
-            return [dict(r) for r in db.execute("SELECT * FROM budget_changes WHERE dataset_id=? ORDER BY rowid",
-                                                (dataset_id,))]
+            return [dict(r) for r in db.execute(
+                "SELECT dataset_id, changed_at, old_epsilon, old_delta, new_epsilon, new_delta, spent_epsilon, reason "
+                "FROM budget_changes WHERE dataset_id=? ORDER BY seq", (dataset_id,))]
 
     def charge(self, *, dataset_id: str, release_id: str, kind: str, fingerprint: str, plan: Plan,
                release_delta: float | None = None, redraw: bool = False, location: str | None = None,
@@ -219,7 +223,7 @@ class Spends:
             n = db.execute("UPDATE spends SET status=?, updated_at=? WHERE release_id=?",
                            (status, now(), release_id)).rowcount
         if n != 1:
-            raise ReleaseConflict(f"release '{release_id}' is not in the ledger {self.path}")
+            raise ReleaseConflict(f"release '{release_id}' is not in the ledger {self.name}")
 
     def status(self, release_id: str) -> str | None:
         with self._transaction() as db:
@@ -229,8 +233,8 @@ class Spends:
     def releases(self, dataset_id: str) -> list[dict]:
         with self._transaction() as db:
             rows = db.execute("SELECT release_id, kind, epsilon, delta, status, attempts, location, created_at "
-                              "FROM spends WHERE dataset_id=? ORDER BY created_at, release_id", (dataset_id,)).fetchall()
-        return [dict(r) for r in rows]
+                              "FROM spends WHERE dataset_id=?", (dataset_id,)).fetchall()
+        return sorted((dict(r) for r in rows), key=_in_order)
 
     def spent(self, dataset_id: str) -> accounting.Guarantee:
         """The composed guarantee of every release of the dataset, at its budget's delta."""
@@ -241,8 +245,8 @@ class Spends:
     @staticmethod
     def _events_locked(db, dataset_id: str, exclude: str | None = None) -> tuple[list[dpe.DpEvent], float]:
         """Every spend of the dataset (each attempt that drew noise counts) and the sum of their extra deltas."""
-        rows = db.execute("SELECT event, attempts, extra_delta FROM spends WHERE dataset_id=? AND release_id IS NOT ? "
-                          "ORDER BY created_at", (dataset_id, exclude)).fetchall()
+        rows = sorted(db.execute("SELECT release_id, created_at, event, attempts, extra_delta FROM spends WHERE "
+                                 "dataset_id=? AND release_id IS NOT ?", (dataset_id, exclude)), key=_in_order)
         events = []
         for r in rows:
             event = accounting.event_from_json(json.loads(r["event"]))
@@ -258,8 +262,14 @@ class Spends:
     def _budget_locked(self, db, dataset_id: str) -> tuple[float, float]:
         row = db.execute("SELECT epsilon, delta FROM budgets WHERE dataset_id=?", (dataset_id,)).fetchone()
         if row is None:
-            raise NoBudget(no_budget_message(dataset_id, self.path))
+            raise NoBudget(no_budget_message(dataset_id, self.name))
         return row["epsilon"], row["delta"]
+
+
+def _in_order(row) -> tuple[str, str]:
+    """Releases in the order they were charged, the same on every backend and collation (the composition's
+    floating-point sums then are too: a migration compares them)."""
+    return row["created_at"], row["release_id"]
 
 
 def no_budget_message(dataset_id: str, where) -> str:

@@ -114,12 +114,12 @@ def make_release(spec, out: Path) -> Path:
     import os
 
     from flows.release import release
-    from tasks.ledger import LEDGER_ENV, PrivacyLedger
+    from tasks.ledger import LEDGER_ENV, configured_ledger
 
     out = Path(out).resolve()
     os.environ[LEDGER_ENV] = str(out / "privacy-ledger.sqlite")  # this attack's own ledger, as its operator
     out.mkdir(parents=True, exist_ok=True)
-    PrivacyLedger(out / "privacy-ledger.sqlite").set_budget(spec.dataset.id, 100.0, 1e-5)
+    configured_ledger().set_budget(spec.dataset.id, 100.0, 1e-5)
     spec = spec.model_copy(update={"output_dir": str(out), "mode": "production", "seed": None, "evaluate": False})
     return Path(release(spec=spec)["release_dir"]).parent
 
