@@ -21,15 +21,15 @@ from dpalgos.noise import simulated
 class DPGMSettings:
     epsilon: float = 1.74
     delta: float = 1e-6
-    k: int = 10
-    kmeans_iterations: int = 10
+    k: int = dpgm.DEFAULT_K
+    kmeans_iterations: int = dpgm.DEFAULT_ITERATIONS
     features: int = 200
     gamma: float = 0.05
     init_items: int = 10
     max_items: int = 30
     match_marginals: bool = True
     empty_records: bool = False      # records may be empty (a length of their own), e.g. after an item restriction
-    shares: tuple[float, float, float] = (0.15, 0.35, 0.5)
+    shares: tuple[float, float, float] = dpgm.DEFAULT_SHARES
     sgd: dpgm.SGDConfig = field(default_factory=dpgm.SGDConfig)
 
 
@@ -66,7 +66,7 @@ def run(X: sp.csr_matrix, settings: DPGMSettings, rng: np.random.Generator):
     dpgm.train(models, batches, sizes, cfg, measure)
     if settings.match_marginals:
         dpgm.match_marginals(models, marg, lengths, min_length, rng)
-    synthetic = dpgm.synthesize(models, sizes, lengths, marg, min_length, int(round(sizes.sum())), rng)
+    synthetic = dpgm.synthesize(models, sizes, lengths, marg, min_length, int(round(sizes.sum())), rng)  # noqa: RUF046
     guarantee = accounting.epsilon_at(plan.event(), settings.delta)
     return synthetic, guarantee, {"plan": noise, "cluster_sizes": sizes.tolist()}
 

@@ -163,8 +163,8 @@ def one_run(table, x, order, eps, rng, mbi_jobs) -> dict[str, np.ndarray]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--data", nargs="+", help="flattened table CSVs (attribute columns, `count`), or generated held-out "
-                    "tables loglinear:D:N:SEED (`loglinear_table`)")
+    ap.add_argument("--data", nargs="+", help="flattened table CSVs (attribute columns, `count`), or "
+                    "generated held-out tables loglinear:D:N:SEED (`loglinear_table`)")
     ap.add_argument("--runs", type=int, default=10)
     ap.add_argument("--eps", default=",".join(f"{0.1 * i:.1f}" for i in range(1, 11)))
     ap.add_argument("--orders", default="0,1,2", help="public marginals M_h")

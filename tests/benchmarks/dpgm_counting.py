@@ -5,18 +5,16 @@ queries in 5 length buckets; the same (epsilon, delta) for every method. Last li
     RESULT epsilon=<e> dpgm_rel_err=<mean over buckets> mst_rel_err=<...> mwem_rel_err=<...>
            dpgm_anyof_rel_err=<...> independent_anyof_rel_err=<...> mst_anyof_rel_err=<...>
 (dpgm_* for the first --model; other models, and the per-bucket errors, are printed above it.) With --runs R the
-figures are means over seeds seed..seed+R-1 (--seeds is the same option), each run's figures and the standard errors printed above.
+figures are means over seeds seed..seed+R-1 (--seeds is the same option), each run's figures and the standard
+errors printed above.
 
 --items N restricts the records to their N most frequent items (MST's domain is one binary attribute per item):
 records may then be empty, which DPGM's length histogram and the independent baseline keep as a length of
 their own.
 
-Defaults k = 4 clusters and 4 k-means iterations: at epsilon 1.74 on 60-90k records every cluster's noisy
-centre, marginals and length histogram keep more signal than with the CDR release's 10 and 10 (BMS1, 64
-items: any-of error 0.017 against 0.026 with k = 10, 10 iterations; the independent baseline 0.025). Shares
-0.15, 0.8, 0.05 (the release's default is 0.15, 0.35, 0.5): the marginals table (with its rows of all records,
-`dpgm.cluster_counts`) carries the linear queries, and at this epsilon DP-SGD adds little to the any-of class
-(BMS1, 64 items, seeds 0-4: linear 0.00274 against 0.00310 with 0.15, 0.6, 0.25; any-of 0.0181 against 0.0174).
+Defaults: the release's (`dpgm.DEFAULT_K` = 4 clusters, `DEFAULT_ITERATIONS` = 4 k-means iterations, shares
+`DEFAULT_SHARES` = 0.15, 0.8, 0.05 of clustering, marginals (and length histograms), SGD): one configuration,
+the benchmark runs what a release runs (their reasons beside the constants in dpalgos/dpgm.py).
 
     python tests/benchmarks/dpgm_counting.py --data ../shared/data/transactions/BMS1.dat --items 64 --peers mst
     python tests/benchmarks/dpgm_counting.py --data ../shared/data/transactions/retail.dat.gz --model vae,rbm
@@ -58,7 +56,8 @@ def run_mst(X: sp.csr_matrix, args, delta: float, seed: int) -> sp.csr_matrix:
     with tempfile.TemporaryDirectory() as tmp:
         src, dst = Path(tmp) / "in.npy", Path(tmp) / "out.npy"
         np.save(src, X.toarray().astype(np.uint8))
-        subprocess.run([interpreter("mst", args.mst_python), str(PEER), str(src), str(dst), str(args.epsilon), str(delta),
+        python = interpreter("mst", args.mst_python)
+        subprocess.run([python, str(PEER), str(src), str(dst), str(args.epsilon), str(delta),
                         str(seed), str(args.mst_iterations)], check=True)
         return sp.csr_matrix(np.load(dst).astype(np.float32))
 
@@ -85,15 +84,16 @@ def parse() -> argparse.Namespace:
     ap.add_argument("--epsilon", type=float, default=1.74, help="total budget (the paper's MNIST figure)")
     ap.add_argument("--delta", type=float, default=None, help="default: 1 / number of records")
     ap.add_argument("--model", default="vae", help="vae, rbm, or a comma-separated list")
-    ap.add_argument("--k", type=int, default=4, help="clusters (see the module docstring)")
-    ap.add_argument("--iterations", type=int, default=4, help="DP kernel k-means iterations")
+    ap.add_argument("--k", type=int, default=dpgm.DEFAULT_K, help="clusters (default: the release's)")
+    ap.add_argument("--iterations", type=int, default=dpgm.DEFAULT_ITERATIONS,
+                    help="DP kernel k-means iterations (default: the release's)")
     ap.add_argument("--steps", type=int, default=300)
     ap.add_argument("--q", type=float, default=0.02, help="Poisson sampling rate of DP-SGD")
     ap.add_argument("--lr", type=float, default=None, help="learning rate (default: the model's)")
     ap.add_argument("--max-items", type=int, default=30,
                     help="DPGM's per-cluster marginals weight records to at most this many items and its length "
                          "histograms stop there (the baselines clip to 12, as the paper configures MWEM)")
-    ap.add_argument("--shares", default="0.15,0.8,0.05",
+    ap.add_argument("--shares", default=",".join(map(str, dpgm.DEFAULT_SHARES)),
                     help="starting split of epsilon: clustering, marginals (and length histograms), SGD")
     ap.add_argument("--no-match-marginals", action="store_true", help="skip matching the VAE to the DP marginals")
     ap.add_argument("--seed", type=int, default=0, help="first seed (DP noise of the simulated release, queries)")

@@ -203,7 +203,8 @@ def main():
                     help="also CoinPress under add/remove with n public (= CoinPress at 4 rho)")
     ap.add_argument("--r-multiples", type=lambda v: [int(x) for x in v.split(",")], default=[1, 10, 100, 1000, 10_000],
                     help="--sweep: R / sqrt(d) at d = 1000")
-    ap.add_argument("--dims", type=lambda v: [int(x) for x in v.split(",")], default=[10, 50, 100, 500, 1000, 2000, 5000],
+    ap.add_argument("--dims", type=lambda v: [int(x) for x in v.split(",")],
+                    default=[10, 50, 100, 500, 1000, 2000, 5000],
                     help="--sweep: dimensions with R = sqrt(d)")
     ap.add_argument("--sweep", action="store_true")
     ap.add_argument("--coinpress-check", action="store_true")
