@@ -45,6 +45,19 @@ def cluster(X: sp.csr_matrix, settings: DPGMSettings, measure, rng: np.random.Ge
     return np.maximum(res.noisy_counts[-1], 1.0), kk.nearest(Z, res.centres)
 
 
+def measured_table(X: sp.csr_matrix, settings: DPGMSettings, rng: np.random.Generator) -> np.ndarray:
+    """The noisy marginals table of a run (clustering and the table's measurement only, as `run` draws them)."""
+    cfg, min_length = settings.sgd, 0 if settings.empty_records else 1
+    noise = dpgm.calibrate(epsilon=settings.epsilon, delta=settings.delta,
+                           kmeans_iterations=settings.kmeans_iterations, q=cfg.q, steps=cfg.steps,
+                           max_items=settings.max_items, shares=settings.shares)
+    plan = dpgm.plan(noise, kmeans_iterations=settings.kmeans_iterations, q=cfg.q, steps=cfg.steps,
+                     max_items=settings.max_items, min_length=min_length)
+    measure = simulated(plan, rng)
+    _, labels = cluster(X, settings, measure, rng)
+    return measure("marginals", dpgm.cluster_counts(X, labels, settings.k, settings.max_items, min_length))
+
+
 def run(X: sp.csr_matrix, settings: DPGMSettings, rng: np.random.Generator):
     """Train the mixture; returns (synthetic records, guarantee, diagnostics)."""
     cfg, min_length = settings.sgd, 0 if settings.empty_records else 1

@@ -18,6 +18,7 @@ the benchmark runs what a release runs (their reasons beside the constants in dp
 
     python tests/benchmarks/dpgm_counting.py --data ../shared/data/transactions/BMS1.dat --items 64 --peers mst
     python tests/benchmarks/dpgm_counting.py --data ../shared/data/transactions/retail.dat.gz --model vae,rbm
+    python tests/benchmarks/dpgm_counting.py --data ../shared/data/transactions/BMS1.dat --items 16 --floor --seeds 20
 
 MST runs in its own venv, created on first use in the benchmarks' cache folder with dpmm 0.1.9
 (tests/benchmarks/_peer_venv.py says where, and why each pin); --mst-python names another interpreter instead.
@@ -100,6 +101,8 @@ def parse() -> argparse.Namespace:
     ap.add_argument("--runs", "--seeds", type=int, default=1,
                     help="runs at seeds seed..seed+runs-1; RESULT gives their means (one run's error is mostly the "
                          "draw of the noise on the item totals: BMS1/64 linear error 0.0019-0.0043 over 10 seeds)")
+    ap.add_argument("--floor", action="store_true",
+                    help="only the DP item totals' own linear errors over the seeds (`totals_floor`)")
     return ap.parse_args()
 
 
@@ -139,6 +142,28 @@ def run_once(X: sp.csr_matrix, args, delta: float, seed: int) -> dict[str, float
             "independent_anyof_rel_err": ev["independent_anyof"].mean(), "mst_anyof_rel_err": mst_anyof.mean()}
 
 
+def totals_floor(X: sp.csr_matrix, args, delta: float) -> None:
+    """--floor: the linear-query errors of the DP item totals themselves (the marginals table reconciled, before
+    any model or synthesis) for seeds seed..seed+runs-1: the floor of every synthesis from them (synthesis holds
+    exactly these totals, tests/test_dpgm.py). Fast (no DP-SGD): enough seeds to see how much of a 3-seed mean is
+    the draw of the noise shared by all item totals."""
+    errs = []
+    for seed in range(args.seed, args.seed + args.runs):
+        rng = np.random.default_rng(seed)
+        settings = E.DPGMSettings(epsilon=args.epsilon, delta=delta, k=args.k, kmeans_iterations=args.iterations,
+                                  max_items=args.max_items, shares=tuple(float(x) for x in args.shares.split(",")),
+                                  empty_records=bool(args.items), sgd=dpgm.SGDConfig(steps=args.steps, q=args.q))
+        table = E.measured_table(X, settings, rng)
+        totals = dpgm.split_table(dpgm.reconciled(table, X.shape[1]), X.shape[1])[0].sum(axis=0)
+        Q, buckets = counting.random_queries(X.shape[1], 1000, np.random.default_rng(seed + 1))
+        true = counting.linear_answers(counting.item_counts(X), Q)
+        e = counting.by_bucket(counting.relative_errors(true, counting.linear_answers(totals, Q), X.shape[0]), buckets)
+        errs.append(e.mean())
+        print(f"seed {seed} DP item totals: linear {fmt(e)} (mean {e.mean():.4g})", flush=True)
+    print(f"RESULT totals_floor_rel_err={np.mean(errs):.4g} se={np.std(errs, ddof=1) / np.sqrt(len(errs)):.2g} "
+          f"runs={len(errs)}")
+
+
 def main() -> None:
     args = parse()
     t0 = time.perf_counter()
@@ -149,6 +174,8 @@ def main() -> None:
     print(f"{X.shape[0]} records, {X.shape[1]} items, {lengths.mean():.2f} items per record, "
           f"{(lengths == 0).mean():.1%} empty (loaded in {time.perf_counter() - t0:.1f}s)", flush=True)
     delta = args.delta or 1.0 / X.shape[0]
+    if args.floor:
+        return totals_floor(X, args, delta)
     runs = [run_once(X, args, delta, seed) for seed in range(args.seed, args.seed + args.runs)]
     names = [n for n in runs[0] if n != "epsilon"]
     if args.runs > 1:
