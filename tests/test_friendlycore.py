@@ -716,6 +716,28 @@ def test_lemma_13_1_clipped_terms_and_neighbour_changes_are_within_C(d):
     assert np.array_equal(fc.clipped_sum((c + e / 4)[None], c, 2.0), (c + e / 4) - c)
 
 
+def test_lemma_13_1_on_every_add_remove_pair_of_a_lattice():
+    """Exhaustive: every multiset of up to 3 points on 7 positions of a line (and the empty one), every added point,
+    centres on and between the positions, radii equal to lattice distances (points exactly on the sphere): the
+    count within C changes by at most 1 and the clipped sum by at most C (attained by every y at distance >= C)."""
+    positions = np.arange(-3.0, 4.0)
+    for c in (0.0, 1.7):
+        centre = np.array([c])
+        for C in (0.5, 1.0, 3.0):
+            attained = False
+            for size in range(4):
+                for combo in itertools.combinations_with_replacement(positions, size):
+                    D = np.array(combo, dtype=float).reshape(-1, 1)
+                    S, N = fc.clipped_sum(D, centre, C), np.count_nonzero(fc.distances_to(D, centre) <= C)
+                    for y in positions:
+                        D2 = np.vstack([D, [[y]]])
+                        dS = np.linalg.norm(fc.clipped_sum(D2, centre, C) - S)
+                        dN = np.count_nonzero(fc.distances_to(D2, centre) <= C) - N
+                        assert dS <= C and dN in (0, 1)
+                        attained |= dS >= C * (1 - 1e-8)
+            assert attained
+
+
 def test_refined_mean_with_zero_noise_is_the_mean_and_the_smallest_clip_radius_reaching_the_threshold():
     rng = np.random.default_rng(16)
     X = rng.normal(size=(500, 30)) + 7.0
