@@ -3,10 +3,10 @@
 import numpy as np
 import pytest
 import scipy.sparse as sp
-from scipy.special import expit
 from dp_accounting import dp_event as dpe
 from dp_accounting.pld import PLDAccountant
 from dp_accounting.rdp import RdpAccountant
+from scipy.special import expit
 
 from dpalgos import counting, dpgm, dpsgd, generative
 from dpalgos.generative import RBM, VAE, records_of_lengths
@@ -149,7 +149,7 @@ def test_length_estimate_fits_the_item_total_so_the_noise_of_empty_bins_adds_no_
     bottom = a * np.concatenate([np.full(64, 18_000.0), np.zeros(32)]) + rng.normal(0, scale, 96)
     mean_length = dpgm.length_distributions(np.vstack([cluster, top, bottom]), 64, 0)[0] @ np.arange(31)
     simplex = dpgm.project_simplex(noisy, noisy.sum())
-    assert mean_length < 0.005 < 0.01 < simplex @ np.arange(31) / simplex.sum()
+    assert mean_length < 0.005 and simplex @ np.arange(31) / simplex.sum() > 0.01
 
 
 def test_lengths_above_the_item_count_get_no_mass_and_synthesis_keeps_the_item_total():
@@ -168,7 +168,7 @@ def test_lengths_above_the_item_count_get_no_mass_and_synthesis_keeps_the_item_t
     _, sizes, _ = dpgm.split_table(dpgm.reconciled(noisy, m), m)
     totals = dpgm.split_table(dpgm.reconciled(noisy, m), m)[0].sum(axis=1)
     np.testing.assert_allclose(probs @ np.arange(bins) * sizes, totals, rtol=1e-3)
-    clusters, lengths = dpgm.record_plan(sizes, probs, 0, int(round(sizes.sum())), rng)
+    _, lengths = dpgm.record_plan(sizes, probs, 0, int(np.round(sizes.sum())), rng)
     assert lengths.max() <= m                     # every planned item fits in a record: none is lost
 
 
