@@ -41,8 +41,9 @@ used only where a rigorous rounding-error margin certifies the comparison, the d
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable, Literal, Protocol
+from typing import ClassVar, Literal, Protocol
 
 import numpy as np
 
@@ -173,7 +174,7 @@ class GridFriends:
     large): O(n log n + cells * kernel), never a pairwise matrix.
     """
 
-    _CAP = {1: 2 ** 60, 2: 2 ** 30, 3: 2 ** 19}
+    _CAP: ClassVar[dict[int, int]] = {1: 2 ** 60, 2: 2 ** 30, 3: 2 ** 19}
 
     def __init__(self, X, *, q: int = 16, origin=None, dense_cells: int = 1 << 22):
         X = np.asarray(X, dtype=np.float64)
@@ -376,14 +377,27 @@ class RadiusGrid:
 
     @property
     def radii(self) -> np.ndarray:
-        J = int(math.floor(math.log(self.r_max / self.r_min) / math.log(self.ratio) + 1e-9)) + 1
+        J = math.floor(math.log(self.r_max / self.r_min) / math.log(self.ratio) + 1e-9) + 1
         return self.r_min * self.ratio ** np.arange(J)
 
     @property
     def probes(self) -> int:
         """Number of binary-search probes: ceil(log2 J) (0 for a single radius)."""
         J = self.radii.size
-        return int(math.ceil(math.log2(J))) if J > 1 else 0
+        return math.ceil(math.log2(J)) if J > 1 else 0
+
+
+#: A binary search's threshold stays this many probe standard deviations below the noisy count: a statistic
+#: that saturates at n (W(r), the count within a radius) then passes its probes at large radii, whatever the
+#: target. At n = 200 and a target of 0.9 n, probes of W = n failed 1 in 4 times and sent r to 10^3..10^5; with a
+#: margin of 3 a first probe failed at 2.7 deviations in 1 of 10 runs at n = 800 (r = 1011 instead of 16, the
+#: error 7x); at 4 a probe fails with probability 3e-5.
+SEARCH_MARGIN = 4.0
+
+
+def search_threshold(target: float, noisy_count: float, sigma_probe: float) -> float:
+    """min(target * n~, n~ - SEARCH_MARGIN * sigma_probe): a function of a noisy count and public values."""
+    return min(target * noisy_count, noisy_count - SEARCH_MARGIN * sigma_probe)
 
 
 def binary_search_radius(weight_at: Callable[[float], float], grid: RadiusGrid, threshold: float,
@@ -409,6 +423,11 @@ def binary_search_radius(weight_at: Callable[[float], float], grid: RadiusGrid, 
 # --------------------------------------------------------------------------------------------------------------
 _MEAN_SPLIT_GRID = {"count": 0.02, "radius": 0.08, "weight": 0.10, "mean": 0.80}
 _MEAN_SPLIT_FIXED = {"weight": 0.10, "mean": 0.90}
+#: With the refinement (§13) the friendly mean only has to locate the data: most of rho goes to the clipped sum,
+#: whose add/remove sensitivity is the clip radius C (about the data's spread around its centre), not 4r / W.
+_MEAN_SPLIT_GRID_REFINED = {"count": 0.01, "radius": 0.05, "weight": 0.04, "mean": 0.15, "clip": 0.03,
+                            "refine": 0.72}
+_MEAN_SPLIT_FIXED_REFINED = {"count": 0.01, "weight": 0.04, "mean": 0.17, "clip": 0.03, "refine": 0.75}
 
 
 @dataclass(frozen=True)
@@ -424,6 +443,11 @@ class MeanParams:
     min_weight L_min: release None when L < L_min. Must be >= 2 (Theorem 6.1 needs max(W, W') >= 2).
     predicate  "distance" (exact Euclidean, any d) or "grid" (cell predicate, d <= 3, for very large n).
     grid_q     cells per radius of the grid predicate.
+    refine     after the friendly mean c1, release c1 + (noisy sum of the points clipped to the ball B(c1, C)) /
+               noisy n instead (§13, ours); C is the smallest radius of a public grid around c1 whose noisy count
+               of points reaches `clip_target` * noisy n. Split keys then add count (always), clip and refine.
+    clip_target, clip_ratio, clip_span  the clip grid: C_j = hi / clip_span * clip_ratio^j up to
+               hi = 2 r + sigma_M (sqrt(d) + 4) (every core point is within 2r of the friendly mean, §5(i)).
     """
     rho: float
     r: float | None = None
@@ -434,6 +458,10 @@ class MeanParams:
     min_weight: float = 2.0
     predicate: Literal["distance", "grid"] = "distance"
     grid_q: int = 16
+    refine: bool = False
+    clip_target: float = 0.95
+    clip_ratio: float = 2.0 ** (1 / 16)
+    clip_span: float = 64.0
 
     def __post_init__(self):
         if not (math.isfinite(self.rho) and self.rho > 0):
@@ -446,6 +474,10 @@ class MeanParams:
             raise ValueError("min_weight must be >= 2 (Theorem 6.1)")
         if not 0 < self.target <= 1:
             raise ValueError("target must be in (0, 1]")
+        if not 0 < self.clip_target <= 1:
+            raise ValueError("clip_target must be in (0, 1]")
+        if not (self.clip_ratio > 1 and self.clip_span >= 1):
+            raise ValueError("need clip_ratio > 1 and clip_span >= 1")
         if self.predicate not in PREDICATES:
             raise ValueError(f"predicate must be one of {PREDICATES}")
         gaussian_tail_z(self.delta_ptr)
@@ -453,8 +485,22 @@ class MeanParams:
         if any(v <= 0 for v in s.values()) or abs(sum(s.values()) - 1) > 1e-9:
             raise ValueError(f"split fractions must be positive and sum to 1, got {s}")
 
+    @property
+    def counted(self) -> bool:
+        """A noisy count n is drawn: for the radius search's threshold and for the refinement's divisor."""
+        return self.grid is not None or self.refine
+
+    @property
+    def clip_probes(self) -> int:
+        """Binary-search probes of the clip grid (its size is public: ceil(log2 J))."""
+        J = clip_radii(1.0, self).size
+        return math.ceil(math.log2(J)) if self.refine and J > 1 else 0
+
     def budget_split(self) -> dict:
-        default = _MEAN_SPLIT_GRID if self.grid is not None else _MEAN_SPLIT_FIXED
+        if self.refine:
+            default = _MEAN_SPLIT_GRID_REFINED if self.grid is not None else _MEAN_SPLIT_FIXED_REFINED
+        else:
+            default = _MEAN_SPLIT_GRID if self.grid is not None else _MEAN_SPLIT_FIXED
         s = dict(self.split or default)
         if set(s) != set(default):
             raise ValueError(f"split keys must be {sorted(default)}, got {sorted(s)}")
@@ -476,11 +522,12 @@ def mean_plan(params: MeanParams) -> Plan:
     `plan.guarantee(delta)` is the release's (eps, delta) (Theorem 6.1, §8)."""
     s = {k: v * params.rho for k, v in params.budget_split().items()}
     mech = []
-    if params.grid is not None:
+    if params.counted:
         mech.append(Mechanism(
             name="fc_count", query="number of records n", distribution="gaussian",
             sensitivity=COUNT_SENSITIVITY, integer=True, noise_multiplier=_nm(s["count"]),
             argument="adding or removing one record changes n by 1"))
+    if params.grid is not None:
         mech.append(Mechanism(
             name="fc_radius", query="soft-core weight W(r_j) at a grid radius (binary-search probe)",
             distribution="gaussian", sensitivity=WEIGHT_SENSITIVITY, repetitions=max(params.grid.probes, 1),
@@ -497,10 +544,26 @@ def mean_plan(params: MeanParams) -> Plan:
         argument="docs/friendlycore.md Theorem 5.1: ||M(D') - M(D)|| <= 4 r / max(W, W') when max(W, W') >= 2; "
                  "the bound C = r / L with L = W^ - z sigma_W <= max(W, W') except with probability delta' "
                  "(Theorem 6.1, propose-test-release)"))
+    if params.refine:
+        k = params.clip_probes
+        mech.append(Mechanism(
+            name="fc_clip", query="number of records within a grid radius C_j of the friendly mean c1 "
+                                  "(binary-search probe of the clip radius)",
+            distribution="gaussian", sensitivity=COUNT_SENSITIVITY, integer=True, repetitions=max(k, 1),
+            noise_multiplier=_nm(s["clip"] / max(k, 1)),
+            argument="docs/friendlycore.md §13: for a centre c1 and a radius C_j that are functions of earlier "
+                     "noisy outputs, adding or removing one record changes the count of records within C_j of "
+                     "c1 by at most 1"))
+        mech.append(Mechanism(
+            name="fc_refine", query="sum over all records of (x - c1) clipped to norm C (refinement)",
+            distribution="gaussian", sensitivity=None, bound_multiple=1.0, noise_multiplier=_nm(s["refine"]),
+            argument="docs/friendlycore.md §13, Lemma 13.1: every clipped vector has norm at most C (c1 and C are "
+                     "functions of earlier noisy outputs), and adding or removing a record adds or removes one "
+                     "of them: the sum moves by at most C; C = the clip radius"))
     return Plan(tuple(mech), ptr_delta(params), PTR_ARGUMENT)
 
 
-def ptr_delta(params: "MeanParams | KMeansParams") -> float:
+def ptr_delta(params: MeanParams | KMeansParams) -> float:
     """delta' of the release: the probability that its PTR test passes with L above the true weight. One test per
     release (the mean's, or the k-means centres'). A release charges (eps, delta_0 + ptr_delta(params)) with
     eps = epsilon of `plan.event()` at delta_0 (`Plan.guarantee`, docs §8)."""
@@ -509,13 +572,17 @@ def ptr_delta(params: "MeanParams | KMeansParams") -> float:
 
 @dataclass(frozen=True)
 class MeanRelease:
-    """What `friendly_mean` releases (all of it is DP output): mean is None for "no friendly core"."""
+    """What `friendly_mean` releases (all of it is DP output): mean is None for "no friendly core". With the
+    refinement, `friendly` is the first-stage friendly mean c1, `clip_radius` the C of the clipped sum."""
     mean: np.ndarray | None
     radius: float
     noisy_weight: float
     weight_lower_bound: float
     noisy_count: float | None = None
     probes: tuple = field(default=())
+    friendly: np.ndarray | None = None
+    clip_radius: float | None = None
+    clip_probes: tuple = field(default=())
 
     @property
     def released(self) -> bool:
@@ -541,12 +608,14 @@ def friendly_mean(X, params: MeanParams, measure: Measure, *, friends: FriendCou
         return soft_weights(friends.counts(r), n) if n else np.zeros(0)
 
     noisy_count, probes = None, ()
-    if params.grid is not None:
+    if params.counted:
         # Sensitivity 1: adding or removing one record changes n by 1.
         noisy_count = float(measure("fc_count", np.array([float(n)]))[0])
+    if params.grid is not None:
         # Each probe: W(r_j), sensitivity < 2 (Corollary 3.2), r_j public or a function of earlier noisy probes.
         r, probes = binary_search_radius(lambda rr: total_weight(weights(rr)), params.grid,
-                                         params.target * noisy_count, measure, "fc_radius")
+                                         search_threshold(params.target, noisy_count, plan["fc_radius"].scale),
+                                         measure, "fc_radius")
         probes = tuple(probes)
     else:
         r = float(params.r)
@@ -562,8 +631,69 @@ def friendly_mean(X, params: MeanParams, measure: Measure, *, friends: FriendCou
     if M is None:  # W = 0 < 2 <= L: only on the PTR failure event (probability <= delta'), where anything goes
         return MeanRelease(None, r, noisy_weight, L, noisy_count, probes)
     # Sensitivity 4 r / max(W, W') <= 4 r / L on the PTR event (Theorem 5.1, Theorem 6.1); L >= 2 ensures W > 0.
-    noisy = measure("fc_mean", M, bound=r / L)
-    return MeanRelease(np.asarray(noisy, dtype=np.float64), r, noisy_weight, L, noisy_count, probes)
+    noisy = np.asarray(measure("fc_mean", M, bound=r / L), dtype=np.float64)
+    if not params.refine:
+        return MeanRelease(noisy, r, noisy_weight, L, noisy_count, probes)
+    hi = 2.0 * r + plan["fc_mean"].scale_for(r / L) * (math.sqrt(X.shape[1]) + 4.0)
+    threshold = search_threshold(params.clip_target, noisy_count, plan["fc_clip"].scale)
+    C, clip_probes, refined = refine_mean(X, noisy, clip_radii(hi, params), threshold, max(noisy_count, L), measure)
+    return MeanRelease(refined, r, noisy_weight, L, noisy_count, probes, noisy, C, tuple(clip_probes))
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Refinement inside the located ball (§13, ours)
+# --------------------------------------------------------------------------------------------------------------
+def clip_radii(hi: float, params: MeanParams) -> np.ndarray:
+    """The clip grid hi / clip_span * clip_ratio^j, j = 0..J-1, J = floor(log(clip_span) / log(clip_ratio)) + 1:
+    its size (hence the number of probes) is public, its scale hi a function of released values (§13)."""
+    J = math.floor(math.log(params.clip_span) / math.log(params.clip_ratio) + 1e-9) + 1
+    return (hi / params.clip_span) * params.clip_ratio ** np.arange(J)
+
+
+def distances_to(X: np.ndarray, c: np.ndarray) -> np.ndarray:
+    """||x - c|| per row, scaled by the row's largest |coordinate| so that nothing overflows; a row whose
+    difference is not finite (|x| near the largest double) gets +inf."""
+    V = np.asarray(X, dtype=np.float64) - c
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+        s = np.max(np.abs(V), axis=1) if V.shape[1] else np.zeros(V.shape[0])
+        scaled = np.where(s[:, None] > 0, V / np.where(s > 0, s, 1.0)[:, None], 0.0)
+        out = s * np.sqrt(np.einsum("ij,ij->i", scaled, scaled))
+    return np.where(np.isfinite(out), out, np.inf)
+
+
+def clipped_sum(X: np.ndarray, c: np.ndarray, C: float) -> np.ndarray:
+    """sum over rows of phi_C(x - c), phi_C(v) = v min(1, C (1 - 1e-9) / ||v||) (Lemma 13.1): every term has
+    norm <= C, the 1e-9 covering the rounding of the norm and of the product (§13); a row whose difference is not
+    finite contributes 0 (also of norm <= C)."""
+    V = np.asarray(X, dtype=np.float64) - c
+    norms = distances_to(X, c)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        f = np.where(norms > 0, np.minimum(1.0, C * (1.0 - 1e-9) / norms), 1.0)
+    f[~np.isfinite(norms)] = 0.0
+    V[~np.isfinite(norms)] = 0.0
+    return (f[:, None] * V).sum(axis=0)
+
+
+def refine_mean(X, c1: np.ndarray, radii: np.ndarray, threshold: float, divisor: float, measure: Measure):
+    """§13: C = the smallest radius of `radii` whose noisy count of rows within it of c1 reaches `threshold` (the
+    largest if none; a binary search, one `fc_clip` draw per probe), then c1 + (noisy clipped sum) / divisor.
+    Returns (C, [(C_j, noisy count), ...], refined mean)."""
+    d = distances_to(X, c1)
+    lo, hi = 0, radii.size - 1
+    probes = []
+    while lo < hi:
+        mid = (lo + hi) // 2
+        # Sensitivity 1: one record is within C_j of c1 or not (c1, C_j: earlier outputs and public values).
+        noisy = float(measure("fc_clip", np.array([float(np.count_nonzero(d <= radii[mid]))]))[0])
+        probes.append((float(radii[mid]), noisy))
+        if noisy >= threshold:
+            hi = mid
+        else:
+            lo = mid + 1
+    C = float(radii[lo])
+    # Sensitivity C: every clipped term has norm <= C, one record adds or removes one term (Lemma 13.1).
+    S = np.asarray(measure("fc_refine", clipped_sum(X, c1, C), bound=C), dtype=np.float64)
+    return C, probes, c1 + S / divisor
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -703,7 +833,7 @@ def _cluster_sums(P, lab, mask, k):
 def _kmeanspp(P, mask, sizes, k, rng):
     """Greedy k-means++ seeding (Arthur & Vassilvitskii 2007; 2 + ln k candidates per step, as scikit-learn),
     batched over the subsets; every subset uses only its own row of each random draw."""
-    m, s, d = P.shape
+    m, _s, d = P.shape
     ar = np.arange(m)
     n_local = 2 + int(np.log(k))
     C = np.empty((m, k, d))
@@ -739,7 +869,7 @@ def _batched_kmeans(P, mask, k, rng, restarts, max_iter):
     """k-means++ + exactly max_iter Lloyd passes on every subset at once; best of `restarts` by cost. Returns
     (centres (m,k,d), cost). Each subset's result is bitwise the same as if it were run alone (sequential sums),
     so it depends only on its own points and random draws (§9.1)."""
-    m, s, d = P.shape
+    m, _s, d = P.shape
     sizes = mask.sum(axis=1)
     best_C = np.full((m, k, d), np.nan)
     best_cost = np.full(m, np.inf)

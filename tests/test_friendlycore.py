@@ -197,7 +197,7 @@ def test_exhaustive_pairs_agree_with_the_module_on_samples():
     F = fc.euclidean_block_predicate(pos, pos, r).astype(float)
     rng = np.random.default_rng(4)
     C = _multisets(len(pos), [6])[rng.choice(3003, 25, replace=False)]
-    n, w, W, M = _lattice_stats(C, pos, F)
+    _n, _w, W, M = _lattice_stats(C, pos, F)
     for i in range(len(C)):
         X = np.repeat(pos, C[i].astype(int), axis=0)
         wx = fc.soft_weights(fc.EuclideanFriends(X).counts(r), len(X))
@@ -494,9 +494,9 @@ def test_plans_state_the_proven_sensitivities_and_spend_rho():
     assert kplan["fck_centres"].bound_multiple == 8
     assert _total_rho(kplan) == pytest.approx(0.3)
     assert grid.probes == math.ceil(math.log2(grid.radii.size))
-    for bad in (dict(subsets=101), dict(min_weight=2.0)):
+    for bad in ({"subsets": 101}, {"min_weight": 2.0}):
         with pytest.raises(ValueError):
-            fc.KMeansParams(**{**dict(rho=0.3, k=4, subsets=100, r=1.0), **bad})
+            fc.KMeansParams(**{"rho": 0.3, "k": 4, "subsets": 100, "r": 1.0, **bad})
 
 
 def test_friendly_mean_draws_the_plan_scales():
@@ -514,11 +514,13 @@ def test_friendly_mean_draws_the_plan_scales():
     assert rel.weight_lower_bound == pytest.approx(rel.noisy_weight - fc.gaussian_tail_z(p.delta_ptr)
                                                    * plan["fc_weight"].scale, rel=1e-6)
     # With zero noise the release is the exact friendly mean; the chosen radius is the smallest grid radius
-    # whose W reaches 0.9 n.
+    # whose W reaches the search's threshold (0.9 n, or 4 probe deviations below n if that is lower).
     W = lambda rr: fc.total_weight(fc.soft_weights(fc.EuclideanFriends(X).counts(rr), len(X)))
     radii = p.grid.radii
     j = int(np.searchsorted(radii, rel.radius))
-    assert W(radii[j]) >= 0.9 * len(X) > W(radii[j - 1])
+    threshold = fc.search_threshold(0.9, len(X), plan["fc_radius"].scale)
+    assert threshold == min(0.9 * len(X), len(X) - 4 * plan["fc_radius"].scale)
+    assert W(radii[j]) >= threshold > W(radii[j - 1])
 
 
 def test_no_friendly_core_is_released_as_none():
@@ -661,3 +663,119 @@ def test_batched_subsets_get_the_tuples_each_gets_alone_from_its_own_stream(monk
         alone = fc._batched_kmeans(pts[None], np.ones((1, len(pts)), dtype=bool), k, streams[g], 3,
                                    fc.LLOYD_PASSES)[0][0]
         assert np.array_equal(tuples[g], alone)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The refinement inside the located ball (§13)
+# ----------------------------------------------------------------------------------------------------------------
+def test_refined_plan_states_the_sensitivities_and_spends_rho():
+    grid = fc.RadiusGrid(1e-3, 1e6)
+    for p in (fc.MeanParams(rho=0.7, grid=grid, refine=True), fc.MeanParams(rho=0.7, r=2.0, refine=True)):
+        plan = fc.mean_plan(p)
+        names = [m.name for m in plan]
+        assert names[0] == "fc_count" and names[-2:] == ["fc_clip", "fc_refine"]
+        assert plan["fc_clip"].sensitivity == 1 and plan["fc_clip"].integer
+        J = fc.clip_radii(1.0, p).size
+        assert plan["fc_clip"].repetitions == p.clip_probes == math.ceil(math.log2(J))
+        assert plan["fc_refine"].sensitivity is None and plan["fc_refine"].bound_multiple == 1
+        assert _total_rho(plan) == pytest.approx(0.7)
+        assert plan.guarantee(1e-6).epsilon == pytest.approx(
+            fc.mean_plan(fc.MeanParams(rho=0.7, grid=grid)).guarantee(1e-6).epsilon)     # same rho, same delta'
+
+
+def _far_and_boundary_points(rng, d):
+    c = rng.normal(size=d)
+    V = np.vstack([rng.normal(size=(200, d)) * 10.0 ** rng.integers(-3, 4, size=(200, 1)),
+                   np.full((1, d), 1e300), np.full((1, d), -1e300), np.zeros((1, d)),
+                   rng.normal(size=(5, d)) * 1e-300])
+    return c, c + V
+
+
+@pytest.mark.parametrize("d", [1, 2, 7, 300])
+def test_lemma_13_1_clipped_terms_and_neighbour_changes_are_within_C(d):
+    """Lemma 13.1 in floating point: every clipped term has norm <= C (far points, points at 1e300 whose squares
+    overflow, the centre itself, subnormal offsets), so S(D + y) - S(D) <= C for every y, and the count within
+    C_j of c1 changes by at most 1."""
+    rng = np.random.default_rng(d)
+    c, X = _far_and_boundary_points(rng, d)
+    for C in (1e-3, 1.0, 3.7, 1e6):
+        for i in range(len(X)):
+            term = fc.clipped_sum(X[i:i + 1], c, C)
+            assert np.all(np.isfinite(term)) and np.linalg.norm(term) <= C
+        base = X[:50]
+        S = fc.clipped_sum(base, c, C)
+        for y in X[50:]:
+            change = fc.clipped_sum(np.vstack([base, y]), c, C) - S
+            assert np.linalg.norm(change) <= C * (1 + 1e-12)
+        dist = fc.distances_to(X, c)
+        assert abs(np.count_nonzero(dist <= C) - np.count_nonzero(dist[:-1] <= C)) <= 1
+    # A point exactly on the sphere keeps (up to the 1e-9 shrink) its position; inside is untouched.
+    e = np.zeros(d)
+    e[0] = 2.0
+    assert np.allclose(fc.clipped_sum((c + e)[None], c, 2.0), e, rtol=2e-9)
+    assert np.array_equal(fc.clipped_sum((c + e / 4)[None], c, 2.0), (c + e / 4) - c)
+
+
+def test_lemma_13_1_on_every_add_remove_pair_of_a_lattice():
+    """Exhaustive: every multiset of up to 3 points on 7 positions of a line (and the empty one), every added point,
+    centres on and between the positions, radii equal to lattice distances (points exactly on the sphere): the
+    count within C changes by at most 1 and the clipped sum by at most C (attained by every y at distance >= C)."""
+    positions = np.arange(-3.0, 4.0)
+    for c in (0.0, 1.7):
+        centre = np.array([c])
+        for C in (0.5, 1.0, 3.0):
+            attained = False
+            for size in range(4):
+                for combo in itertools.combinations_with_replacement(positions, size):
+                    D = np.array(combo, dtype=float).reshape(-1, 1)
+                    S, N = fc.clipped_sum(D, centre, C), np.count_nonzero(fc.distances_to(D, centre) <= C)
+                    for y in positions:
+                        D2 = np.vstack([D, [[y]]])
+                        dS = np.linalg.norm(fc.clipped_sum(D2, centre, C) - S)
+                        dN = np.count_nonzero(fc.distances_to(D2, centre) <= C) - N
+                        assert dS <= C and dN in (0, 1)
+                        attained |= dS >= C * (1 - 1e-8)
+            assert attained
+
+
+def test_refined_mean_with_zero_noise_is_the_mean_and_the_smallest_clip_radius_reaching_the_threshold():
+    rng = np.random.default_rng(16)
+    X = rng.normal(size=(500, 30)) + 7.0
+    p = fc.MeanParams(rho=1.0, grid=fc.RadiusGrid(1e-2, 1e6), refine=True)
+    plan = fc.mean_plan(p)
+    rec = _Recorder()
+    rel = fc.friendly_mean(X, p, Measure(plan, rec))
+    names = [nm for nm, _ in rec.draws]
+    assert names[-1] == "fc_refine" and 1 <= names.count("fc_clip") <= p.clip_probes
+    assert dict(rec.draws)["fc_refine"] == pytest.approx(plan["fc_refine"].noise_multiplier * rel.clip_radius)
+    hi = 2 * rel.radius + plan["fc_mean"].scale_for(rel.radius / rel.weight_lower_bound) * (math.sqrt(30) + 4)
+    radii = fc.clip_radii(hi, p)
+    j = int(np.argmin(np.abs(radii - rel.clip_radius)))
+    within = lambda C: np.count_nonzero(np.linalg.norm(X - rel.friendly, axis=1) <= C)
+    threshold = fc.search_threshold(0.95, len(X), plan["fc_clip"].scale)
+    assert within(radii[j]) >= threshold > within(radii[j - 1])
+    # c1 + S / n with S the clipped sum; with a clip radius above every distance it is the exact mean, wherever c1.
+    expected = rel.friendly + fc.clipped_sum(X, rel.friendly, rel.clip_radius) / len(X)
+    np.testing.assert_allclose(rel.mean, expected, rtol=1e-12)
+    far_c1 = rel.friendly + 3.0
+    C, probes, exact = fc.refine_mean(X, far_c1, np.array([1e3]), 0.0, float(len(X)),
+                                      Measure(plan, _Recorder()))
+    assert C == 1e3 and probes == []
+    np.testing.assert_allclose(exact, X.mean(axis=0), rtol=1e-12)
+
+
+def test_refinement_cuts_the_error_in_high_dimension_and_no_core_stays_none():
+    """d = 300, n = 600, rho = 0.5: the refined mean's error is a fraction of the friendly mean's (the clip radius
+    is about the spread sqrt(d) around the centre, the friendly mean's sensitivity 4 r / W with r ~ sqrt(2 d))."""
+    rng = np.random.default_rng(17)
+    X = rng.normal(size=(600, 300)) + 1e3
+    errs = {}
+    for refine in (False, True):
+        p = fc.MeanParams(rho=0.5, grid=fc.RadiusGrid(1e-2, 1e8), refine=refine)
+        rel = fc.friendly_mean(X, p, Measure(fc.mean_plan(p), SeededNoise(18)))
+        errs[refine] = np.linalg.norm(rel.mean - 1e3)
+    assert errs[True] < errs[False] / 2.5
+    Y = np.array([[0.0]] * 20 + [[100.0]] * 20)
+    p = fc.MeanParams(rho=1.0, r=1.0, refine=True)
+    rel = fc.friendly_mean(Y, p, Measure(fc.mean_plan(p), SeededNoise(0)))
+    assert rel.mean is None and rel.clip_radius is None

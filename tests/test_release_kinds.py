@@ -41,7 +41,7 @@ def test_histogram_release_is_consistent_nonnegative_and_beats_the_noisy_leaves(
     data = write_parquet(tmp_path / "h.parquet", {"value": np.arange(256) + 0.5, "n": truth.astype(float)})
     s = _run(_base(tmp_path, {"id": "h", "path": str(data), "bounds": {"value": [0, 256]}, "weight_column": "n",
                     "weights_count_records": True},
-                   {"kind": "histogram", "bins": 256, "branching": 4, "epsilon": 1.0}))
+                   {"kind": "histogram", "bins": 256, "branching": 4, "epsilon": 1.0, "workload": "unit"}))
     rel = Path(s["release_dir"])
     hist = pq.read_table(rel / "histogram.parquet").to_pandas()
     tree_counts = pq.read_table(rel / "tree.parquet").column("count").to_numpy()
@@ -55,6 +55,17 @@ def test_histogram_release_is_consistent_nonnegative_and_beats_the_noisy_leaves(
     assert ev["records"] == truth.sum()
     assert ev["unit_query_mse"] < ev["unit_query_mse_noisy_leaves"]
     assert json.loads((rel / "consistency.json").read_text())["converged"]
+
+
+def test_histogram_default_consistency_follows_the_public_workload():
+    """The rule of CONSISTENCY_FOR_WORKLOAD: ranges (the default workload) -> HTree, unit queries -> ADMM; an
+    explicit consistency wins."""
+    from tasks.kinds.histogram import HistogramParams
+
+    base = {"kind": "histogram", "bins": 16, "branching": 4, "epsilon": 1.0}
+    assert HistogramParams(**base).consistency_method == "htree"
+    assert HistogramParams(**base, workload="unit").consistency_method == "admm"
+    assert HistogramParams(**base, workload="unit", consistency="none").consistency_method == "none"
 
 
 def test_contingency_release_honours_the_public_marginals(tmp_path):

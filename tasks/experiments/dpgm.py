@@ -21,15 +21,15 @@ from dpalgos.noise import simulated
 class DPGMSettings:
     epsilon: float = 1.74
     delta: float = 1e-6
-    k: int = 10
-    kmeans_iterations: int = 10
+    k: int = dpgm.DEFAULT_K
+    kmeans_iterations: int = dpgm.DEFAULT_ITERATIONS
     features: int = 200
     gamma: float = 0.05
     init_items: int = 10
     max_items: int = 30
     match_marginals: bool = True
     empty_records: bool = False      # records may be empty (a length of their own), e.g. after an item restriction
-    shares: tuple[float, float, float] = (0.15, 0.35, 0.5)
+    shares: tuple[float, float, float] = dpgm.DEFAULT_SHARES
     sgd: dpgm.SGDConfig = field(default_factory=dpgm.SGDConfig)
 
 
@@ -43,6 +43,19 @@ def cluster(X: sp.csr_matrix, settings: DPGMSettings, measure, rng: np.random.Ge
     res = kk.dp_lloyd(lambda C: kk.grouped_stats(Z, C), init, iterations=settings.kmeans_iterations, clip=1.0,
                       measure=measure)
     return np.maximum(res.noisy_counts[-1], 1.0), kk.nearest(Z, res.centres)
+
+
+def measured_table(X: sp.csr_matrix, settings: DPGMSettings, rng: np.random.Generator) -> np.ndarray:
+    """The noisy marginals table of a run (clustering and the table's measurement only, as `run` draws them)."""
+    cfg, min_length = settings.sgd, 0 if settings.empty_records else 1
+    noise = dpgm.calibrate(epsilon=settings.epsilon, delta=settings.delta,
+                           kmeans_iterations=settings.kmeans_iterations, q=cfg.q, steps=cfg.steps,
+                           max_items=settings.max_items, shares=settings.shares)
+    plan = dpgm.plan(noise, kmeans_iterations=settings.kmeans_iterations, q=cfg.q, steps=cfg.steps,
+                     max_items=settings.max_items, min_length=min_length)
+    measure = simulated(plan, rng)
+    _, labels = cluster(X, settings, measure, rng)
+    return measure("marginals", dpgm.cluster_counts(X, labels, settings.k, settings.max_items, min_length))
 
 
 def run(X: sp.csr_matrix, settings: DPGMSettings, rng: np.random.Generator):
@@ -66,7 +79,7 @@ def run(X: sp.csr_matrix, settings: DPGMSettings, rng: np.random.Generator):
     dpgm.train(models, batches, sizes, cfg, measure)
     if settings.match_marginals:
         dpgm.match_marginals(models, marg, lengths, min_length, rng)
-    synthetic = dpgm.synthesize(models, sizes, lengths, marg, min_length, int(round(sizes.sum())), rng)
+    synthetic = dpgm.synthesize(models, sizes, lengths, marg, min_length, int(round(sizes.sum())), rng)  # noqa: RUF046
     guarantee = accounting.epsilon_at(plan.event(), settings.delta)
     return synthetic, guarantee, {"plan": noise, "cluster_sizes": sizes.tolist()}
 

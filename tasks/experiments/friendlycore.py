@@ -25,8 +25,8 @@ their own keyed noise; the experiment flows (flows/experiments.py) draw seeded n
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 import pandas as pd
@@ -52,7 +52,8 @@ MU_FRAC = 0.5
 R_MULTIPLES = (1, 10, 100, 1000, 10_000)
 DIMENSIONS = (10, 50, 100, 500, 1000, 2000)
 COINPRESS_TS = (2, 4)
-MEAN_METHODS = {"fc": "FriendlyCore", **{f"cp{t}": f"CoinPress t={t}" for t in COINPRESS_TS},
+MEAN_METHODS = {"fc": "FriendlyCore", "fc_plain": "FriendlyCore, friendly mean only",
+                **{f"cp{t}": f"CoinPress t={t}" for t in COINPRESS_TS},
                 "nonprivate": "non-private mean"}
 PANEL_R = f"error vs R (d = {MEAN_D})"
 PANEL_D = "error vs d (R = sqrt(d))"
@@ -81,29 +82,33 @@ def simulated_noise(rng: np.random.Generator) -> NoiseFor:
 # --------------------------------------------------------------------------------------------------------------
 # Averaging
 # --------------------------------------------------------------------------------------------------------------
-def mean_params(rho: float = RHO) -> fc.MeanParams:
-    return fc.MeanParams(rho=rho, grid=MEAN_GRID)
+def mean_params(rho: float = RHO, refine: bool = True) -> fc.MeanParams:
+    """The release's default (the friendly mean refined by a clipped sum around it, docs/friendlycore.md §13), or
+    with refine=False the friendly mean alone (§6)."""
+    return fc.MeanParams(rho=rho, grid=MEAN_GRID, refine=refine)
 
 
 def mean_errors(d: int, n: int, R: float, *, rho: float, runs: int, rng: np.random.Generator, noise: NoiseFor,
-                mu_frac: float = MU_FRAC, ts=COINPRESS_TS) -> tuple[dict[str, np.ndarray], int]:
-    """Per-run L2 errors {fc, cp<t>..., nonprivate} and FriendlyCore's 'no friendly core' count (error +inf).
-    Noise keys: k for FriendlyCore's run k, k + 500_000 t for CoinPress with t steps."""
-    params = mean_params(rho)
-    fplan = fc.mean_plan(params)
-    cplans = {t: cp.coinpress_plan(rho, t) for t in ts}
-    out = {"fc": [], "nonprivate": [], **{f"cp{t}": [] for t in ts}}
+                mu_frac: float = MU_FRAC, ts=COINPRESS_TS,
+                coinpress_rho_factor: float = 1.0) -> tuple[dict[str, np.ndarray], int]:
+    """Per-run L2 errors {fc, fc_plain, cp<t>..., nonprivate} and the refined FriendlyCore's 'no friendly core'
+    count (error +inf). Noise keys: k for FriendlyCore's run k (refined and plain share the friendly core's draws
+    up to the mean), k + 500_000 t for CoinPress with t steps. `coinpress_rho_factor` multiplies CoinPress's rho
+    (4: CoinPress under add/remove with n public, whose sensitivity is half its replace-one one)."""
+    variants = {"fc": mean_params(rho), "fc_plain": mean_params(rho, refine=False)}
+    fplans = {key: fc.mean_plan(p) for key, p in variants.items()}
+    cplans = {t: cp.coinpress_plan(rho * coinpress_rho_factor, t) for t in ts}
+    out = {"fc": [], "fc_plain": [], "nonprivate": [], **{f"cp{t}": [] for t in ts}}
     none = 0
     for k in range(runs):
         u = rng.normal(size=d)
         mu = mu_frac * R * u / np.linalg.norm(u)
         X = mu + rng.normal(size=(n, d))
-        rel = fc.friendly_mean(X, params, noise(fplan, k))
-        if rel.mean is None:
-            none += 1
-            out["fc"].append(np.inf)
-        else:
-            out["fc"].append(float(np.linalg.norm(rel.mean - mu)))
+        friends = fc.EuclideanFriends(X)
+        for key, p in variants.items():
+            rel = fc.friendly_mean(X, p, noise(fplans[key], k), friends=friends)
+            none += key == "fc" and rel.mean is None
+            out[key].append(np.inf if rel.mean is None else float(np.linalg.norm(rel.mean - mu)))
         for t in ts:
             est = cp.coinpress_mean(X, R=R, measure=noise(cplans[t], k + 500_000 * t))
             out[f"cp{t}"].append(float(np.linalg.norm(est - mu)))
@@ -151,7 +156,7 @@ def mixture(n: int, k: int, rng: np.random.Generator, sep: float = 15.0) -> np.n
 
 def subsets_for(n: int, k: int, per_cluster: float) -> int:
     """m: the even number of subsets closest to n / (k * per_cluster), at least 2 (a public function of n)."""
-    return max(2, int(round(n / (k * per_cluster) / 2)) * 2)
+    return max(2, round(n / (k * per_cluster) / 2) * 2)
 
 
 def kmeans_params(n: int, *, rho: float = RHO, k: int = K, per_cluster: float = POINTS_PER_CLUSTER) -> fc.KMeansParams:
@@ -198,7 +203,7 @@ def kmeans_table(*, runs: int, seed: int, ns=KMEANS_NS, rho: float = RHO, delta:
             ref, _ = kmeans_reference(X, k, n_init=10, seed=run)
             centres = {KMEANS_METHODS[0]: friendly_kmeans_centres(X, params, simulated(fplan, rng), rng)}
             traj = dpkmeans_trajectory(X, k, epsilon=eps, iterations=iterations, init_rng=rng,
-                                       measure=lambda plan: simulated(plan, rng))
+                                       measure=lambda plan, rng=rng: simulated(plan, rng))
             centres[KMEANS_METHODS[1]] = to_data_space(traj.final_centroids)
             refined = leekifer.refine(traj, seed=int(rng.integers(2 ** 31)), steps=refine_steps)
             centres[KMEANS_METHODS[2]] = to_data_space(refined.centroids)

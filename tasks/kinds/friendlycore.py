@@ -67,6 +67,11 @@ class _FriendlyParams(ReleaseBase):
 class MeanParams(_FriendlyParams):
     """FriendlyCore averaging: the mean of numeric columns without bounds, or "no friendly core"."""
     kind: Literal["mean"] = Field("mean", description="the release kind")
+    refine: bool = Field(True, description="after the friendly mean c1, release c1 + (noisy sum of the points "
+                                           "clipped to a ball around c1 whose radius is chosen privately) / "
+                                           "noisy n (docs/friendlycore.md §13): noise about the data's spread "
+                                           "around its centre instead of 4 r / W; false: the friendly mean "
+                                           "alone (no point beyond the core moves it at all)")
 
 
 class FriendlyKMeansParams(_FriendlyParams):
@@ -91,7 +96,7 @@ def _rho(epsilon: float, delta: float, delta_ptr: float) -> float:
 def _math_params(p):
     rho = _rho(p.epsilon, p.delta, p.delta_ptr)
     if p.kind == "mean":
-        return fc.MeanParams(rho=rho, delta_ptr=p.delta_ptr, **p.radius())
+        return fc.MeanParams(rho=rho, delta_ptr=p.delta_ptr, refine=p.refine, **p.radius())
     return fc.KMeansParams(rho=rho, k=p.k, subsets=p.subsets, delta_ptr=p.delta_ptr, **p.radius())
 
 
@@ -147,8 +152,9 @@ class MeanKind(_FriendlyKind):
     Params = MeanParams
     summary = ("FriendlyCore averaging (framework after Tsfadia et al.; filter and analysis ours): soft core of the "
                "points with many friends within r (public, or chosen privately on a public grid), a "
-               "propose-test-release Gaussian mean whose noise scales with r, not a domain bound; or "
-               "\"no friendly core\"")
+               "propose-test-release Gaussian mean whose noise scales with r, not a domain bound, refined by a "
+               "noisy clipped sum around it (noise about the data's spread; refine: false for the friendly mean "
+               "alone); or \"no friendly core\"")
 
     def example(self):
         return {"kind": "mean", "epsilon": 2.0, "delta": 1e-6, "r_min": 0.5, "r_max": 64.0}
@@ -158,7 +164,8 @@ class MeanKind(_FriendlyKind):
         res = fc.friendly_mean(X, _math_params(spec.release), measure)
         info = {"released": res.released, "radius": res.radius, "noisy_core_weight": res.noisy_weight,
                 "weight_lower_bound": res.weight_lower_bound, "noisy_count": res.noisy_count,
-                "radius_probes": [list(p) for p in res.probes]}
+                "radius_probes": [list(p) for p in res.probes], "refined": res.clip_radius is not None,
+                "clip_radius": res.clip_radius, "clip_probes": [list(p) for p in res.clip_probes]}
         rows = None if res.mean is None else res.mean[None, :]
         return Draw(write=lambda folder: _write(folder, spec.dataset.columns, rows, 1, info), meta={})
 

@@ -3,37 +3,44 @@ independent items from DP marginals and a DP length histogram (any-of class) and
 (McKenna et al. 2021, the `dpmm` package, run in its own interpreter), on a transactions file. 1,000 random
 queries in 5 length buckets; the same (epsilon, delta) for every method. Last line:
     RESULT epsilon=<e> dpgm_rel_err=<mean over buckets> mst_rel_err=<...> mwem_rel_err=<...>
-           dpgm_anyof_rel_err=<...> independent_anyof_rel_err=<...>
+           dpgm_anyof_rel_err=<...> independent_anyof_rel_err=<...> mst_anyof_rel_err=<...>
 (dpgm_* for the first --model; other models, and the per-bucket errors, are printed above it.) With --runs R the
-figures are means over seeds seed..seed+R-1, each run's figures and the standard errors printed above.
+figures are means over seeds seed..seed+R-1 (--seeds is the same option), each run's figures and the standard
+errors printed above.
 
 --items N restricts the records to their N most frequent items (MST's domain is one binary attribute per item):
 records may then be empty, which DPGM's length histogram and the independent baseline keep as a length of
 their own.
 
-Defaults k = 4 clusters and 4 k-means iterations: at epsilon 1.74 on 60-90k records every cluster's noisy
-centre, marginals and length histogram keep more signal than with the CDR release's 10 and 10 (BMS1, 64
-items: any-of error 0.017 against 0.026 with k = 10, 10 iterations; the independent baseline 0.025). Shares
-0.15, 0.8, 0.05 (the release's default is 0.15, 0.35, 0.5): the marginals table (with its rows of all records,
-`dpgm.cluster_counts`) carries the linear queries, and at this epsilon DP-SGD adds little to the any-of class
-(BMS1, 64 items, seeds 0-4: linear 0.00274 against 0.00310 with 0.15, 0.6, 0.25; any-of 0.0181 against 0.0174).
+Defaults: the release's (`dpgm.DEFAULT_K` = 4 clusters, `DEFAULT_ITERATIONS` = 4 k-means iterations, shares
+`DEFAULT_SHARES` = 0.15, 0.8, 0.05 of clustering, marginals (and length histograms), SGD): one configuration,
+the benchmark runs what a release runs (their reasons beside the constants in dpalgos/dpgm.py).
 
     python tests/benchmarks/dpgm_counting.py --data ../shared/data/transactions/BMS1.dat --items 64 --peers mst
     python tests/benchmarks/dpgm_counting.py --data ../shared/data/transactions/retail.dat.gz --model vae,rbm
+    python tests/benchmarks/dpgm_counting.py --data ../shared/data/transactions/BMS1.dat --items 16 --floor --seeds 20
 
-The MST interpreter (--mst-python, default /work/venvs/mst/bin/python) needs `pip install dpmm` (0.1.9).
+MST runs in its own venv, created on first use in the benchmarks' cache folder with dpmm 0.1.9
+(tests/benchmarks/_peer_venv.py says where, and why each pin); --mst-python names another interpreter instead.
+MST's any-of error (on its synthetic records, the same queries) is printed beside its linear one.
 """
 
 from __future__ import annotations
 
 import argparse
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
 
 import numpy as np
 import scipy.sparse as sp
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _peer_venv import interpreter
 
 from dpalgos import counting, dpgm
 from tasks.experiments import dpgm as E
@@ -50,17 +57,21 @@ def run_mst(X: sp.csr_matrix, args, delta: float, seed: int) -> sp.csr_matrix:
     with tempfile.TemporaryDirectory() as tmp:
         src, dst = Path(tmp) / "in.npy", Path(tmp) / "out.npy"
         np.save(src, X.toarray().astype(np.uint8))
-        subprocess.run([args.mst_python, str(PEER), str(src), str(dst), str(args.epsilon), str(delta),
+        python = interpreter("mst", args.mst_python)
+        subprocess.run([python, str(PEER), str(src), str(dst), str(args.epsilon), str(delta),
                         str(seed), str(args.mst_iterations)], check=True)
         return sp.csr_matrix(np.load(dst).astype(np.float32))
 
 
-def linear_errors(X: sp.csr_matrix, synthetic: sp.csr_matrix, rng: np.random.Generator) -> np.ndarray:
-    """Per-bucket linear-query errors of `synthetic`, on the queries `E.evaluate` draws from the same rng state."""
+def peer_errors(X: sp.csr_matrix, synthetic: sp.csr_matrix, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """Per-bucket (linear, any-of) errors of `synthetic`, on the queries `E.evaluate` draws from the same rng
+    state."""
     Q, buckets = counting.random_queries(X.shape[1], 1000, rng)
     true = counting.linear_answers(counting.item_counts(X), Q)
     est = counting.linear_answers(counting.item_counts(synthetic), Q)
-    return counting.by_bucket(counting.relative_errors(true, est, X.shape[0]), buckets)
+    anyof = counting.relative_errors(counting.anyof_answers(X, Q), counting.anyof_answers(synthetic, Q), X.shape[0])
+    return (counting.by_bucket(counting.relative_errors(true, est, X.shape[0]), buckets),
+            counting.by_bucket(anyof, buckets))
 
 
 def parse() -> argparse.Namespace:
@@ -68,26 +79,30 @@ def parse() -> argparse.Namespace:
     ap.add_argument("--data", required=True, help="transactions file (.dat or .dat.gz)")
     ap.add_argument("--items", type=int, default=None, help="restrict to the N most frequent items")
     ap.add_argument("--peers", default="", help="comma-separated peers: mst")
-    ap.add_argument("--mst-python", default="/work/venvs/mst/bin/python", help="interpreter with dpmm installed")
+    ap.add_argument("--mst-python", default=None,
+                    help="interpreter with dpmm installed (default: the cached venv, created on first use)")
     ap.add_argument("--mst-iterations", type=int, default=1000, help="MST's estimation iterations")
     ap.add_argument("--epsilon", type=float, default=1.74, help="total budget (the paper's MNIST figure)")
     ap.add_argument("--delta", type=float, default=None, help="default: 1 / number of records")
     ap.add_argument("--model", default="vae", help="vae, rbm, or a comma-separated list")
-    ap.add_argument("--k", type=int, default=4, help="clusters (see the module docstring)")
-    ap.add_argument("--iterations", type=int, default=4, help="DP kernel k-means iterations")
+    ap.add_argument("--k", type=int, default=dpgm.DEFAULT_K, help="clusters (default: the release's)")
+    ap.add_argument("--iterations", type=int, default=dpgm.DEFAULT_ITERATIONS,
+                    help="DP kernel k-means iterations (default: the release's)")
     ap.add_argument("--steps", type=int, default=300)
     ap.add_argument("--q", type=float, default=0.02, help="Poisson sampling rate of DP-SGD")
     ap.add_argument("--lr", type=float, default=None, help="learning rate (default: the model's)")
     ap.add_argument("--max-items", type=int, default=30,
                     help="DPGM's per-cluster marginals weight records to at most this many items and its length "
                          "histograms stop there (the baselines clip to 12, as the paper configures MWEM)")
-    ap.add_argument("--shares", default="0.15,0.8,0.05",
+    ap.add_argument("--shares", default=",".join(map(str, dpgm.DEFAULT_SHARES)),
                     help="starting split of epsilon: clustering, marginals (and length histograms), SGD")
     ap.add_argument("--no-match-marginals", action="store_true", help="skip matching the VAE to the DP marginals")
     ap.add_argument("--seed", type=int, default=0, help="first seed (DP noise of the simulated release, queries)")
-    ap.add_argument("--runs", type=int, default=1,
+    ap.add_argument("--runs", "--seeds", type=int, default=1,
                     help="runs at seeds seed..seed+runs-1; RESULT gives their means (one run's error is mostly the "
                          "draw of the noise on the item totals: BMS1/64 linear error 0.0019-0.0043 over 10 seeds)")
+    ap.add_argument("--floor", action="store_true",
+                    help="only the DP item totals' own linear errors over the seeds (`totals_floor`)")
     return ap.parse_args()
 
 
@@ -113,17 +128,40 @@ def run_once(X: sp.csr_matrix, args, delta: float, seed: int) -> dict[str, float
         for name, v in ev.items():
             print(f"  {name:18s} {fmt(v)}", flush=True)
     guarantee, ev = results[args.model.split(",")[0]]
-    mst = np.full(counting.BUCKETS, np.nan)
+    mst = mst_anyof = np.full(counting.BUCKETS, np.nan)
     if "mst" in args.peers.split(","):
         t0 = time.perf_counter()
         S = run_mst(X, args, delta, seed)
-        mst = linear_errors(X, S, np.random.default_rng(seed + 1))
+        mst, mst_anyof = peer_errors(X, S, np.random.default_rng(seed + 1))
         print(f"seed {seed} mst: ({args.epsilon:g}, {delta:.2g})-DP (zCDP conversion of dpmm); {S.shape[0]} "
               f"synthetic records, {S.nnz / max(S.shape[0], 1):.2f} items per record, in "
-              f"{time.perf_counter() - t0:.0f}s\n  {'mst':18s} {fmt(mst)}", flush=True)
+              f"{time.perf_counter() - t0:.0f}s\n  {'mst':18s} {fmt(mst)}\n  {'mst_anyof':18s} {fmt(mst_anyof)}",
+              flush=True)
     return {"epsilon": guarantee.epsilon, "dpgm_rel_err": ev["dpgm"].mean(), "mst_rel_err": mst.mean(),
             "mwem_rel_err": ev["mwem"].mean(), "dpgm_anyof_rel_err": ev["dpgm_anyof"].mean(),
-            "independent_anyof_rel_err": ev["independent_anyof"].mean()}
+            "independent_anyof_rel_err": ev["independent_anyof"].mean(), "mst_anyof_rel_err": mst_anyof.mean()}
+
+
+def totals_floor(X: sp.csr_matrix, args, delta: float) -> None:
+    """--floor: the linear-query errors of the DP item totals themselves (the marginals table reconciled, before
+    any model or synthesis) for seeds seed..seed+runs-1: the floor of every synthesis from them (synthesis holds
+    exactly these totals, tests/test_dpgm.py). Fast (no DP-SGD): enough seeds to see how much of a 3-seed mean is
+    the draw of the noise shared by all item totals."""
+    errs = []
+    for seed in range(args.seed, args.seed + args.runs):
+        rng = np.random.default_rng(seed)
+        settings = E.DPGMSettings(epsilon=args.epsilon, delta=delta, k=args.k, kmeans_iterations=args.iterations,
+                                  max_items=args.max_items, shares=tuple(float(x) for x in args.shares.split(",")),
+                                  empty_records=bool(args.items), sgd=dpgm.SGDConfig(steps=args.steps, q=args.q))
+        table = E.measured_table(X, settings, rng)
+        totals = dpgm.split_table(dpgm.reconciled(table, X.shape[1]), X.shape[1])[0].sum(axis=0)
+        Q, buckets = counting.random_queries(X.shape[1], 1000, np.random.default_rng(seed + 1))
+        true = counting.linear_answers(counting.item_counts(X), Q)
+        e = counting.by_bucket(counting.relative_errors(true, counting.linear_answers(totals, Q), X.shape[0]), buckets)
+        errs.append(e.mean())
+        print(f"seed {seed} DP item totals: linear {fmt(e)} (mean {e.mean():.4g})", flush=True)
+    print(f"RESULT totals_floor_rel_err={np.mean(errs):.4g} se={np.std(errs, ddof=1) / np.sqrt(len(errs)):.2g} "
+          f"runs={len(errs)}")
 
 
 def main() -> None:
@@ -136,6 +174,8 @@ def main() -> None:
     print(f"{X.shape[0]} records, {X.shape[1]} items, {lengths.mean():.2f} items per record, "
           f"{(lengths == 0).mean():.1%} empty (loaded in {time.perf_counter() - t0:.1f}s)", flush=True)
     delta = args.delta or 1.0 / X.shape[0]
+    if args.floor:
+        return totals_floor(X, args, delta)
     runs = [run_once(X, args, delta, seed) for seed in range(args.seed, args.seed + args.runs)]
     names = [n for n in runs[0] if n != "epsilon"]
     if args.runs > 1:

@@ -7,8 +7,9 @@ scaled points' one mean, non-private).
 default domain of the dimension or --domain), then Lee & Kifer's refinement where `leekifer.refinement_expected_to_help` says so. Noise is
 simulated (seeded numpy, as every benchmark; the privacy facts are the plan's). diffprivlib gets the same
 scaled points with bounds [-1, 1] and the same epsilon (its own iteration count and budget split); it runs in
-its own interpreter (--peer-python, a venv with diffprivlib: 0.6.6 fails to import with scikit-learn 1.9 and
-runs with 1.6-1.8, measured), the points and centroids exchanged through temporary .npy files. A .npy --data
+its own venv (diffprivlib 0.6.6 with scikit-learn 1.6.1: 0.6.6 fails to import with scikit-learn 1.9 and runs
+with 1.6-1.8, measured), created on first use in the benchmarks' cache folder (tests/benchmarks/_peer_venv.py;
+--peer-python names another interpreter), the points and centroids exchanged through temporary .npy files. A .npy --data
 is a 2-D check-in histogram (Gowalla-like points are sampled from it). Lines (`dpkm`: DP k-means' last iterate
 of the same runs; `ours_minus_dpkm`: the refinement's paired effect and its standard error, which must not be
 positive beyond noise):
@@ -31,7 +32,6 @@ from pathlib import Path
 
 import numpy as np
 
-PEER_PYTHON = "/work/venvs/diffprivlib/bin/python"
 EPSILONS = "0.05,0.1,0.25,0.5,1.0"
 
 
@@ -93,7 +93,8 @@ def main() -> None:
     ap.add_argument("--iterations", type=int, default=5, help="T of our DP k-means")
     ap.add_argument("--domain", default=None, help="l1_ball, box or l2_ball (default: the kind's rule)")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--peer-python", default=PEER_PYTHON, help="interpreter of a venv with diffprivlib")
+    ap.add_argument("--peer-python", default=None,
+                    help="interpreter of a venv with diffprivlib (default: the cached venv, created on first use)")
     ap.add_argument("--peer", nargs=2, metavar=("POINTS", "OUT"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     epsilons = [float(e) for e in args.eps.split(",")]
@@ -114,7 +115,10 @@ def compare(args, epsilons: list[float]) -> None:
     print(f"{args.data}: n={len(B)} d={B.shape[1]} k={args.k}, {args.runs} runs, our domain {dom}; "
           f"k-means++ WCSS on the [-1, 1]-scaled data {ref:.6g}", flush=True)
     t0 = time.perf_counter()
-    peer = run_peer(args.peer_python, B, args.k, epsilons, args.runs, args.seed)
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from _peer_venv import interpreter
+
+    peer = run_peer(interpreter("diffprivlib", args.peer_python), B, args.k, epsilons, args.runs, args.seed)
     print(f"diffprivlib: {time.perf_counter() - t0:.0f}s", flush=True)
     rng = np.random.default_rng(args.seed)
     for i, eps in enumerate(epsilons):
