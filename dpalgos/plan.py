@@ -215,6 +215,32 @@ class Plan:
         event)."""
         return _accounting.release_guarantee(self.event(), delta, self.extra_delta)
 
+    def epsilon_floor(self, delta: float) -> float:
+        """A lower bound, computed without dp_accounting, on the epsilon at `delta` that any sound accountant gives
+        this plan's event, alone or composed with anything: the budget check refuses a release whose floor
+        already exceeds the budget before loading dp_accounting (most of a second).
+
+        Ours. An accountant's epsilon for a composition is at least the exact epsilon of the composition's
+        event, which is at least the exact epsilon of any part of it (a part is a post-processing of the
+        whole), which is decreasing in delta. Parts used, each exact for the event as `Mechanism.event` states
+        it: (a) the entries that are rho-zCDP events (OpenDP Gaussians, unsampled): their composition is
+        (sum rho)-zCDP, and the Gaussian mechanism with mu = sqrt(2 rho) is (sum rho)-zCDP, so no conversion
+        of a zCDP event to (epsilon, delta) can state less than that Gaussian's exact curve (Balle & Wang
+        2018, Theorem 8, `_gaussian_epsilon`); (b) at delta = 0, the Laplace entries: their privacy losses are
+        bounded by their epsilons and reach the sum of them together with positive probability, so their
+        exact epsilon at delta = 0 is the sum. Sampled and per-step entries are left out (any part gives a
+        floor). With `extra_delta` the events compose at delta - extra_delta or below (more releases' extra
+        deltas): the floor is taken at delta - extra_delta. Checked against dp_accounting in tests/test_plan_noise.py."""
+        if self.extra_delta > 0 and not delta > self.extra_delta:
+            return math.inf
+        delta0 = delta - self.extra_delta
+        plain = [m for m in self.mechanisms if m.sampling_rate is None and not m.per_step_generator]
+        rho = math.fsum(m.repetitions / (2.0 * m.noise_multiplier ** 2) for m in plain if m.distribution == "gaussian")
+        floors = [_gaussian_epsilon(math.sqrt(2.0 * rho), delta0) if rho > 0 else 0.0]
+        if delta0 == 0:
+            floors.append(math.fsum(m.repetitions / m.noise_multiplier for m in plain if m.distribution == "laplace"))
+        return max(floors) * (1.0 - 1e-9)  # float rounding in the formula may not lift the floor above the bound
+
     def to_json(self) -> dict:
         return {"mechanisms": [m.to_json() for m in self.mechanisms], "extra_delta": self.extra_delta,
                 "extra_delta_argument": self.extra_delta_argument}
@@ -254,3 +280,36 @@ class Plan:
                 m = Mechanism(**{**m.__dict__, **change})
             out.append(m)
         return Plan(tuple(out), self.extra_delta, self.extra_delta_argument)
+
+
+def _gaussian_epsilon(mu: float, delta: float) -> float:
+    """A lower bound on the exact epsilon at delta of the Gaussian mechanism of sensitivity 1 and sigma 1 / mu,
+    whose curve is delta(eps) = Phi(mu/2 - eps/mu) - e^eps Phi(-mu/2 - eps/mu) (Balle & Wang 2018, Theorem 8):
+    bisection on a curve never above the exact one (the subtracted term bounded above where it underflows), so
+    the eps found is never above the exact one."""
+    if delta <= 0:
+        return math.inf
+
+    def curve(eps: float) -> float:
+        return _normal_cdf(mu / 2 - eps / mu) - math.exp(min(eps + _log_normal_cdf_upper(-mu / 2 - eps / mu), 0.0))
+
+    if curve(0.0) <= delta:
+        return 0.0
+    lo, hi = 0.0, 1.0
+    while curve(hi) > delta:
+        lo, hi = hi, 2 * hi
+    for _ in range(100):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if curve(mid) > delta else (lo, mid)
+    return lo
+
+
+def _normal_cdf(x: float) -> float:
+    return 0.5 * math.erfc(-x / math.sqrt(2.0))
+
+
+def _log_normal_cdf_upper(x: float) -> float:
+    """log Phi(x), or above it: for x < -30 (where erfc underflows) the Mills-ratio bound Phi(x) <= phi(x)/|x|."""
+    if x >= -30:
+        return math.log(_normal_cdf(x))
+    return -x * x / 2 - math.log(-x * math.sqrt(2 * math.pi))

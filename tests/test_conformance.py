@@ -234,7 +234,10 @@ def test_postprocessing_reads_the_plan_committed_with_the_measurements(name, ent
 
     log = logging.getLogger("conformance")
     kind = REGISTRY[name]
-    spec = parse_spec({**C.spec_for(kind, tmp_path), "mode": "test", "seed": 1})
+    data = C.spec_for(kind, tmp_path)
+    if name == "histogram":  # its default consistency for range workloads (HTree) is invariant to a common scale
+        data = {**data, "release": {**data["release"], "consistency": "admm"}}
+    spec = parse_spec({**data, "mode": "test", "seed": 1})
     run = RunPaths(tmp_path / "run")
     run.internal.mkdir(parents=True)
     prepared = kind.prepare(spec, ingest_dataset(spec.dataset, run.stage("ingested"), run.internal, log), run, log)

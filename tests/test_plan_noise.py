@@ -171,3 +171,66 @@ def test_every_kind_plan_round_trips_through_json_and_the_manifest(name, tmp_pat
     assert [(m.name, m.scale, m.noise_multiplier, m.bound_multiple) for m in legacy] == \
         [(m.name, m.scale, m.noise_multiplier, m.bound_multiple) for m in plan]
     assert legacy.event() == plan.event()
+
+
+def _random_plan(rng) -> Plan:
+    """Laplace, zCDP and (rarely: dp_accounting's PLD of them is slow) sampled Gaussian entries."""
+    mechanisms = []
+    for i in range(int(rng.integers(1, 4))):
+        kind = str(rng.choice(["laplace", "gaussian", "sampled"], p=[0.45, 0.45, 0.1]))
+        extra = {"repetitions": int(rng.integers(1, 6 if kind == "laplace" else 30))}
+        multiplier = float(10 ** rng.uniform(-1.5, 1.5))
+        if kind == "sampled":
+            multiplier = float(rng.uniform(2.0, 3.0))
+            extra = {"repetitions": 2, "sampling_rate": float(rng.uniform(0.001, 0.02)), "per_step_generator": True}
+        mechanisms.append(Mechanism(f"m{i}", "q", "laplace" if kind == "laplace" else "gaussian", 1.0, "-",
+                                    multiplier, integer=bool(rng.integers(2)) and kind == "laplace", **extra))
+    return Plan(tuple(mechanisms), float(rng.choice([0.0, 1e-9, 1e-7])), "-")
+
+
+def test_epsilon_floor_never_exceeds_the_accountant_and_is_close_where_exact():
+    """The budget check's early refusal (`Plan.epsilon_floor`, ours) is sound: on 40 random plans of Laplace,
+    zCDP and sampled entries at deltas from 0 to 1e-3, the floor is never above dp_accounting's epsilon for the
+    plan alone or composed with another release; it is the exact Gaussian curve (PLD's epsilon of the same
+    Gaussian within its discretisation), and the exact sum of pure Laplace plans at delta 0."""
+    rng = np.random.default_rng(7)
+    for _ in range(40):
+        plan, other = _random_plan(rng), _random_plan(rng)
+        for delta in (0.0, 1e-8, 1e-6, 1e-3):
+            floor = plan.epsilon_floor(delta)
+            assert floor <= plan.guarantee(delta).epsilon
+            composed = accounting.compose_events([plan.event(), other.event()])
+            assert floor <= accounting.epsilon_at(composed, delta, plan.extra_delta + other.extra_delta).epsilon
+    for sigma in (0.3, 1.0, 4.0, 30.0):
+        for delta in (1e-9, 1e-5, 1e-2):
+            pld = dp_accounting.pld.PLDAccountant()
+            pld.compose(dpe.GaussianDpEvent(sigma))
+            exact = pld.get_epsilon(delta)
+            floor = Plan((_mech("gaussian", sensitivity=1.0, multiplier=sigma),)).epsilon_floor(delta)
+            assert exact - 2e-3 <= floor <= exact
+    laplace = Plan((_mech(multiplier=0.5, repetitions=3), _mech(integer=True, multiplier=4.0).__class__(
+        **{**_mech(integer=True, multiplier=4.0).__dict__, "name": "n"})))
+    assert laplace.epsilon_floor(0.0) == pytest.approx(6.25)
+
+
+def test_budget_check_refuses_from_the_floor_without_dp_accounting(tmp_path):
+    """An over-budget pure-DP release is refused by the floor, in a process that never imports dp_accounting."""
+    import subprocess
+    import sys
+
+    code = f"""
+import sys
+from dpalgos.plan import Mechanism, Plan
+from tasks.errors import BudgetExceeded
+from tasks.ledger import PrivacyLedger
+ledger = PrivacyLedger({str(tmp_path / "l.sqlite")!r})
+ledger.set_budget("d", 1.0, 0.0)
+plan = Plan((Mechanism("m", "q", "laplace", 1.0, "-", 0.2),))
+try:
+    ledger.charge(dataset_id="d", release_id="r", kind="k", fingerprint="f", plan=plan)
+except BudgetExceeded as exc:
+    print("refused:", exc)
+print("dp_accounting" in sys.modules)
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert "refused:" in out and "at least 5" in out and out.strip().endswith("False")

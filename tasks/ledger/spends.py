@@ -134,7 +134,7 @@ class Spends:
         reading : how the release reads the data and what one record is (`tasks.params.dataset_reading`): bound
         by the operator (`set_budget`) or else by the dataset's first release, then the same for every release.
         """
-        event, extra_delta = plan.event(), plan.extra_delta
+        extra_delta = plan.extra_delta
         digest = source_digest(data_source(source)) if source is not None and self.source(dataset_id) is None else None
         with self._transaction(immediate=True, keep=not dry_run) as db:
             bud_eps, bud_delta = self._budget_locked(db, dataset_id)
@@ -144,7 +144,12 @@ class Spends:
                 raise BudgetExceeded(f"release '{release_id}' asks delta={release_delta:g}, above the lifetime delta "
                                      f"{bud_delta:g} of dataset '{dataset_id}'. No noise was drawn.")
             prior = db.execute("SELECT * FROM spends WHERE release_id=?", (release_id,)).fetchone()
-            own = plan.guarantee(release_delta or bud_delta)
+            if prior is None and plan.epsilon_floor(bud_delta) > bud_eps * (1 + _TOLERANCE):
+                raise BudgetExceeded(
+                    f"release '{release_id}' would exceed the lifetime budget of dataset '{dataset_id}': its own "
+                    f"epsilon at delta={bud_delta:g} is at least {plan.epsilon_floor(bud_delta):.6g} > budget "
+                    f"{bud_eps:.6g}. No noise was drawn.")
+            event, own = plan.event(), plan.guarantee(release_delta or bud_delta)
             if prior is not None:
                 untouched = prior["status"] == "charged" and prior["attempts"] == 1
                 if prior["dataset_id"] == dataset_id and prior["fingerprint"] != fingerprint and untouched and redraw:
