@@ -141,14 +141,17 @@ def kmeans_measurements(k: int, iterations: int, d: int, seeds: int = 0) -> Cont
                     derive=_add_l1_norm(centroid_cols))
 
 
-def kmeans_release(k: int, columns: Sequence[str]) -> Contract:
-    """Released centroids: K rows, clusters 0..K-1, coordinates (normalised space) in the unit L1 ball."""
+def kmeans_release(k: int, columns: Sequence[str], intervals: bool = False) -> Contract:
+    """Released centroids: K rows, clusters 0..K-1, coordinates (normalised space) in the unit L1 ball; with
+    `intervals`, every coordinate followed by its uncertainty columns."""
     import great_expectations.expectations as gxe
 
     cols = list(columns)
+    extra = interval_columns(cols) if intervals else []
     return Contract("release", partitioned=False,
-                    rows=[gxe.ExpectTableColumnsToMatchOrderedList(column_list=["cluster"] + cols + [L1_NORM])]
-                    + _float64(gxe, cols) + _finite(gxe, cols) + _in_unit_l1_ball(gxe, cols),
+                    rows=[gxe.ExpectTableColumnsToMatchOrderedList(column_list=["cluster"] + cols + extra + [L1_NORM])]
+                    + _float64(gxe, cols) + _finite(gxe, cols) + _in_unit_l1_ball(gxe, cols)
+                    + _intervals(gxe, cols if intervals else []),
                     table=[gxe.ExpectTableRowCountToEqual(value=k),
                            gxe.ExpectColumnDistinctValuesToEqualSet(column="cluster", value_set=list(range(k)))],
                     derive=_add_l1_norm(cols))
@@ -170,19 +173,69 @@ def encoded(index: str, size: int, weight: str | None = None) -> Contract:
 
 
 def indexed_table(stage: str, index: str, size: int, values: Sequence[str], *, nonnegative: Sequence[str] = (),
-                  other_columns: Sequence[str] = ()) -> Contract:
+                  other_columns: Sequence[str] = (), intervals: Sequence[str] = ()) -> Contract:
     """A table with one row per index 0..size-1 (unique, in range) and finite value columns; `nonnegative`
-    value columns must be >= 0. Used for noisy measurement vectors and released counts."""
+    value columns must be >= 0; the value columns named in `intervals` are followed, at the end, by their
+    uncertainty columns (`interval_columns`). Used for noisy measurement vectors and released counts."""
     import great_expectations.expectations as gxe
 
-    cols = [index] + list(other_columns) + list(values)
+    cols = [index] + list(other_columns) + list(values) + interval_columns(intervals)
     table = [gxe.ExpectTableRowCountToEqual(value=size), gxe.ExpectColumnValuesToBeUnique(column=index)]
     rows = ([gxe.ExpectTableColumnsToMatchOrderedList(column_list=cols),
              gxe.ExpectColumnValuesToNotBeNull(column=index),
              gxe.ExpectColumnValuesToBeBetween(column=index, min_value=0, max_value=size - 1)]
             + _finite(gxe, values)
-            + [gxe.ExpectColumnValuesToBeBetween(column=c, min_value=0) for c in nonnegative])
+            + [gxe.ExpectColumnValuesToBeBetween(column=c, min_value=0) for c in nonnegative]
+            + _intervals(gxe, intervals))
     return Contract(stage, rows=rows, table=table, partitioned=False)
+
+
+#: The uncertainty columns that follow a published value column v: v_std (the noise's or the replicates'
+#: standard deviation), v_lo and v_hi (the two-sided interval at the release's confidence).
+INTERVAL_SUFFIXES = ("_std", "_lo", "_hi")
+
+
+def interval_columns(values: Sequence[str]) -> list[str]:
+    return [f"{v}{suffix}" for v in values for suffix in INTERVAL_SUFFIXES]
+
+
+def _intervals(gxe, values: Sequence[str], nullable: bool = False) -> list:
+    """Each value's std is finite and >= 0, its interval ends finite with lo <= hi; null only where `nullable` (a
+    value that was not released, e.g. "no friendly core")."""
+    out = []
+    for v in values:
+        std, lo, hi = (f"{v}{suffix}" for suffix in INTERVAL_SUFFIXES)
+        out += [] if nullable else [gxe.ExpectColumnValuesToNotBeNull(column=c) for c in (std, lo, hi)]
+        out += [gxe.ExpectColumnValuesToBeBetween(column=std, min_value=0, max_value=FLOAT_MAX),
+                gxe.ExpectColumnValuesToBeBetween(column=lo, min_value=-FLOAT_MAX, max_value=FLOAT_MAX),
+                gxe.ExpectColumnValuesToBeBetween(column=hi, min_value=-FLOAT_MAX, max_value=FLOAT_MAX),
+                gxe.ExpectColumnPairValuesAToBeGreaterThanB(column_A=hi, column_B=lo, or_equal=True,
+                                                            ignore_row_if="either_value_is_missing")]
+    return out
+
+
+def uncertainty_columns(stage: str, columns: Sequence[str], values: Sequence[str], nullable: bool = False) -> Contract:
+    """A published file whose value columns `values` carry their uncertainty columns: exactly `columns` (the
+    file's own) followed by them, each std >= 0 and lo <= hi (`_intervals`)."""
+    import great_expectations.expectations as gxe
+
+    order = list(columns) + interval_columns(values)
+    return Contract(stage, partitioned=False, rows=[gxe.ExpectTableColumnsToMatchOrderedList(column_list=order)]
+                    + _intervals(gxe, values, nullable))
+
+
+def replicates(stage: str, index: str, size: int, values: Sequence[str], count: int) -> Contract:
+    """Bootstrap replicates of a product with `size` rows: `count` x `size` rows (replicate, index, values...),
+    replicate in [0, count), index in [0, size), finite values."""
+    import great_expectations.expectations as gxe
+
+    cols = ["replicate", index] + list(values)
+    return Contract(stage, partitioned=False,
+                    rows=[gxe.ExpectTableColumnsToMatchOrderedList(column_list=cols)]
+                    + [gxe.ExpectColumnValuesToBeBetween(column="replicate", min_value=0, max_value=count - 1),
+                       gxe.ExpectColumnValuesToBeBetween(column=index, min_value=0, max_value=size - 1)]
+                    + _finite(gxe, ["replicate", index] + list(values)),
+                    table=[gxe.ExpectTableRowCountToEqual(value=count * size)])
 
 
 def ingested_sets(column: str, item_count: int) -> Contract:
@@ -240,15 +293,17 @@ def synthetic_sets(column: str, item_count: int) -> Contract:
     return contract
 
 
-def friendly_result(columns: Sequence[str], rows: int) -> Contract:
+def friendly_result(columns: Sequence[str], rows: int, intervals: bool = False) -> Contract:
     """A FriendlyCore result: `rows` rows (1 mean, or k centres), a `released` flag and the columns, finite
-    when released and null for "no friendly core" (great-expectations skips nulls in value expectations)."""
+    when released and null for "no friendly core" (great-expectations skips nulls in value expectations); with
+    `intervals`, the columns' uncertainty columns after them (null with the values)."""
     import great_expectations.expectations as gxe
 
     cols = list(columns)
+    extra = interval_columns(cols) if intervals else []
     return Contract("measurements", partitioned=False,
-                    rows=[gxe.ExpectTableColumnsToMatchOrderedList(column_list=["released"] + cols),
+                    rows=[gxe.ExpectTableColumnsToMatchOrderedList(column_list=["released"] + cols + extra),
                           gxe.ExpectColumnValuesToNotBeNull(column="released")]
                     + [gxe.ExpectColumnValuesToBeBetween(column=c, min_value=-FLOAT_MAX, max_value=FLOAT_MAX)
-                       for c in cols],
+                       for c in cols] + _intervals(gxe, cols if intervals else [], nullable=True),
                     table=[gxe.ExpectTableRowCountToEqual(value=rows)])

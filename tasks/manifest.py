@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import json
 from datetime import datetime, timezone
 from importlib import metadata
 from pathlib import Path
@@ -15,6 +16,7 @@ from tasks.retry import SAFE, sanitised
 from tasks.run import RunPaths, publish, read_meta
 from tasks.spec import ReleaseSpec
 from tasks.stages import Measured
+from tasks.uncertainty import UNCERTAINTY
 
 #: Every package whose version can change a release's bytes or its checks (noise, accounting, numerics, I/O,
 #: contracts), recorded in the manifest.
@@ -54,6 +56,13 @@ def _provenance() -> dict:
     return {"flow_run_id": str(flow_run.get_id()) if flow_run.get_id() else None,
             "deployment_id": str(deployment.get_id()) if deployment.get_id() else None,
             "code_revision": revision}
+
+
+def _uncertainty(staging: Path) -> dict | None:
+    """How every published value's uncertainty was computed (tasks/uncertainty.py writes it beside the products):
+    the method of each column (analytic or bootstrap), B, the confidence, the bootstrap's public seed."""
+    path = staging / UNCERTAINTY
+    return json.loads(path.read_text()) if path.exists() else None
 
 
 @task(name="publish", cache_policy=NO_CACHE, **SAFE)
@@ -97,6 +106,7 @@ def publish_release(spec: ReleaseSpec, release_id: str, run: RunPaths, staging: 
                        "categories": spec.dataset.categories, "weight_column": spec.dataset.weight_column,
                        "max_weight": spec.dataset.max_weight,
                        "weights_count_records": spec.dataset.weights_count_records},
+        "uncertainty": _uncertainty(staging),
         "files": files,
         "software": _versions(),
         "provenance": _provenance(),

@@ -22,6 +22,7 @@ from data_contracts.suites import Contract
 from dpalgos.noise import Measure
 from dpalgos.plan import Plan
 from tasks.ingest import StageOutput
+from tasks.kinds.uncertainty import Bootstrap, Direct, Predicted
 from tasks.params import DatasetSpec, ReleaseBase
 from tasks.run import RunPaths
 
@@ -102,6 +103,33 @@ class ReleaseKind(ABC):
     @abstractmethod
     def release_contract(self, spec) -> tuple[str, Contract]:
         """(file inside release/, its contract)."""
+
+    def direct_values(self, spec, measurements: Path, plan: Plan) -> list[Direct]:
+        """The measurement columns that a plan entry of the committed `plan` drew and that are published as such:
+        `tasks.uncertainty` gives them the entry's standard deviation and exact interval. Default: none."""
+        return []
+
+    def bootstrap(self, spec, measurements: Path, staging: Path, plan: Plan) -> Bootstrap | None:
+        """The products postprocessing made in `staging` from the measurements, the measurements the released
+        estimate implies and the postprocessing to rerun on simulated ones: `tasks.uncertainty` runs the
+        parametric bootstrap. Measurements, the committed plan, public parameters and the staged products only.
+        Default: None (nothing postprocessed to replicate)."""
+        return None
+
+    def bootstraps(self, spec) -> bool:
+        """Whether the release has postprocessed products to replicate (from the spec alone: it decides the
+        contracts of the replicates). Default: no."""
+        return False
+
+    def replicate_seconds(self, spec) -> float:
+        """A public estimate of one bootstrap replicate's cost (one rerun of the postprocessing) from the spec's
+        sizes: it sets the default number of replicates (`tasks.uncertainty.replicates_of`)."""
+        return 0.0
+
+    def accuracy(self, spec) -> list[Predicted]:
+        """The accuracy planner: the expected error of each published quantity at the spec's epsilon, from the
+        plan and public parameters alone (no data, no ledger). Default: none predicted."""
+        return []
 
     @abstractmethod
     def evaluate(self, spec, run: RunPaths, prepared: StageOutput, log) -> dict:

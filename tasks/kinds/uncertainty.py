@@ -1,0 +1,126 @@
+"""What a release kind declares about the uncertainty of what it publishes (used by `tasks.uncertainty`, which
+computes it, and by the accuracy planner):
+
+* `Direct`: a column of a measurement file whose values a plan entry drew and that is published as such: it gets
+  the entry's noise standard deviation and exact interval (`dpalgos.intervals.NoiseLaw`);
+* `Bootstrap`: the released products computed from the measurements (consistency, refinement), with the
+  measurements the released estimate implies (`Center`) and the kind's own postprocessing to rerun on simulated
+  measurements: a parametric bootstrap, whose replicates are published;
+* `Predicted`: the planner's expected error of one published quantity, from the plan alone.
+
+The spec's `confidence` and `replicates` (`UncertaintyParams`, a base of every kind's parameters) choose the
+intervals. Both are left out of `model_dump`, hence out of the spec's fingerprint: they do not change what is
+measured, and a release committed before they existed resumes as it was.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Literal
+
+import numpy as np
+from pydantic import Field, model_validator
+from scipy.optimize import linear_sum_assignment
+
+from dpalgos.intervals import NoiseLaw, min_replicates
+from tasks.params import Strict
+
+#: The most replicates a spec may ask for (each is one rerun of the kind's postprocessing).
+MAX_REPLICATES = 10_000
+
+
+class UncertaintyParams(Strict):
+    """The intervals of a release: their confidence, and the number B of bootstrap replicates."""
+    confidence: float = Field(0.95, gt=0, lt=1, exclude=True,
+                              description="two-sided confidence of every published interval, in (0, 1)")
+    replicates: int | None = Field(None, ge=0, le=MAX_REPLICATES, exclude=True,
+                                   description="B, the parametric bootstrap's replicates of the postprocessed "
+                                               "products (published; 0: none); default: from the postprocessing's "
+                                               "cost, between 39 and 199 at confidence 0.95 (docs/uncertainty.md)")
+
+    @model_validator(mode="after")
+    def _enough_replicates(self):
+        if self.replicates and self.replicates < min_replicates(self.confidence):
+            raise ValueError(f"replicates ({self.replicates}) are too few for a {self.confidence:g} interval: at "
+                             f"least {min_replicates(self.confidence)} (or 0 for none)")
+        return self
+
+
+@dataclass(frozen=True)
+class Direct:
+    """Values of `column` in the measurement file `file` drawn with `law`; `rows` (a boolean mask, default all)
+    says which rows, when a column holds the draws of several entries."""
+    file: str
+    column: str
+    mechanism: str
+    law: NoiseLaw
+    rows: np.ndarray | None = None
+
+
+@dataclass(frozen=True)
+class Product:
+    """A released Parquet file with one row per `index` value and the value `columns` the bootstrap replicates.
+    intervals: "bootstrap" (the columns get the replicates' intervals) or "analytic" (they are direct measurements,
+    annotated by `Direct`; the replicates only serve derived queries). replicates: whether the replicate values
+    are published as <stem>_replicates.parquet (a product derived from another's replicates needs none)."""
+    file: str
+    index: str
+    columns: tuple[str, ...]
+    intervals: Literal["bootstrap", "analytic"] = "bootstrap"
+    replicates: bool = True
+
+
+@dataclass(frozen=True)
+class Center:
+    """The noiseless value of a plan entry's measurement under the released estimate, and its noise law: a
+    replicate measures `values` + a draw of `law`."""
+    mechanism: str
+    values: np.ndarray
+    law: NoiseLaw
+
+
+@dataclass(frozen=True)
+class Bootstrap:
+    """rerun(measurements, rng) -> {product file: (rows, columns) array}: the kind's postprocessing on simulated
+    measurements {mechanism: values} (rng: public randomness of the replicate, e.g. a chain's seed)."""
+    products: tuple[Product, ...]
+    centers: tuple[Center, ...]
+    rerun: Callable[[dict[str, np.ndarray], np.random.Generator], dict[str, np.ndarray]]
+    #: What the replicates condition on and what they leave out, for the manifest.
+    notes: tuple[str, ...] = field(default=())
+
+
+@dataclass(frozen=True)
+class Predicted:
+    """The planner's expected error of one published quantity: its standard deviation (None: not predicted) and
+    the half-width of its interval at the spec's confidence, how it was obtained and what it assumes."""
+    quantity: str
+    std: float | None
+    half_width: float | None
+    basis: str
+    assumption: str = ""
+
+    def to_json(self) -> dict:
+        return {"quantity": self.quantity, "std": self.std, "half_width": self.half_width, "basis": self.basis,
+                "assumption": self.assumption}
+
+
+def exact(quantity: str, law: NoiseLaw, confidence: float, assumption: str = "") -> Predicted:
+    """A direct measurement's error: exact, from its law."""
+    return Predicted(quantity, law.std(), law.half_width(confidence), f"exact ({_law_name(law)})", assumption)
+
+
+def _law_name(law: NoiseLaw) -> str:
+    kind = "discrete " if law.integer else ""
+    return f"{kind}{law.distribution} noise of scale {law.scale:.4g}"
+
+
+def matched(released: np.ndarray, replicate: np.ndarray) -> np.ndarray:
+    """The rows of `replicate` (k, d) reordered to the released rows they are nearest to (a minimum-cost matching
+    of squared distances): the labels of a clustering are arbitrary, and a replicate's cluster j need not be the
+    released cluster j. Post-processing of the two sets of centres only."""
+    cost = ((released[:, None, :] - replicate[None, :, :]) ** 2).sum(axis=-1)
+    rows, cols = linear_sum_assignment(np.nan_to_num(cost, nan=1e300, posinf=1e300))
+    out = np.empty_like(replicate)
+    out[rows] = replicate[cols]
+    return out
