@@ -162,16 +162,16 @@ class HistogramKind(ReleaseKind):
         tree, p = tree_of(spec), spec.release
         law = NoiseLaw.of(self.plan(spec)["tree"])
         rows = [exact("noisy tree node (measurements)", law, p.confidence)]
-        lengths = planning.range_lengths(tree.leaves, tree.branching)
+        families = planning.range_families(tree.leaves, tree.branching)
         if p.consistency == "admm":
-            errors = planning.simulated_errors(
-                lambda y: _leaves(spec, y, law.scale)[0], tree.aggregate, tree.leaves, law,
-                planning.runs_for(self.replicate_seconds(spec)))
-            return rows + planning.range_rows(errors, lengths, p.confidence)
-        transform = (lambda r: tree.htree(np.concatenate([np.zeros(tree.size - tree.leaves), r]))) \
-            if p.consistency == "htree" else (lambda r: r)
-        return rows + planning.linear_range_rows(transform, tree.leaves, lengths, law, p.confidence,
-                                                 "least squares (Htree)" if p.consistency == "htree" else "noisy leaves")
+            return rows + planning.simulated_rows(lambda y: _leaves(spec, y, law.scale)[0], tree.aggregate,
+                                                  tree.leaves, law, planning.runs_for(self.replicate_seconds(spec)),
+                                                  families, p.confidence)
+        if p.consistency == "htree":
+            below = np.zeros(tree.size - tree.leaves)
+            return rows + planning.linear_rows(lambda q: tree.htree(np.concatenate([below, q])), tree.leaves, law,
+                                               families, p.confidence, "least squares, Htree")
+        return rows + planning.linear_rows(lambda q: q, tree.leaves, law, families, p.confidence, "noisy leaves")
 
     def evaluate(self, spec, run, prepared, log):
         """MSE of unit queries (bins) and of random range queries per length, released vs exact, with the
