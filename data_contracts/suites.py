@@ -263,14 +263,18 @@ def feature_trajectory(k: int, iterations: int, features: int) -> Contract:
                     table=[gxe.ExpectTableRowCountToEqual(value=k * iterations)])
 
 
-def feature_centres(k: int, features: int) -> Contract:
-    """Released kernel k-means centres: k rows, finite features, non-negative noisy sizes."""
+def feature_centres(k: int, features: int, intervals: bool = False) -> Contract:
+    """Released kernel k-means centres: k rows, finite features, non-negative noisy sizes; with `intervals`, the
+    uncertainty columns of the size and every feature after them."""
     import great_expectations.expectations as gxe
 
     feats = [f"f_{j}" for j in range(features)]
+    values = ["noisy_size"] + feats if intervals else []
     return Contract("release", partitioned=False,
-                    rows=[gxe.ExpectTableColumnsToMatchOrderedList(column_list=["cluster", "noisy_size"] + feats)]
-                    + _finite(gxe, feats) + [gxe.ExpectColumnValuesToBeBetween(column="noisy_size", min_value=0)],
+                    rows=[gxe.ExpectTableColumnsToMatchOrderedList(column_list=["cluster", "noisy_size"] + feats
+                                                                   + interval_columns(values))]
+                    + _finite(gxe, feats) + [gxe.ExpectColumnValuesToBeBetween(column="noisy_size", min_value=0)]
+                    + _intervals(gxe, values),
                     table=[gxe.ExpectTableRowCountToEqual(value=k)])
 
 

@@ -121,14 +121,16 @@ class ReleaseKind(ABC):
         contracts of the replicates). Default: no."""
         return False
 
-    def replicate_seconds(self, spec) -> float:
+    def replicate_seconds(self, spec, measurements: Path | None = None) -> float:
         """A public estimate of one bootstrap replicate's cost (one rerun of the postprocessing) from the spec's
-        sizes: it sets the default number of replicates (`tasks.uncertainty.replicates_of`)."""
+        sizes, and from the measurements when given (noisy values, public): it sets the default number of
+        replicates (`tasks.uncertainty.replicates_of`)."""
         return 0.0
 
-    def accuracy(self, spec) -> list[Predicted]:
+    def accuracy(self, spec, records: int | None = None) -> list[Predicted]:
         """The accuracy planner: the expected error of each published quantity at the spec's epsilon, from the
-        plan and public parameters alone (no data, no ledger). Default: none predicted."""
+        plan and public parameters alone (no data, no ledger); `records` is a public guess of the number of
+        records, for quantities whose error depends on it (a cluster's size). Default: none predicted."""
         return []
 
     @abstractmethod

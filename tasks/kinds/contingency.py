@@ -178,7 +178,7 @@ class ContingencyKind(ReleaseKind):
     def bootstraps(self, spec):
         return True
 
-    def replicate_seconds(self, spec):
+    def replicate_seconds(self, spec, measurements=None):
         return 1e-3 + SECONDS_PER_CELL[spec.release.estimator] * table_of(spec).size
 
     def bootstrap(self, spec, measurements, staging, plan):
@@ -193,7 +193,7 @@ class ContingencyKind(ReleaseKind):
                          centers=(Center("cells", released, NoiseLaw.of(plan["cells"])),), rerun=rerun,
                          notes=("the public marginals are the same in every replicate",))
 
-    def accuracy(self, spec):
+    def accuracy(self, spec, records=None):
         """A noisy cell (exact); the released cell by ADMM without public marginals is the noisy cell clipped at
         zero, with the same error away from zero. With public marginals or the empirical-Bayes estimator the
         released cell's error depends on the data (shrinkage toward the marginals' table): not predicted, the

@@ -27,8 +27,10 @@ from data_contracts import suites
 from data_contracts.validate import parquet_files
 from dpalgos import accounting, metrics
 from dpalgos import friendlycore as fc
+from dpalgos.intervals import NoiseLaw
 from dpalgos.plan import Plan
 from tasks.kinds.base import Draw, ReleaseKind
+from tasks.kinds.uncertainty import Bootstrap, Center, Direct, Predicted, Product, UncertaintyParams, exact
 from tasks.params import ReleaseBase
 from tasks.partitions import Partitioned, current_client
 
@@ -37,7 +39,7 @@ INFO = "friendlycore.json"
 LABEL = "FriendlyCore framework after Tsfadia et al., ICML 2022; filter and analysis derived in this project"
 
 
-class _FriendlyParams(ReleaseBase):
+class _FriendlyParams(ReleaseBase, UncertaintyParams):
     delta: float = Field(1e-6, gt=0, lt=1, description="delta of the release's (epsilon, delta), delta' included")
     r: float | None = Field(None, gt=0, le=fc.MAX_RADIUS,
                             description="public radius of the friend predicate; default: chosen privately on the "
@@ -134,14 +136,67 @@ class _FriendlyKind(ReleaseKind):
         return [RESULT, INFO]
 
     def release_contract(self, spec):
-        name, contract = RESULT, suites.friendly_result(spec.dataset.columns, self._rows(spec))
+        name, contract = RESULT, suites.friendly_result(spec.dataset.columns, self._rows(spec), intervals=True)
         contract.stage = "release"
         return name, contract
+
+    #: The plan entries of the PTR weight and of the released mean / centres.
+    weight_entry: str
+    result_entry: str
+
+    def _result_law(self, measurements, plan) -> NoiseLaw | None:
+        """The released values' noise: Gaussian of standard deviation noise multiplier x bound multiple x r / L,
+        r and L = the PTR test's lower bound both published in friendlycore.json; None if nothing was released."""
+        info = json.loads((measurements / INFO).read_text())
+        if not info["released"]:
+            return None
+        entry = plan[self.result_entry]
+        return NoiseLaw.of(entry, entry.scale_for(info["radius"] / info["weight_lower_bound"]))
+
+    def direct_values(self, spec, measurements, plan):
+        law = self._result_law(measurements, plan)
+        return [] if law is None else [Direct(RESULT, c, self.result_entry, law) for c in spec.dataset.columns]
+
+    def bootstraps(self, spec):
+        return True
+
+    def bootstrap(self, spec, measurements, staging, plan):
+        """The released values are direct measurements (analytic intervals): the replicates, the plan's noise
+        redrawn around them, serve derived queries (a distance between centres, a ratio of coordinates)."""
+        law = self._result_law(measurements, plan)
+        if law is None:
+            return None
+        cols = tuple(spec.dataset.columns)
+        released = pq.read_table(measurements / RESULT).to_pandas()[list(cols)].to_numpy()
+        return Bootstrap((Product(RESULT, "row", cols, intervals="analytic"),),
+                         (Center(self.result_entry, released, law),),
+                         lambda noisy, rng: {RESULT: noisy[self.result_entry]},
+                         notes=("the intervals are for the soft core's weighted mean (centres), what the noise was "
+                                "added to, not for the plain mean of the data",))
+
+    def accuracy(self, spec, records=None):
+        """The noisy core weight (exact) and a released coordinate: noise multiplier x bound multiple x r / L, with
+        L = W - z sd(W) the PTR bound at a core weight W (`_core_weight`); per unit of r when r is chosen on the
+        grid."""
+        p, plan = spec.release, self.plan(spec)
+        weight, entry = NoiseLaw.of(plan[self.weight_entry]), plan[self.result_entry]
+        rows = [exact("noisy core weight (friendlycore.json)", weight, p.confidence)]
+        W, assumption = self._core_weight(spec, records)
+        if W is None:
+            return rows + [Predicted(self.result_name, None, None, "not predicted", assumption)]
+        L = float(fc.ptr_lower_bound(W, weight.scale, p.delta_ptr))
+        if not L >= 2:
+            return rows + [Predicted(self.result_name, None, None, "nothing released: the PTR test fails",
+                                     f"{assumption}: L = {L:.3g} < 2")]
+        r, unit = (p.r, "") if p.r is not None else (1.0, " per unit of the radius chosen on the grid")
+        law = NoiseLaw.of(entry, entry.scale_for(r / L))
+        return rows + [exact(self.result_name + unit, law, p.confidence, assumption)]
 
 
 class MeanKind(_FriendlyKind):
     name = "mean"
     Params = MeanParams
+    weight_entry, result_entry, result_name = "fc_weight", "fc_mean", "released mean coordinate"
     summary = ("FriendlyCore averaging (framework after Tsfadia et al.; filter and analysis ours): soft core of the "
                "points with many friends within r (public, or chosen privately on a public grid), a "
                "propose-test-release Gaussian mean whose noise scales with r, not a domain bound; or "
@@ -149,6 +204,11 @@ class MeanKind(_FriendlyKind):
 
     def example(self):
         return {"kind": "mean", "epsilon": 2.0, "delta": 1e-6, "r_min": 0.5, "r_max": 64.0}
+
+    def _core_weight(self, spec, records):
+        if not records:
+            return None, "needs a public guess of the number of records (--records)"
+        return float(records), f"every one of {records} records in the core (W = n: points within r of most others)"
 
     def draw(self, spec, prepared, measure, public_rng, log):
         X = _points(spec, prepared)
@@ -172,6 +232,7 @@ class MeanKind(_FriendlyKind):
 class FriendlyKMeansKind(_FriendlyKind):
     name = "friendly_kmeans"
     Params = FriendlyKMeansParams
+    weight_entry, result_entry, result_name = "fck_weight", "fck_centres", "released centre coordinate"
     summary = ("FriendlyCore k-means (framework after Tsfadia et al.; filter and analysis ours): non-private "
                "k-means++ on m random disjoint subsets, the k-tuples of centres aggregated by one friendly "
                "average of the core tuples; no domain bound needed")
@@ -179,6 +240,10 @@ class FriendlyKMeansKind(_FriendlyKind):
     def example(self):
         return {"kind": "friendly_kmeans", "k": 2, "subsets": 100, "epsilon": 8.0, "delta": 1e-6, "r_min": 0.25,
                 "r_max": 32.0}
+
+    def _core_weight(self, spec, records):
+        m = spec.release.subsets
+        return float(m), f"every one of the {m} subsets' k-tuples in the core (W = m: the subsets agree within r)"
 
     def draw(self, spec, prepared, measure, public_rng, log):
         X = _points(spec, prepared)

@@ -139,7 +139,7 @@ class HistogramKind(ReleaseKind):
     def bootstraps(self, spec):
         return True
 
-    def replicate_seconds(self, spec):
+    def replicate_seconds(self, spec, measurements=None):
         return SECONDS_PER_CALL + SECONDS_PER_NODE[spec.release.consistency] * tree_of(spec).size
 
     def bootstrap(self, spec, measurements, staging, plan):
@@ -155,7 +155,7 @@ class HistogramKind(ReleaseKind):
                          centers=(Center("tree", tree.aggregate(released), NoiseLaw.of(plan["tree"])),),
                          rerun=rerun, notes=("tree.parquet's intervals come from the leaf replicates' sums",))
 
-    def accuracy(self, spec):
+    def accuracy(self, spec, records=None):
         """A noisy node (exact); the released leaf and range sums of several lengths at random positions, for
         counts far from zero (where non-negativity never binds): exact for `none` and `htree` (linear), simulated
         on a public flat histogram for `admm`."""

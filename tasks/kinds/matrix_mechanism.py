@@ -120,7 +120,7 @@ class MatrixMechanismKind(ReleaseKind):
     def bootstraps(self, spec):
         return True
 
-    def replicate_seconds(self, spec):
+    def replicate_seconds(self, spec, measurements=None):
         A = strategy_of(spec)
         return SECONDS_PER_CALL + SECONDS_PER_ENTRY[spec.release.reconstruction] * A.shape[0] * A.shape[1]
 
@@ -138,7 +138,7 @@ class MatrixMechanismKind(ReleaseKind):
         return Bootstrap(products=products, centers=(Center("strategy", A @ released, NoiseLaw.of(plan["strategy"])),),
                          rerun=rerun, notes=("the workload answers' intervals come from the estimate's replicates",))
 
-    def accuracy(self, spec):
+    def accuracy(self, spec, records=None):
         """A noisy strategy answer (exact); the released bin, range sums of several lengths and the workload's
         queries, for counts far from zero: exact for least squares, simulated for L1 (ADMM)."""
         p = spec.release

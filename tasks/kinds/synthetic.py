@@ -32,7 +32,8 @@ from dpalgos import counting, dpgm
 from dpalgos import kernel_kmeans as kk
 from tasks.errors import ReleaseConflict
 from tasks.kinds.base import Draw, ReleaseKind
-from tasks.kinds.kernel_kmeans import KernelKMeansParams, check_public_sample, cluster_records, write_clustering
+from tasks.kinds.kernel_kmeans import (KernelKMeansParams, check_public_sample, cluster_records, noisy_sizes,
+                                       write_clustering)
 from tasks.partitions import Partitioned, current_client
 from tasks.run import read_meta
 from tasks.sets import set_table
@@ -220,6 +221,10 @@ class SyntheticKind(ReleaseKind):
 
     def release_contract(self, spec):
         return SYNTHETIC, suites.synthetic_sets(spec.dataset.items_column, spec.dataset.item_count)
+
+    def direct_values(self, spec, measurements, plan):
+        """The clustering's noisy sizes; the synthetic records have no interval (docs/uncertainty.md)."""
+        return noisy_sizes(plan)
 
     def evaluate(self, spec, run, prepared, log):
         """Counting queries (§6.3) on raw vs synthetic records, with the MWEM (linear) and independent-items
