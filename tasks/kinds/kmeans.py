@@ -367,8 +367,8 @@ class KMeansKind(ReleaseKind):
         rows = [exact("noisy cluster count (every iteration)", counts, p.confidence),
                 exact("noisy cluster sum, one coordinate (every iteration)", sums, p.confidence),
                 Predicted("last-iterate centroid coordinate x cluster size n", sums.std(), sums.half_width(p.confidence),
-                          "first order: the sum's noise over n", "a cluster of n records (divide by n); a coordinate c "
-                          "adds c x the count's noise: see the next row")]
+                          "first order: the sum's noise over n", "a cluster of n records (divide by n); its coordinate c "
+                          "adds c x the count's noise (--records: the figure at equal clusters)")]
         if records:
             n, c2 = records / p.k, _mean_square_coordinate(domain_of(spec), len(spec.dataset.columns))
             std = centroid_std(counts, sums, n, np.sqrt(c2))
