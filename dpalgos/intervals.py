@@ -47,7 +47,7 @@ class NoiseLaw:
             raise ValueError(f"a noise scale must be positive and finite, got {self.scale}")
 
     @classmethod
-    def of(cls, mechanism: Mechanism, scale: float | None = None) -> "NoiseLaw":
+    def of(cls, mechanism: Mechanism, scale: float | None = None) -> NoiseLaw:
         """The law of a plan entry's draws (at `scale`, for an entry whose bound is chosen during the release).
         DP-SGD's per-step numpy Gaussian is continuous; every other integer entry draws from a discrete sampler."""
         integer = mechanism.integer and not mechanism.per_step_generator

@@ -52,8 +52,8 @@ def cmd_accuracy(args) -> int:
 
 def format_tables(path: str, spec, tables: dict) -> str:
     c = spec.release.confidence
-    lines = [f"{path}: {spec.release.kind} release of dataset '{spec.dataset.id}'; expected error of each published "
-             f"quantity (standard deviation, and the half-width of its {c:g} interval), from the plan alone"]
+    lines = [(f"{path}: {spec.release.kind} release of dataset '{spec.dataset.id}'; expected error of each published "
+              f"quantity (standard deviation, and the half-width of its {c:g} interval), from the plan alone")]
     for eps, rows in tables.items():
         lines += ["", f"epsilon = {eps:g}", f"  {'quantity':58s} {'std':>11s} {'+/-':>11s}  basis; assumption"]
         for r in rows:

@@ -14,9 +14,9 @@ take the replicates' percentile interval. Reads release/ only: what an analyst h
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 import pyarrow.parquet as pq
@@ -52,7 +52,7 @@ class Replicates:
         self.replicates, self.confidence = replicates, confidence
 
     @classmethod
-    def open(cls, release: str | Path, product: str | None = None) -> "Replicates":
+    def open(cls, release: str | Path, product: str | None = None) -> Replicates:
         """The product `product` of the release folder (default: the first with published replicates)."""
         release = Path(release)
         info = _bootstrap_info(release)

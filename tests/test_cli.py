@@ -14,7 +14,7 @@ import yaml
 from tests.conftest import blobs, spec_dict, write_csv
 
 HELP = [[], ["run"], ["experiment"], ["generate"], ["budget"], ["budget", "show"], ["budget", "set"], ["public"],
-        ["public", "register"], ["public", "list"], ["spec"], ["spec", "check"]]
+        ["public", "register"], ["public", "list"], ["spec"], ["spec", "check"], ["accuracy"], ["query"]]
 
 
 def dprelease(*args, cwd=None, timeout=300) -> subprocess.CompletedProcess:

@@ -14,8 +14,8 @@ import pyarrow.parquet as pq
 import pytest
 import yaml
 
-from dpalgos.intervals import NoiseLaw, min_replicates, percentile_interval, replicate_ranks
 from dpalgos.hierarchy import Tree
+from dpalgos.intervals import NoiseLaw, min_replicates, percentile_interval, replicate_ranks
 from tasks.errors import SpecError
 from tasks.kinds import REGISTRY, counts, planning
 from tasks.kinds.histogram import node_columns
@@ -143,11 +143,12 @@ def test_histogram_intervals_cover_at_their_confidence(tmp_path):
         release = _release(spec, tmp_path / f"r{i}", rng)
         tree_tab, leaves = pq.read_table(release / "noisy_tree.parquet"), pq.read_table(release / "histogram.parquet")
         exact = Tree(16, 4).aggregate(TRUTH)
-        direct.append((tree_tab["noisy_count_lo"].to_numpy() <= exact) & (exact <= tree_tab["noisy_count_hi"].to_numpy()))
+        lo, hi = tree_tab["noisy_count_lo"].to_numpy(), tree_tab["noisy_count_hi"].to_numpy()
+        direct.append((lo <= exact) & (exact <= hi))
         far = TRUTH >= 30  # where the clip at zero does not bias the estimate
         post.append(((leaves["count_lo"].to_numpy() <= TRUTH) & (TRUTH <= leaves["count_hi"].to_numpy()))[far])
     assert 0.93 <= np.mean(direct) <= 0.985
-    assert 0.90 <= np.mean(post) <= 0.985
+    assert 0.92 <= np.mean(post) <= 0.985
 
 
 def test_replicates_reproducible_from_the_measurements_and_no_noise_source(tmp_path, monkeypatch):

@@ -171,8 +171,8 @@ class _FriendlyKind(ReleaseKind):
         return Bootstrap((Product(RESULT, "row", cols, intervals="analytic"),),
                          (Center(self.result_entry, released, law),),
                          lambda noisy, rng: {RESULT: noisy[self.result_entry]},
-                         notes=("the intervals are for the soft core's weighted mean (centres), what the noise was "
-                                "added to, not for the plain mean of the data",))
+                         notes=(("the intervals are for the soft core's weighted mean (centres), what the noise "
+                                 "was added to, not for the plain mean of the data"),))
 
     def accuracy(self, spec, records=None):
         """The noisy core weight (exact) and a released coordinate: noise multiplier x bound multiple x r / L, with

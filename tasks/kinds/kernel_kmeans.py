@@ -253,9 +253,9 @@ class KernelKMeansKind(ReleaseKind):
         return Bootstrap((Product(CENTRES, "cluster", ("noisy_size", *feats)),),
                          (Center("sizes", np.maximum(sizes, 0.0), NoiseLaw.of(plan["sizes"])),
                           Center("sums", centres * np.maximum(sizes, 1.0)[:, None], sums_law)), rerun,
-                         notes=("conditional on the last iteration's assignment (the centres it used are kept); "
-                                "without the first iterations' noise, whose effect is through which records each "
-                                "centre's cluster holds",))
+                         notes=(("conditional on the last iteration's assignment (the centres it used are kept); "
+                                 "without the first iterations' noise, whose effect is through which records each "
+                                 "centre's cluster holds"),))
 
     def accuracy(self, spec, records=None):
         """A noisy cluster size (exact); a centre's feature coordinate per unit of cluster size (the feature sum's

@@ -351,11 +351,11 @@ class KMeansKind(ReleaseKind):
             products += (Product(CENTROIDS_ORIGINAL, "cluster", cols, replicates=False),)
         return Bootstrap(products, (Center("counts", np.maximum(traj.noisy_counts, 0.0), NoiseLaw.of(plan["counts"])),
                                     Center("sums", traj.noisy_sums, NoiseLaw.of(plan["sums"]))), rerun,
-                         notes=("conditional on the trajectory's assignment centroids (the seeding round and the "
-                                "centroids each iteration assigned points with are kept); the intervals are for the "
-                                "means of the clusters those centroids define",
-                                "centroids_original_units.parquet's intervals: the centroids' replicates through the "
-                                "public scaling"))
+                         notes=(("conditional on the trajectory's assignment centroids (the seeding round and the "
+                                 "centroids each iteration assigned points with are kept); the intervals are for the "
+                                 "means of the clusters those centroids define"),
+                                ("centroids_original_units.parquet's intervals: the centroids' replicates through "
+                                 "the public scaling")))
 
     def accuracy(self, spec, records=None):
         """Per cluster and iteration: the noisy count and a noisy sum coordinate (exact); a last-iterate centroid
@@ -366,9 +366,10 @@ class KMeansKind(ReleaseKind):
         z = NormalDist().inv_cdf(0.5 + p.confidence / 2.0)
         rows = [exact("noisy cluster count (every iteration)", counts, p.confidence),
                 exact("noisy cluster sum, one coordinate (every iteration)", sums, p.confidence),
-                Predicted("last-iterate centroid coordinate x cluster size n", sums.std(), sums.half_width(p.confidence),
-                          "first order: the sum's noise over n", "a cluster of n records (divide by n); its coordinate c "
-                          "adds c x the count's noise (--records: the figure at equal clusters)")]
+                Predicted("last-iterate centroid coordinate x cluster size n", sums.std(),
+                          sums.half_width(p.confidence), "first order: the sum's noise over n",
+                          "a cluster of n records (divide by n); its coordinate c adds c x the count's noise "
+                          "(--records: the figure at equal clusters)")]
         if records:
             n, c2 = records / p.k, _mean_square_coordinate(domain_of(spec), len(spec.dataset.columns))
             std = centroid_std(counts, sums, n, np.sqrt(c2))

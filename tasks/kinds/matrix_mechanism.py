@@ -132,7 +132,8 @@ class MatrixMechanismKind(ReleaseKind):
 
         def rerun(noisy, rng):
             x = _reconstruct(spec, noisy["strategy"], scale)[0]
-            return {ESTIMATE: np.maximum(x, 0.0)[:, None], **({ANSWERS: _answers(spec, x)[:, None]} if answered else {})}
+            out = {ESTIMATE: np.maximum(x, 0.0)[:, None]}
+            return {**out, ANSWERS: _answers(spec, x)[:, None]} if answered else out
         products = (Product(ESTIMATE, "bin", ("count",)),) + \
             ((Product(ANSWERS, "query", ("answer",), replicates=False),) if answered else ())
         return Bootstrap(products=products, centers=(Center("strategy", A @ released, NoiseLaw.of(plan["strategy"])),),

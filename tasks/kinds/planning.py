@@ -13,8 +13,8 @@ deviation.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from statistics import NormalDist
-from typing import Callable
 
 import numpy as np
 

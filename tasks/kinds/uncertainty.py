@@ -15,8 +15,9 @@ measured, and a release committed before they existed resumes as it was.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable, Literal
+from typing import Literal
 
 import numpy as np
 from pydantic import Field, model_validator
