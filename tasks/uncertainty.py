@@ -121,13 +121,16 @@ def _annotate(directs: list[Direct], measurements: Path, staging: Path, confiden
 def _direct_columns(column: str, values: np.ndarray, directs: list[Direct], confidence: float) -> dict:
     std, half = np.full(values.shape, np.nan), np.full(values.shape, np.nan)
     for d in directs:
-        rows = np.ones(values.shape, dtype=bool) if d.rows is None else d.rows
-        std[rows], half[rows] = d.law.std(), d.law.half_width(confidence)
+        if d.law is not None:
+            rows = np.ones(values.shape, dtype=bool) if d.rows is None else d.rows
+            std[rows], half[rows] = d.law.std(), d.law.half_width(confidence)
     std[~np.isfinite(values)] = np.nan  # a value not released (NaN) has no interval
     return {f"{column}_std": std, f"{column}_lo": values - half, f"{column}_hi": values + half}
 
 
 def _law_json(d: Direct, confidence: float) -> dict:
+    if d.law is None:
+        return {"mechanism": d.mechanism, "method": "analytic", "drawn": False}
     rows = None if d.rows is None else int(np.count_nonzero(d.rows))
     return {"mechanism": d.mechanism, "method": "analytic", "distribution": ("discrete " if d.law.integer else "")
             + d.law.distribution, "scale": d.law.scale, "std": d.law.std(),
@@ -199,7 +202,8 @@ def _summary(direct: dict, boot: Bootstrap | None, count: int, seed: int, confid
                                 "for integer laws the interval's coverage is the attained one, >= confidence",
                       "files": direct}}
     if boot is None:
-        out["bootstrap"] = {"replicates": 0, "reason": "no postprocessed product" if count else "replicates: 0"}
+        reason = "no postprocessed product, or nothing released" if count else "replicates: 0"
+        out["bootstrap"] = {"replicates": 0, "reason": reason}
         return out
     out["bootstrap"] = {
         "method": "parametric bootstrap: the plan's noise redrawn around the measurements the released estimate "

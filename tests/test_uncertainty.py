@@ -252,3 +252,24 @@ def test_query_command_answers_a_range_with_its_interval(tmp_path, capsys):
     total = pq.read_table(release / "histogram.parquet").column("count").to_numpy()[4:8].sum()
     assert answer["estimate"] == pytest.approx(total) and answer["lo"] <= answer["hi"] and answer["replicates"] == 39
     assert main(["query", str(release), "--weights", "4:1,9:-1", "--column", "nope"]) == 1
+
+
+def test_no_friendly_core_publishes_null_intervals_and_no_replicates(tmp_path):
+    """A mean that was not released ("no friendly core") keeps its columns, with null uncertainty columns."""
+    kind = REGISTRY["mean"]
+    spec = parse_spec({"dataset": {"id": "u", "path": "x.parquet", "numeric": ["a", "b"]},
+                       "release": {"kind": "mean", "epsilon": 1.0, "delta": 1e-6, "r": 1.0}})
+    measurements, release = tmp_path / "measurements", tmp_path / "release"
+    measurements.mkdir()
+    release.mkdir()
+    from tasks.kinds.friendlycore import _write
+
+    _write(measurements, ["a", "b"], None, 1, {"released": False, "radius": 1.0, "noisy_core_weight": -3.0,
+                                               "weight_lower_bound": -20.0})
+    (measurements / META).write_text(json.dumps({"plan": kind.plan(spec).to_json()}))
+    kind.postprocess(spec, measurements, release, tmp_path, LOG)
+    made = add_uncertainty(kind, spec, measurements, release, LOG)
+    result = pq.read_table(release / "result.parquet").to_pandas()
+    assert list(result.columns) == ["released", "a", "b", "a_std", "a_lo", "a_hi", "b_std", "b_lo", "b_hi"]
+    assert result[["a_std", "a_lo", "b_hi"]].isna().all().all()
+    assert "result_replicates.parquet" not in made.files and not (release / "result_replicates.parquet").exists()

@@ -154,8 +154,8 @@ class _FriendlyKind(ReleaseKind):
         return NoiseLaw.of(entry, entry.scale_for(info["radius"] / info["weight_lower_bound"]))
 
     def direct_values(self, spec, measurements, plan):
-        law = self._result_law(measurements, plan)
-        return [] if law is None else [Direct(RESULT, c, self.result_entry, law) for c in spec.dataset.columns]
+        law = self._result_law(measurements, plan)  # None: "no friendly core", null intervals
+        return [Direct(RESULT, c, self.result_entry, law) for c in spec.dataset.columns]
 
     def bootstraps(self, spec):
         return True

@@ -49,12 +49,13 @@ class UncertaintyParams(Strict):
 
 @dataclass(frozen=True)
 class Direct:
-    """Values of `column` in the measurement file `file` drawn with `law`; `rows` (a boolean mask, default all)
-    says which rows, when a column holds the draws of several entries."""
+    """Values of `column` in the measurement file `file` drawn with `law` (None: nothing was drawn, e.g. "no
+    friendly core": the uncertainty columns are null); `rows` (a boolean mask, default all) says which rows, when a
+    column holds the draws of several entries."""
     file: str
     column: str
     mechanism: str
-    law: NoiseLaw
+    law: NoiseLaw | None
     rows: np.ndarray | None = None
 
 

@@ -249,9 +249,10 @@ class Tally:
 def attained(sim: Simulated) -> float:
     """The direct intervals' exact coverage (>= nominal for integer laws), averaged over the published values."""
     files = json.loads((sim.release / "uncertainty.json").read_text())["direct"]["files"]
-    laws = [law for columns in files.values() for entries in columns.values() for law in entries]
-    rows = [sim.table(name).shape[0] if law["rows"] == "all" else law["rows"]
-            for name, columns in files.items() for entries in columns.values() for law in entries]
+    drawn = [(name, law) for name, columns in files.items() for entries in columns.values() for law in entries
+             if "attained_coverage" in law]
+    laws = [law for _, law in drawn]
+    rows = [sim.table(name).shape[0] if law["rows"] == "all" else law["rows"] for name, law in drawn]
     return float(np.average([law["attained_coverage"] for law in laws], weights=rows))
 
 
