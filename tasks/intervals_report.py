@@ -28,8 +28,8 @@ def summary_lines(uncertainty: dict | None) -> list[str]:
     if not uncertainty:
         return ["No intervals: the release was made before they existed."]
     boot = uncertainty["bootstrap"]
-    lines = [f"Intervals at confidence {uncertainty['confidence']:g}: direct measurements analytic (exact quantiles "
-             f"of their plan entry's noise)."]
+    lines = [(f"Intervals at confidence {uncertainty['confidence']:g}: direct measurements analytic (exact "
+              f"quantiles of their plan entry's noise).")]
     if boot.get("replicates"):
         lines.append(f"Postprocessed values: parametric bootstrap, B = {boot['replicates']} replicates, published "
                      f"({', '.join(p['replicates_file'] for p in boot['products'].values() if p['replicates_file'])}); "
