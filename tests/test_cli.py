@@ -146,6 +146,9 @@ def test_spec_check_json(tmp_path):
     (tmp_path / "s.yaml").write_text(yaml.safe_dump(d))
     out = json.loads(dprelease("spec", "check", str(tmp_path / "s.yaml"), "--json").stdout)
     assert out["valid"] and out["kind"] == "kmeans" and out["dataset_id"] == "blobs"
+    # the accuracy planner at the spec's epsilon: a noisy count's error is exact (discrete Laplace, b = 2T/eps)
+    count = next(r for r in out["accuracy"] if r["quantity"].startswith("noisy cluster count"))
+    assert out["confidence"] == 0.95 and count["std"] > 0 and count["basis"].startswith("exact")
 
 
 def test_the_terminal_summary_names_the_evaluation_but_shows_none_of_its_figures(tmp_path):
