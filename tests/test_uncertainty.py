@@ -117,9 +117,10 @@ def test_default_replicates_follow_the_public_cost(tmp_path):
 TRUTH = np.array([0, 0, 1, 3, 40, 80, 120, 60, 30, 10, 5, 2, 0, 150, 200, 90], dtype=float)
 
 
-def _release(spec, folder: Path, rng: np.random.Generator) -> Path:
+def _release(spec, folder: Path, rng: np.random.Generator, made: list | None = None) -> Path:
     """A histogram release made as the flow makes it, on noisy measurements of TRUTH (the plan's discrete Laplace,
-    drawn from a seeded public generator here: this is a test, not a release)."""
+    drawn from a seeded public generator here: this is a test, not a release); `made` receives what the
+    uncertainty step reports."""
     kind, tree = REGISTRY["histogram"], Tree(16, 4)
     plan = kind.plan(spec)
     measurements, release = folder / "measurements", folder / "release"
@@ -129,7 +130,9 @@ def _release(spec, folder: Path, rng: np.random.Generator) -> Path:
     counts.write_vector(measurements / "noisy_tree.parquet", "node", {"noisy_count": noisy}, **node_columns(tree))
     (measurements / META).write_text(json.dumps({"plan": plan.to_json()}))
     kind.postprocess(spec, measurements, release, folder / "internal", LOG)
-    add_uncertainty(kind, spec, measurements, release, LOG)
+    report = add_uncertainty(kind, spec, measurements, release, LOG)
+    if made is not None:
+        made.append(report)
     return release
 
 
@@ -273,3 +276,27 @@ def test_no_friendly_core_publishes_null_intervals_and_no_replicates(tmp_path):
     assert list(result.columns) == ["released", "a", "b", "a_std", "a_lo", "a_hi", "b_std", "b_lo", "b_hi"]
     assert result[["a_std", "a_lo", "b_hi"]].isna().all().all()
     assert "result_replicates.parquet" not in made.files and not (release / "result_replicates.parquet").exists()
+
+
+def test_uncertainty_files_pass_their_contracts_and_a_broken_interval_is_caught(tmp_path):
+    from data_contracts.validate import ContractViolation, validate_parquet
+
+    spec, made = _spec(tmp_path, replicates=39), []
+    release = _release(spec, tmp_path / "r", np.random.default_rng(8), made)
+    contracts = made[0].contracts
+    assert set(contracts) == {"noisy_tree.parquet", "histogram.parquet", "tree.parquet", "histogram_replicates.parquet"}
+    for name, contract in contracts.items():
+        validate_parquet(release / name, contract)
+    name, release_contract = REGISTRY["histogram"].release_contract(spec)
+    validate_parquet(release / name, release_contract)
+    table = pq.read_table(release / name).to_pandas()
+    table.loc[3, "count_lo"] = table.loc[3, "count_hi"] + 1.0  # an interval whose ends are swapped
+    table.to_parquet(release / name)
+    for contract in (contracts[name], release_contract):
+        with pytest.raises(ContractViolation, match="interval_violations"):
+            validate_parquet(release / name, contract)
+    reps = pq.read_table(release / "histogram_replicates.parquet").to_pandas()
+    reps.loc[7, "count"] = np.inf
+    reps.to_parquet(release / "histogram_replicates.parquet")
+    with pytest.raises(ContractViolation, match="non_finite_values"):
+        validate_parquet(release / "histogram_replicates.parquet", contracts["histogram_replicates.parquet"])

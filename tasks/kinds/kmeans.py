@@ -126,9 +126,10 @@ def normalise_points(src: str, dst: str, columns, lower, upper, domain_name: str
     return clipped
 
 
-def _in_domain(contract: suites.Contract, domain_name: str, columns) -> suites.Contract:
+def _in_domain(contract: suites.Contract, domain_name: str, columns, intervals: bool = False) -> suites.Contract:
     """The suites check the unit L1 ball through a derived norm column; for the other domains that column
-    holds the domain's own norm (max |x_j| for the box, ||x||_2 for the L2 ball), <= 1 exactly inside."""
+    holds the domain's own norm (max |x_j| for the box, ||x||_2 for the L2 ball), <= 1 exactly inside. With
+    `intervals`, the columns' uncertainty check is derived after it (`suites.interval_check`)."""
     if domain_name == "l1_ball":
         return contract
     cols = list(columns)
@@ -136,7 +137,8 @@ def _in_domain(contract: suites.Contract, domain_name: str, columns) -> suites.C
     def derive(frame):
         present = [c for c in cols if c in frame.columns]
         return frame.assign(**{suites.L1_NORM: domain.gauge(frame[present].to_numpy(dtype=np.float64), domain_name)})
-    return dataclasses.replace(contract, derive=derive)
+    checked = suites.interval_check(cols if intervals else [])
+    return dataclasses.replace(contract, derive=suites.compose(derive, checked))
 
 
 def write_trajectory(folder: Path, traj: dpkmeans.Trajectory, seeding: dpkmeans.Seeding | None = None) -> None:
@@ -293,9 +295,9 @@ class KMeansKind(ReleaseKind):
         pq.write_table(pa.table({"cluster": cluster, **{c: C[:, j] for j, c in enumerate(cols)}}), path)
 
     def release_contract(self, spec):
-        return CENTROIDS, _in_domain(suites.kmeans_release(spec.release.k, spec.dataset.columns,
-                                                           intervals=replicates_of(self, spec) > 0),
-                                     domain_of(spec), spec.dataset.columns)
+        intervals = replicates_of(self, spec) > 0
+        return CENTROIDS, _in_domain(suites.kmeans_release(spec.release.k, spec.dataset.columns, intervals=intervals),
+                                     domain_of(spec), spec.dataset.columns, intervals)
 
     def direct_values(self, spec, measurements, plan):
         """The noisy counts and sums of every round (the seeding round's: iteration 0); the trajectory's
