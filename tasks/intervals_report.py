@@ -54,7 +54,7 @@ def table(release: Path, uncertainty: dict | None) -> tuple[list[str], list[list
 
 
 def plot(release: Path, uncertainty: dict | None, path: Path) -> Path | None:
-    """The main product's values per row with their intervals (error bars up to 100 rows, a band beyond)."""
+    """The main product's values per row with their intervals (bars up to 100 rows, a band beyond)."""
     found = main_product(uncertainty) if uncertainty else None
     if found is None:
         return None
@@ -70,8 +70,10 @@ def plot(release: Path, uncertainty: dict | None, path: Path) -> Path | None:
     x = range(len(frame))
     for ax, c in zip(axes[:, 0], shown):
         lo, hi, v = frame[c + "_lo"], frame[c + "_hi"], frame[c]
-        if len(frame) <= 100:
-            ax.errorbar(x, v, yerr=[v - lo, hi - v], fmt="o", ms=3, capsize=2)
+        if len(frame) <= 100:  # a bootstrap interval need not contain the value: bars from lo to hi, not +- errors
+            ax.vlines(x, lo, hi, lw=1.5, alpha=0.6, label=f"{uncertainty['confidence']:g} interval")
+            ax.plot(x, v, "o", ms=3, label="released")
+            ax.legend(fontsize=8)
         else:
             ax.fill_between(x, lo, hi, alpha=0.35, step="mid", label=f"{uncertainty['confidence']:g} interval")
             ax.plot(x, v, lw=0.8, drawstyle="steps-mid", label="released")

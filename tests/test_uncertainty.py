@@ -300,3 +300,18 @@ def test_uncertainty_files_pass_their_contracts_and_a_broken_interval_is_caught(
     reps.to_parquet(release / "histogram_replicates.parquet")
     with pytest.raises(ContractViolation, match="non_finite_values"):
         validate_parquet(release / "histogram_replicates.parquet", contracts["histogram_replicates.parquet"])
+
+
+def test_report_plots_and_tables_a_value_outside_its_bootstrap_interval(tmp_path):
+    """A percentile interval need not contain the released value (postprocessing is biased near zero): the report's
+    plot and table must still be made (an error-bar plot refused it and failed the run's report)."""
+    from tasks import intervals_report
+
+    release = _release(_spec(tmp_path, replicates=39), tmp_path / "r", np.random.default_rng(9))
+    table = pq.read_table(release / "histogram.parquet").to_pandas()
+    table.loc[0, "count"] = table.loc[0, "count_hi"] + 5.0
+    table.to_parquet(release / "histogram.parquet")
+    uncertainty = json.loads((release / "uncertainty.json").read_text())
+    assert intervals_report.plot(release, uncertainty, tmp_path / "i.png").stat().st_size > 0
+    header, rows = intervals_report.table(release, uncertainty)
+    assert header[1].startswith("histogram.parquet: count") and len(rows) == intervals_report.TABLE_ROWS
