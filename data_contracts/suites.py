@@ -10,9 +10,12 @@ great_expectations is imported lazily: it costs ~3.6 s, and only the contract st
 
 from __future__ import annotations
 
+import functools
 import sys
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable, Sequence
+
+import numpy as np
 
 if TYPE_CHECKING:  # contracts are built by the checks before a run, which must not wait for pandas
     import pandas as pd
@@ -144,17 +147,21 @@ def kmeans_measurements(k: int, iterations: int, d: int, seeds: int = 0) -> Cont
                     derive=_add_l1_norm(centroid_cols))
 
 
-def kmeans_release(k: int, columns: Sequence[str]) -> Contract:
-    """Released centroids: K rows, clusters 0..K-1, coordinates (normalised space) in the unit L1 ball."""
+def kmeans_release(k: int, columns: Sequence[str], intervals: bool = False) -> Contract:
+    """Released centroids: K rows, clusters 0..K-1, coordinates (normalised space) in the unit L1 ball; with
+    `intervals`, every coordinate followed by its uncertainty columns."""
     import great_expectations.expectations as gxe
 
     cols = list(columns)
+    checked = cols if intervals else []
     return Contract("release", partitioned=False,
-                    rows=[gxe.ExpectTableColumnsToMatchOrderedList(column_list=["cluster"] + cols + [L1_NORM])]
-                    + _float64(gxe, cols) + _finite(gxe, cols) + _in_unit_l1_ball(gxe, cols),
+                    rows=[gxe.ExpectTableColumnsToMatchOrderedList(column_list=["cluster"] + cols + interval_columns(
+                        checked) + [L1_NORM] + ([INTERVAL_VIOLATIONS] if checked else []))]
+                    + _float64(gxe, cols) + _finite(gxe, cols) + _in_unit_l1_ball(gxe, cols)
+                    + _intervals(gxe, checked),
                     table=[gxe.ExpectTableRowCountToEqual(value=k),
                            gxe.ExpectColumnDistinctValuesToEqualSet(column="cluster", value_set=list(range(k)))],
-                    derive=_add_l1_norm(cols))
+                    derive=compose(_add_l1_norm(cols), interval_check(checked)))
 
 
 def encoded(index: str, size: int, weight: str | None = None) -> Contract:
@@ -173,19 +180,104 @@ def encoded(index: str, size: int, weight: str | None = None) -> Contract:
 
 
 def indexed_table(stage: str, index: str, size: int, values: Sequence[str], *, nonnegative: Sequence[str] = (),
-                  other_columns: Sequence[str] = ()) -> Contract:
+                  other_columns: Sequence[str] = (), intervals: Sequence[str] = ()) -> Contract:
     """A table with one row per index 0..size-1 (unique, in range) and finite value columns; `nonnegative`
-    value columns must be >= 0. Used for noisy measurement vectors and released counts."""
+    value columns must be >= 0; the value columns named in `intervals` are followed, at the end, by their
+    uncertainty columns (`interval_columns`). Used for noisy measurement vectors and released counts."""
     import great_expectations.expectations as gxe
 
-    cols = [index] + list(other_columns) + list(values)
+    cols = [index] + list(other_columns) + list(values) + _with_intervals(intervals)
     table = [gxe.ExpectTableRowCountToEqual(value=size), gxe.ExpectColumnValuesToBeUnique(column=index)]
     rows = ([gxe.ExpectTableColumnsToMatchOrderedList(column_list=cols),
              gxe.ExpectColumnValuesToNotBeNull(column=index),
              gxe.ExpectColumnValuesToBeBetween(column=index, min_value=0, max_value=size - 1)]
             + _finite(gxe, values)
-            + [gxe.ExpectColumnValuesToBeBetween(column=c, min_value=0) for c in nonnegative])
-    return Contract(stage, rows=rows, table=table, partitioned=False)
+            + [gxe.ExpectColumnValuesToBeBetween(column=c, min_value=0) for c in nonnegative]
+            + _intervals(gxe, intervals))
+    return Contract(stage, rows=rows, table=table, partitioned=False, derive=interval_check(intervals))
+
+
+#: The uncertainty columns that follow a published value column v: v_std (the noise's or the replicates'
+#: standard deviation), v_lo and v_hi (the two-sided interval at the release's confidence).
+INTERVAL_SUFFIXES = ("_std", "_lo", "_hi")
+
+
+def interval_columns(values: Sequence[str]) -> list[str]:
+    return [f"{v}{suffix}" for v in values for suffix in INTERVAL_SUFFIXES]
+
+
+#: A derived column: per row, how many value columns' uncertainty columns break their rules (`interval_check`). One
+#: expectation on it replaces seven per value column (a kernel k-means release has 201 value columns).
+INTERVAL_VIOLATIONS = "interval_violations"
+NON_FINITE = "non_finite_values"
+
+
+def _with_intervals(values: Sequence[str]) -> list[str]:
+    """The uncertainty columns of `values` and the derived check column, in the order validation sees them."""
+    return interval_columns(values) + ([INTERVAL_VIOLATIONS] if values else [])
+
+
+def interval_check(values: Sequence[str], nullable: bool = False) -> Callable[[pd.DataFrame], pd.DataFrame] | None:
+    """Derive INTERVAL_VIOLATIONS: a value column breaks its rules in a row unless its std is finite and >= 0 and its
+    interval ends finite with lo <= hi, or (`nullable`: a value not released, "no friendly core") all three are
+    null. A missing column breaks them in every row. None without values."""
+    cols = list(values)
+    if not cols:
+        return None
+
+    def derive(frame: pd.DataFrame) -> pd.DataFrame:
+        import pandas as pd
+
+        bad = np.zeros(len(frame), dtype=np.int64)
+        missing = pd.Series(np.nan, index=frame.index)
+        for v in cols:
+            std, lo, hi = (frame.get(f"{v}{s}", missing).to_numpy(dtype=np.float64) for s in INTERVAL_SUFFIXES)
+            ok = np.isfinite(std) & (std >= 0) & np.isfinite(lo) & np.isfinite(hi) & (lo <= hi)
+            absent = np.isnan(std) & np.isnan(lo) & np.isnan(hi) & nullable
+            bad += ~(ok | absent)
+        return frame.assign(**{INTERVAL_VIOLATIONS: bad})
+    return derive
+
+
+def _intervals(gxe, values: Sequence[str]) -> list:
+    return [gxe.ExpectColumnValuesToBeBetween(column=INTERVAL_VIOLATIONS, min_value=0, max_value=0)] if values else []
+
+
+def compose(*derives) -> Callable[[pd.DataFrame], pd.DataFrame] | None:
+    """The derivations in order (None ones skipped)."""
+    steps = [d for d in derives if d is not None]
+    return (lambda frame: functools.reduce(lambda f, d: d(f), steps, frame)) if steps else None
+
+
+def uncertainty_columns(stage: str, columns: Sequence[str], values: Sequence[str], nullable: bool = False) -> Contract:
+    """A published file whose value columns `values` carry their uncertainty columns: exactly `columns` (the
+    file's own) followed by them, each std >= 0 and lo <= hi (`interval_check`)."""
+    import great_expectations.expectations as gxe
+
+    order = list(columns) + _with_intervals(values)
+    return Contract(stage, partitioned=False, rows=[gxe.ExpectTableColumnsToMatchOrderedList(column_list=order)]
+                    + _intervals(gxe, values), derive=interval_check(values, nullable))
+
+
+def replicates(stage: str, index: str, size: int, values: Sequence[str], count: int) -> Contract:
+    """Bootstrap replicates of a product with `size` rows: `count` x `size` rows (replicate, index, values...),
+    replicate in [0, count), index in [0, size), every value finite (the derived NON_FINITE count is 0)."""
+    import great_expectations.expectations as gxe
+
+    cols = ["replicate", index] + list(values)
+
+    def derive(frame: pd.DataFrame) -> pd.DataFrame:
+        present = [c for c in values if c in frame.columns]
+        finite = np.isfinite(frame[present].to_numpy(dtype=np.float64)).sum(axis=1)
+        return frame.assign(**{NON_FINITE: len(values) - finite})
+    return Contract(stage, partitioned=False,
+                    rows=[gxe.ExpectTableColumnsToMatchOrderedList(column_list=cols + [NON_FINITE]),
+                          gxe.ExpectColumnValuesToNotBeNull(column="replicate"),
+                          gxe.ExpectColumnValuesToNotBeNull(column=index),
+                          gxe.ExpectColumnValuesToBeBetween(column="replicate", min_value=0, max_value=count - 1),
+                          gxe.ExpectColumnValuesToBeBetween(column=index, min_value=0, max_value=size - 1),
+                          gxe.ExpectColumnValuesToBeBetween(column=NON_FINITE, min_value=0, max_value=0)],
+                    table=[gxe.ExpectTableRowCountToEqual(value=count * size)], derive=derive)
 
 
 def ingested_sets(column: str, item_count: int) -> Contract:
@@ -213,14 +305,18 @@ def feature_trajectory(k: int, iterations: int, features: int) -> Contract:
                     table=[gxe.ExpectTableRowCountToEqual(value=k * iterations)])
 
 
-def feature_centres(k: int, features: int) -> Contract:
-    """Released kernel k-means centres: k rows, finite features, non-negative noisy sizes."""
+def feature_centres(k: int, features: int, intervals: bool = False) -> Contract:
+    """Released kernel k-means centres: k rows, finite features, non-negative noisy sizes; with `intervals`, the
+    uncertainty columns of the size and every feature after them."""
     import great_expectations.expectations as gxe
 
     feats = [f"f_{j}" for j in range(features)]
+    values = ["noisy_size"] + feats if intervals else []
     return Contract("release", partitioned=False,
-                    rows=[gxe.ExpectTableColumnsToMatchOrderedList(column_list=["cluster", "noisy_size"] + feats)]
-                    + _finite(gxe, feats) + [gxe.ExpectColumnValuesToBeBetween(column="noisy_size", min_value=0)],
+                    rows=[gxe.ExpectTableColumnsToMatchOrderedList(column_list=["cluster", "noisy_size"] + feats
+                                                                   + _with_intervals(values))]
+                    + _finite(gxe, feats) + [gxe.ExpectColumnValuesToBeBetween(column="noisy_size", min_value=0)]
+                    + _intervals(gxe, values), derive=interval_check(values),
                     table=[gxe.ExpectTableRowCountToEqual(value=k)])
 
 
@@ -243,15 +339,18 @@ def synthetic_sets(column: str, item_count: int) -> Contract:
     return contract
 
 
-def friendly_result(columns: Sequence[str], rows: int) -> Contract:
+def friendly_result(columns: Sequence[str], rows: int, intervals: bool = False) -> Contract:
     """A FriendlyCore result: `rows` rows (1 mean, or k centres), a `released` flag and the columns, finite
-    when released and null for "no friendly core" (great-expectations skips nulls in value expectations)."""
+    when released and null for "no friendly core" (great-expectations skips nulls in value expectations); with
+    `intervals`, the columns' uncertainty columns after them (null with the values)."""
     import great_expectations.expectations as gxe
 
     cols = list(columns)
-    return Contract("measurements", partitioned=False,
-                    rows=[gxe.ExpectTableColumnsToMatchOrderedList(column_list=["released"] + cols),
+    checked = cols if intervals else []
+    return Contract("measurements", partitioned=False, derive=interval_check(checked, nullable=True),
+                    rows=[gxe.ExpectTableColumnsToMatchOrderedList(column_list=["released"] + cols
+                                                                   + _with_intervals(checked)),
                           gxe.ExpectColumnValuesToNotBeNull(column="released")]
                     + [gxe.ExpectColumnValuesToBeBetween(column=c, min_value=-FLOAT_MAX, max_value=FLOAT_MAX)
-                       for c in cols],
+                       for c in cols] + _intervals(gxe, checked),
                     table=[gxe.ExpectTableRowCountToEqual(value=rows)])

@@ -131,7 +131,10 @@ def _read(f: str, contract: Contract) -> tuple[pd.DataFrame | None, list[Failure
         frame = pq.read_table(path, columns=contract.load_columns, filesystem=fs).to_pandas()
     except Exception as exc:  # a corrupt file is a contract failure of the stage that wrote it
         return None, [Failure(contract.stage, name, None, "readable_parquet", type(exc).__name__)]
-    return (contract.derive(frame) if contract.derive is not None else frame), []
+    try:
+        return (contract.derive(frame) if contract.derive is not None else frame), []
+    except Exception as exc:  # a column of the wrong type breaks the derived checks: the stage's failure too
+        return None, [Failure(contract.stage, name, None, "derivable_columns", type(exc).__name__)]
 
 
 def validate_partition(f: str, contract: Contract) -> tuple[list[Failure], int]:

@@ -10,6 +10,7 @@ that need none of them: a spec naming a missing file fails in well under two sec
 from __future__ import annotations
 
 import argparse
+import math
 import atexit
 import json
 import logging
@@ -379,9 +380,12 @@ def cmd_spec_check(args) -> int:
     release_id = spec.release_id or _new_release_id(spec.dataset.id)
     admission.admit_run(spec.model_copy(update={"release_id": release_id}), release_id)
     if args.json:
+        from flows.accuracy import plan_accuracy
+
         print(json.dumps({"spec": args.spec, "valid": True, "kind": spec.release.kind, "dataset_id": spec.dataset.id,
                           "columns": spec.dataset.columns, "epsilon": spec.release.epsilon,
-                          "fingerprint": spec.fingerprint()}))
+                          "fingerprint": spec.fingerprint(), "confidence": spec.release.confidence,
+                          "accuracy": plan_accuracy(spec, spec.release.epsilon)}))
         return 0
     print(f"{args.spec}: valid {spec.release.kind} release of dataset '{spec.dataset.id}' "
           f"(columns {spec.dataset.columns}, epsilon={spec.release.epsilon:g}); its input files exist and the ledger "
@@ -393,6 +397,13 @@ def positive_int(text: str) -> int:
     value = int(text)
     if value <= 0:
         raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
+    return value
+
+
+def positive_finite(text: str) -> float:
+    value = float(text)
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"must be a finite number > 0, got {text}")
     return value
 
 
@@ -561,9 +572,49 @@ def build_parser() -> argparse.ArgumentParser:
                             description="Validate a release spec: schema, bounds, seed mode, and that its input "
                                         "files (data, public sample, public marginals) exist. Exit 2 otherwise.")
     check.add_argument("spec", help="release spec file (YAML or JSON)")
-    check.add_argument("--json", action="store_true", help="machine-readable output")
+    check.add_argument("--json", action="store_true", help="machine-readable output (with the accuracy planner's "
+                                                           "expected errors at the spec's epsilon)")
     check.set_defaults(func=cmd_spec_check)
+    _uncertainty_parsers(sub)
     return parser
+
+
+def _uncertainty_parsers(sub) -> None:
+    """`accuracy` (the planner, flows/accuracy.py) and `query` (a release's derived queries, flows/query.py)."""
+    from flows.accuracy import cmd_accuracy
+    from flows.query import cmd_query
+
+    acc = sub.add_parser("accuracy", help="expected error of each published quantity, per epsilon, before spending",
+                         description="The accuracy planner: the expected error (standard deviation and interval "
+                                     "half-width at the spec's confidence) of each quantity the spec's release "
+                                     "publishes, for each epsilon, from the plan alone. Reads neither the data nor "
+                                     "the ledger; states its assumptions where the error depends on the data.")
+    acc.add_argument("spec", help="release spec file (YAML or JSON)")
+    acc.add_argument("--epsilon", type=positive_finite, nargs="+", help="epsilons to plan (default: the spec's)")
+    acc.add_argument("--records", type=positive_int, help="a public guess of the number of records, for quantities "
+                                                          "whose error depends on it (a cluster's size, a core weight)")
+    acc.add_argument("--json", action="store_true", help="machine-readable output")
+    acc.set_defaults(func=cmd_accuracy)
+    query = sub.add_parser("query", help="a range or linear query of a release, with its interval",
+                           description="Answer a range sum or a linear query of a published release's product "
+                                       "from its values, with the interval of the query's values on the release's "
+                                       "bootstrap replicates. Reads the release folder only.")
+    query.add_argument("release", help="the release folder (<output_dir>/<release id>/release)")
+    what = query.add_mutually_exclusive_group(required=True)
+    what.add_argument("--range", type=int, nargs=2, metavar=("START", "STOP"), help="the sum of rows START..STOP-1")
+    what.add_argument("--weights", help="ROW:WEIGHT,... (e.g. 3:1,4:1,7:-1), rows not named weigh 0")
+    query.add_argument("--product", help="the product (default: the first with replicates, e.g. histogram.parquet)")
+    query.add_argument("--column", help="the value column (default: the product's first)")
+    query.add_argument("--confidence", type=_confidence, help="the interval's confidence (default: the release's)")
+    query.add_argument("--json", action="store_true", help="machine-readable output")
+    query.set_defaults(func=cmd_query)
+
+
+def _confidence(text: str) -> float:
+    value = float(text)
+    if not 0 < value < 1:
+        raise argparse.ArgumentTypeError(f"must be in (0, 1), got {text}")
+    return value
 
 
 def main(argv: list[str] | None = None) -> int:

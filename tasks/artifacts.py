@@ -28,7 +28,7 @@ from prefect.cache_policies import NO_CACHE
 from prefect.events import emit_event
 from prefect.runtime import deployment, flow_run
 
-from tasks import settings, storage
+from tasks import intervals_report, settings, storage
 
 #: The operator's setting that lets the internal evaluation's headline into the UI.
 UI_EVALUATION_ENV = settings.env_of("ui_evaluation")
@@ -75,6 +75,7 @@ def report_markdown(summary: dict, manifest: dict, contracts: list[dict], evalua
     lines += markdown_table(["mechanism", "query", "sensitivity", "distribution", "repetitions"],
                     [[m["name"], m["query"], f"{m['norm'].upper()} {m['sensitivity']}", m["distribution"],
                       m["repetitions"]] for m in privacy["mechanisms"]])
+    lines += _uncertainty(summary, manifest)
     lines += ["", "## Data contracts", ""]
     lines += markdown_table(["stage", "expectations", "result"], [[c["stage"], c["expectations"], c["result"]]
                                                          for c in contracts])
@@ -86,6 +87,14 @@ def report_markdown(summary: dict, manifest: dict, contracts: list[dict], evalua
                  f"Internal (computed on the raw data): see `{summary['internal_dir']}/report.md` on the worker. "
                  f"An operator can show its headline here with {UI_EVALUATION_ENV}=allowed.")
     return "\n".join(lines) + "\n"
+
+
+def _uncertainty(summary: dict, manifest: dict) -> list[str]:
+    """The published values' intervals (release/ only: published, so fit for the UI)."""
+    uncertainty = manifest.get("uncertainty")
+    lines = ["", "## Uncertainty of the published values", "", *intervals_report.summary_lines(uncertainty)]
+    header, rows = intervals_report.table(Path(summary["release_dir"]), uncertainty)
+    return lines + (["", *markdown_table(header, rows)] if rows else [])
 
 
 def publish_artifacts(summary: dict, manifest: dict, contracts_dir: Path, ledger_rows: list[dict],

@@ -19,6 +19,7 @@ from tasks.spec import ReleaseSpec
 from tasks.stages import Measured
 from tasks.storage import catalogue
 from tasks.storage.catalogue import release_location
+from tasks.uncertainty import UNCERTAINTY
 
 #: Every package whose version can change a release's bytes or its checks (noise, accounting, numerics, I/O,
 #: contracts), recorded in the manifest.
@@ -58,6 +59,13 @@ def _provenance() -> dict:
     return {"flow_run_id": str(flow_run.get_id()) if flow_run.get_id() else None,
             "deployment_id": str(deployment.get_id()) if deployment.get_id() else None,
             "code_revision": revision}
+
+
+def _uncertainty(staging: Path) -> dict | None:
+    """How every published value's uncertainty was computed (tasks/uncertainty.py writes it beside the products):
+    the method of each column (analytic or bootstrap), B, the confidence, the bootstrap's public seed."""
+    path = staging / UNCERTAINTY
+    return json.loads(path.read_text()) if path.exists() else None
 
 
 @task(name="publish", cache_policy=NO_CACHE, **SAFE)
@@ -103,6 +111,7 @@ def publish_release(spec: ReleaseSpec, release_id: str, run: RunPaths, staging: 
                        "max_weight": spec.dataset.max_weight,
                        "weights_count_records": spec.dataset.weights_count_records},
         "period": period,
+        "uncertainty": _uncertainty(staging),
         "software": _versions(),
         "provenance": _provenance(),
     }

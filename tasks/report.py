@@ -9,6 +9,7 @@ from pathlib import Path
 from prefect import task
 from prefect.cache_policies import NO_CACHE
 
+from tasks import intervals_report
 from tasks.artifacts import markdown_table, privacy_lines
 from tasks.ledger import configured_ledger
 from tasks.retry import sanitised
@@ -25,6 +26,18 @@ def _noise(m: dict) -> str:
     scale = f"scale {m['scale']:.4g}" if m["scale"] is not None else f"multiplier {m['noise_multiplier']:.4g} x C"
     sampled = f", Poisson sampling rate {m['sampling_rate']:g}" if m["sampling_rate"] else ""
     return f"{m['distribution']} {scale}{sampled}"
+
+
+def _uncertainty(run: RunPaths, manifest: dict) -> list[str]:
+    """How wrong the published values may be: the method, the main product's first rows with their intervals, and
+    its plot with error bars (from release/ only)."""
+    uncertainty = manifest.get("uncertainty")
+    lines = ["", "## Uncertainty of the published values", "", *intervals_report.summary_lines(uncertainty)]
+    header, rows = intervals_report.table(run.release, uncertainty)
+    if rows:
+        lines += ["", *markdown_table(header, rows)]
+    png = intervals_report.plot(run.release, uncertainty, run.internal / "uncertainty" / "intervals.png")
+    return lines + (["", f"![intervals]({png.relative_to(run.internal)})"] if png else [])
 
 
 @task(name="report", cache_policy=NO_CACHE, persist_result=False)
@@ -51,6 +64,7 @@ def write_report(spec: ReleaseSpec, release_id: str, run: RunPaths, manifest: di
         lines += markdown_table(["release", "kind", "epsilon", "delta", "status", "attempts", "created"],
                         [[r["release_id"], r["kind"], f"{r['epsilon']:.4g}", f"{r['delta']:.3g}", r["status"],
                           r["attempts"], r["created_at"]] for r in configured_ledger().releases(spec.dataset.id)])
+    lines += _uncertainty(run, manifest)
     lines += ["", "## Data contracts", ""]
     contract_rows = []
     for stage_file in sorted((run.internal / "contracts").glob("*.json"), key=lambda p: p.stat().st_mtime):
@@ -64,7 +78,8 @@ def write_report(spec: ReleaseSpec, release_id: str, run: RunPaths, manifest: di
     lines += ["", "## Evaluation (against the raw data)", ""]
     lines.append(evaluation["headline"] if evaluation else "Not run (evaluate: false).")
     for png in sorted(run.internal.rglob("*.png")):
-        lines += ["", f"![{png.stem}]({png.relative_to(run.internal)})"]
+        if png.parent.name != "uncertainty":
+            lines += ["", f"![{png.stem}]({png.relative_to(run.internal)})"]
     path = run.internal / "report.md"
     path.write_text("\n".join(lines) + "\n")
     return path

@@ -19,6 +19,7 @@ from pydantic import Field, ValidationError, model_validator
 from tasks import settings
 from tasks.errors import SpecError
 from tasks.kinds import REGISTRY
+from tasks.kinds.uncertainty import NOT_MEASURED
 from tasks.params import ID_PATTERN, DaskSpec, DatasetSpec, Strict
 
 #: The `release:` section: the parameters model of one registered kind, chosen by its `kind` field.
@@ -75,7 +76,7 @@ class ReleaseSpec(Strict):
                  "bounds": self.dataset.bounds, "categories": self.dataset.categories,
                  "weight": [self.dataset.weight_column, self.dataset.max_weight, self.dataset.weights_count_records],
                  "items": [self.dataset.items_column, self.dataset.item_count, self.dataset.user_column],
-                 "release": self.release.model_dump(), "mode": self.mode,
+                 "release": self.release.model_dump(exclude=NOT_MEASURED), "mode": self.mode,
                  "seed": self.seed}
         return hashlib.sha256(json.dumps(basis, sort_keys=True).encode()).hexdigest()[:16]
 

@@ -26,12 +26,14 @@ from prefect.cache_policies import NO_CACHE
 from dpalgos import accounting
 from dpalgos.noise import ExactNoise, Measure, SeededNoise
 from tasks import admission
+from tasks.contracts import check_contract
 from tasks.errors import DrawFailed, ReleaseConflict
 from tasks.kinds import kind_of
 from tasks.ledger import configured_ledger
 from tasks.retry import INTERNAL_LOG, SAFE, sanitised
 from tasks.run import META, RunPaths, StageOutput, commit_once
 from tasks.spec import ReleaseSpec
+from tasks.uncertainty import add_uncertainty
 
 
 @dataclass(frozen=True)
@@ -131,11 +133,26 @@ def postprocess(spec: ReleaseSpec, measured: Measured, staging: Path, run: RunPa
     from an empty staging folder."""
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir()
-    files = kind_of(spec).postprocess(spec, Path(measured.path), staging, run.internal, get_run_logger())
+    files, contracts = products(spec, Path(measured.path), staging, run.internal, get_run_logger())
+    checked_after = kind_of(spec).release_contract(spec)[0]  # the flow checks the kind's release file next
+    for name, contract in contracts.items():
+        if name != checked_after:
+            check_contract(contract.stage, staging / name, contract, run.internal / "contracts",
+                           recorded_as=run.release / name)
     (staging / "measurements").mkdir()
     for f in sorted(Path(measured.path).iterdir()):
         (staging / "measurements" / f.name).write_bytes(f.read_bytes())
     return files
+
+
+def products(spec: ReleaseSpec, measurements: Path, staging: Path, internal: Path, log) -> tuple[list, dict]:
+    """The release's products from the measurements alone: the kind's, then every published value's uncertainty
+    (`tasks.uncertainty`, post-processing too). Returns the files and the contracts of the uncertainty files.
+    The postprocess task and the conformance suite's rerun without the raw data both call it."""
+    kind = kind_of(spec)
+    files = kind.postprocess(spec, measurements, staging, internal, log)
+    made = add_uncertainty(kind, spec, measurements, staging, log)
+    return list(dict.fromkeys(files + made.files)), made.contracts
 
 
 @task(name="evaluate", cache_policy=NO_CACHE, **SAFE)

@@ -14,7 +14,8 @@ import yaml
 from tests.conftest import blobs, spec_dict, write_csv
 
 HELP = [[], ["run"], ["experiment"], ["generate"], ["budget"], ["budget", "show"], ["budget", "set"], ["public"],
-        ["public", "register"], ["public", "list"], ["ledger"], ["ledger", "migrate"], ["spec"], ["spec", "check"]]
+        ["public", "register"], ["public", "list"], ["ledger"], ["ledger", "migrate"], ["spec"], ["spec", "check"],
+        ["accuracy"], ["query"]]
 
 
 def dprelease(*args, cwd=None, timeout=300) -> subprocess.CompletedProcess:
@@ -155,6 +156,9 @@ def test_spec_check_json(tmp_path):
     (tmp_path / "s.yaml").write_text(yaml.safe_dump(d))
     out = json.loads(dprelease("spec", "check", str(tmp_path / "s.yaml"), "--json").stdout)
     assert out["valid"] and out["kind"] == "kmeans" and out["dataset_id"] == "blobs"
+    # the accuracy planner at the spec's epsilon: a noisy count's error is exact (discrete Laplace, b = 2T/eps)
+    count = next(r for r in out["accuracy"] if r["quantity"].startswith("noisy cluster count"))
+    assert out["confidence"] == 0.95 and count["std"] > 0 and count["basis"].startswith("exact")
 
 
 def test_the_terminal_summary_names_the_evaluation_but_shows_none_of_its_figures(tmp_path):

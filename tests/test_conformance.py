@@ -16,6 +16,7 @@ from tasks.errors import StageFailed
 from tasks.kinds import REGISTRY
 from tasks.ledger import configured_ledger
 from tasks.retry import RETRIES
+from tasks import stages
 from tasks.spec import parse_spec
 from tests import conformance as C
 
@@ -146,10 +147,11 @@ def test_the_mean_refinements_halved_sensitivity_is_caught(entry, tmp_path, clie
 
 @pytest.mark.usefixtures("prefect_api")
 @pytest.mark.parametrize("name", KINDS)
-def test_release_through_the_flow(name, tmp_path, monkeypatch):
+def test_release_through_the_flow(name, tmp_path, monkeypatch, client):
     """Through the real flow, in production mode: noise drawn once across a forced task retry and a resume;
-    the manifest's mechanisms are the plan; every product passes its contract; postprocessing reruns with
-    internal/ and the source deleted and gives byte-identical products."""
+    the manifest's mechanisms are the plan; every product passes its contract; postprocessing, intervals and
+    replicates rerun with internal/ and the source deleted and no noise source reachable give byte-identical
+    products (the rerun's dask work, synthetic records, runs on the module's client)."""
     import tasks.ledger
     from flows.release import release
 
@@ -201,12 +203,17 @@ def test_release_through_the_flow(name, tmp_path, monkeypatch):
     for stage in ("ingested", "measurements", "release") + ((kind.prepared_stage,) if kind.prepared_stage else ()):
         assert json.loads((contracts / f"{stage}.json").read_text())["success"], stage
 
-    # Postprocessing from the published measurements alone, raw data and internal/ gone.
+    assert manifest["uncertainty"]["confidence"] == spec.release.confidence
+    # Postprocessing, intervals and replicates from the published measurements alone, raw data and internal/
+    # gone, and no noise source reachable (the bootstrap's randomness is public, seeded from the measurements).
     shutil.rmtree(rel.parent / "internal")
     shutil.rmtree(tmp_path / "data")
     again = tmp_path / "again"
     again.mkdir()
-    products = kind.postprocess(spec, rel / "measurements", again, tmp_path / "scratch-internal", C.LOG)
+    _no_noise_source(monkeypatch)
+    products, _ = stages.products(spec, rel / "measurements", again, tmp_path / "scratch-internal", C.LOG)
+    assert "uncertainty.json" in products
+    assert all(any(f == p or f.startswith(p + "/") for f in manifest["files"]) for p in products), "all published"
     from tasks.manifest import describe
 
     describe(again, manifest, manifest["manifest_sha256"]["sha256"])  # the released files' metadata, as published
@@ -218,6 +225,19 @@ def test_release_through_the_flow(name, tmp_path, monkeypatch):
             assert all(filecmp.cmp(a / f, b / f, shallow=False) for f in cmp.common_files)
         else:
             assert filecmp.cmp(a, b, shallow=False), product
+
+
+def _no_noise_source(monkeypatch) -> None:
+    """Every way to the noise stream raises: OpenDP's samplers, the secret and per-step generators."""
+    from dpalgos import noise
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("post-processing reached a noise source")
+    for name in ("add", "step_generator"):
+        monkeypatch.setattr(noise.ExactNoise, name, refuse)
+        monkeypatch.setattr(noise.SeededNoise, name, refuse)
+    monkeypatch.setattr(noise.Measure, "secret_generator", refuse)
+    monkeypatch.setattr(noise.Mechanism, "opendp_measurement", refuse)
 
 
 @pytest.mark.parametrize("name,entry", [("histogram", "tree"), ("contingency", "cells"),

@@ -135,12 +135,10 @@ def test_a_release_reads_writes_and_publishes_on_the_store(s3, tmp_path, monkeyp
     prefix = "releases/dataset=sensors/kind=histogram/release=s3-1/"
     public = _keys(s3, "public")
     assert summary["published_at"] == f"s3://public/{prefix.rstrip('/')}"
-    assert {k.removeprefix(prefix) for k in public if k.startswith(prefix)} == {
-        "manifest.json", "histogram.parquet", "tree.parquet", "consistency.json", "measurements/measurements.json",
-        "measurements/noisy_tree.parquet"}
-    assert public == sorted([prefix + k for k in ("manifest.json", "histogram.parquet", "tree.parquet",
-                                                  "consistency.json", "measurements/measurements.json",
-                                                  "measurements/noisy_tree.parquet")] +
+    published = ("manifest.json", "histogram.parquet", "tree.parquet", "consistency.json",
+                 "measurements/measurements.json", "measurements/noisy_tree.parquet", "noisy_tree.parquet",
+                 "uncertainty.json", "histogram_replicates.parquet")  # the noisy tree with its intervals at the top
+    assert public == sorted([prefix + k for k in published] +
                             ["releases/catalogue/release=s3-1.parquet"])  # nothing raw-derived is public
     private = _keys(s3, "private")
     assert any(k.startswith("scratch/s3-1/ingested/") for k in private) and \

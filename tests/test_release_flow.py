@@ -25,7 +25,9 @@ from tests.conftest import blobs, budget, ledger, spec_dict, write_csv, write_pa
 pytestmark = pytest.mark.usefixtures("prefect_api")
 
 RELEASE_FILES = {"manifest.json", "centroids.parquet", "dpkm_centroids.parquet",
-                 "refinement.json", "measurements/trajectory.parquet", "measurements/measurements.json"}
+                 "refinement.json", "measurements/trajectory.parquet", "measurements/measurements.json",
+                 "uncertainty.json", "trajectory.parquet", "centroids_replicates.parquet",
+                 "dpkm_centroids_replicates.parquet"}
 
 
 def _run(spec_d: dict):
@@ -64,7 +66,7 @@ def count_dp_runs(monkeypatch) -> list:
 
 
 def test_release_end_to_end(tmp_path, csv_data):
-    s = _run({**spec_dict(tmp_path, csv_data), "release_id": "blobs-r1"})
+    s = _run({**spec_dict(tmp_path, csv_data, confidence=0.9), "release_id": "blobs-r1"})
     run = Path(s["release_dir"]).parent
     assert s["status"] == "published" and s["release_id"] == "blobs-r1" and s["private"]
 
@@ -74,8 +76,14 @@ def test_release_end_to_end(tmp_path, csv_data):
     manifest = json.loads((release / "manifest.json").read_text())
     assert manifest["privacy"]["epsilon"] == pytest.approx(1.0) and manifest["privacy"]["delta"] == 0.0
     assert manifest["randomness"]["mode"] == "production" and "OpenDP" in manifest["randomness"]["noise"]
-    spec = parse_spec({**spec_dict(tmp_path, csv_data), "release_id": "blobs-r1"})
+    spec = parse_spec({**spec_dict(tmp_path, csv_data, confidence=0.9), "release_id": "blobs-r1"})
     assert [m["scale"] for m in manifest["privacy"]["mechanisms"]] == [m.scale for m in kind_of(spec).plan(spec)]
+    # every published value with its uncertainty at the spec's confidence (kept through Prefect's parameters)
+    uncertainty = manifest["uncertainty"]
+    assert uncertainty["confidence"] == 0.9 and uncertainty["bootstrap"]["replicates"] == 199
+    assert set(uncertainty["direct"]["files"]["trajectory.parquet"]) == {"noisy_count", "noisy_sum_0", "noisy_sum_1"}
+    released = pq.read_table(release / "centroids.parquet").to_pandas()
+    assert (released["x_lo"] <= released["x_hi"]).all() and (released["y_std"] > 0).all()
     # the seeding round (the default at T >= 2), then Algorithm 1's iterations
     assert [m["name"] for m in manifest["privacy"]["mechanisms"]] == ["seed_counts", "seed_sums", "counts", "sums"]
     assert [m["distribution"] for m in manifest["privacy"]["mechanisms"]] == ["discrete_laplace", "opendp_laplace"] * 2
@@ -112,6 +120,8 @@ def test_release_end_to_end(tmp_path, csv_data):
     assert ev["single_centroid_wcss"] == pytest.approx(single, rel=1e-9)
     assert ev["beats_single_centroid"] and not ev["headline"].startswith("FAILED")
     assert (internal / "evaluation" / "wcss.png").stat().st_size > 0
+    assert (internal / "uncertainty" / "intervals.png").stat().st_size > 0
+    assert "## Uncertainty of the published values" in (internal / "report.md").read_text()
     gx_dir = internal / "gx"  # the run's great-expectations project: suite, definition, checkpoint per stage
     assert (gx_dir / "uncommitted" / "data_docs" / "local_site" / "index.html").exists()
     for stage in ("ingested", "normalised", "measurements", "release"):

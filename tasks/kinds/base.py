@@ -24,6 +24,7 @@ if TYPE_CHECKING:  # the kinds' public face (parameters, shape, checks) loads wi
     from data_contracts.suites import Contract
     from dpalgos.noise import Measure
     from dpalgos.plan import Plan
+    from tasks.kinds.uncertainty import Bootstrap, Direct, Predicted
     from tasks.run import RunPaths, StageOutput
 
 #: Data shapes: numeric points with bounds, one bounded numeric column, categorical columns, set-valued records,
@@ -143,6 +144,35 @@ class ReleaseKind(ABC):
     @abstractmethod
     def release_contract(self, spec) -> tuple[str, Contract]:
         """(file inside release/, its contract)."""
+
+    def direct_values(self, spec, measurements: Path, plan: Plan) -> list[Direct]:
+        """The measurement columns that a plan entry of the committed `plan` drew and that are published as such:
+        `tasks.uncertainty` gives them the entry's standard deviation and exact interval. Default: none."""
+        return []
+
+    def bootstrap(self, spec, measurements: Path, staging: Path, plan: Plan) -> Bootstrap | None:
+        """The products postprocessing made in `staging` from the measurements, the measurements the released
+        estimate implies and the postprocessing to rerun on simulated ones: `tasks.uncertainty` runs the
+        parametric bootstrap. Measurements, the committed plan, public parameters and the staged products only.
+        Default: None (nothing postprocessed to replicate)."""
+        return None
+
+    def bootstraps(self, spec) -> bool:
+        """Whether the release has postprocessed products to replicate (from the spec alone: it decides the
+        contracts of the replicates). Default: no."""
+        return False
+
+    def replicate_seconds(self, spec, measurements: Path | None = None) -> float:
+        """A public estimate of one bootstrap replicate's cost (one rerun of the postprocessing) from the spec's
+        sizes, and from the measurements when given (noisy values, public): it sets the default number of
+        replicates (`tasks.kinds.uncertainty.replicates_of`)."""
+        return 0.0
+
+    def accuracy(self, spec, records: int | None = None) -> list[Predicted]:
+        """The accuracy planner: the expected error of each published quantity at the spec's epsilon, from the
+        plan and public parameters alone (no data, no ledger); `records` is a public guess of the number of
+        records, for quantities whose error depends on it (a cluster's size). Default: none predicted."""
+        return []
 
     @abstractmethod
     def evaluate(self, spec, run: RunPaths, prepared: StageOutput, log) -> dict:

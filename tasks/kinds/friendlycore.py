@@ -24,9 +24,11 @@ from pydantic import Field, model_validator
 from data_contracts import suites
 from data_contracts.validate import parquet_files
 from dpalgos import friendlycore as fc
+from dpalgos.intervals import NoiseLaw
 from dpalgos.lazy import module
 from dpalgos.plan import Plan
 from tasks.kinds.base import Draw, Footprint, ReleaseKind
+from tasks.kinds.uncertainty import Bootstrap, Center, Direct, Predicted, Product, UncertaintyParams, exact
 from tasks.params import ReleaseBase
 from tasks.partitions import Partitioned, current_client
 
@@ -40,7 +42,7 @@ INFO = "friendlycore.json"
 LABEL = "FriendlyCore framework after Tsfadia et al., ICML 2022; filter and analysis derived in this project"
 
 
-class _FriendlyParams(ReleaseBase):
+class _FriendlyParams(ReleaseBase, UncertaintyParams):
     delta: float = Field(1e-6, gt=0, lt=1, description="delta of the release's (epsilon, delta), delta' included")
     r: float | None = Field(None, gt=0, le=fc.MAX_RADIUS,
                             description="public radius of the friend predicate; default: chosen privately on the "
@@ -142,14 +144,80 @@ class _FriendlyKind(ReleaseKind):
         return [RESULT, INFO]
 
     def release_contract(self, spec):
-        name, contract = RESULT, suites.friendly_result(spec.dataset.columns, self._rows(spec))
+        name, contract = RESULT, suites.friendly_result(spec.dataset.columns, self._rows(spec), intervals=True)
         contract.stage = "release"
         return name, contract
+
+    #: The plan entries of the PTR weight and of the released mean / centres.
+    weight_entry: str
+    result_entry: str
+
+    def _result_law(self, measurements, plan) -> tuple[str, NoiseLaw | None]:
+        """The plan entry whose noise the released values carry, and its law; None if nothing was released. The
+        friendly mean / centres: Gaussian of standard deviation noise multiplier x bound multiple x r / L, r and L
+        (the PTR test's lower bound) published in friendlycore.json. A refined mean c1 + S / D (§13): the noise of
+        the clipped sum S at the clip radius C, divided by D = max(noisy n, L), all three published there too."""
+        info = json.loads((measurements / INFO).read_text())
+        if not info["released"]:
+            return self.result_entry, None
+        if info.get("refined"):
+            entry = plan["fc_refine"]
+            divisor = max(info["noisy_count"], info["weight_lower_bound"])
+            return entry.name, NoiseLaw.of(entry, entry.scale_for(info["clip_radius"]) / divisor)
+        entry = plan[self.result_entry]
+        return entry.name, NoiseLaw.of(entry, entry.scale_for(info["radius"] / info["weight_lower_bound"]))
+
+    def direct_values(self, spec, measurements, plan):
+        name, law = self._result_law(measurements, plan)  # None: "no friendly core", null intervals
+        return [Direct(RESULT, c, name, law) for c in spec.dataset.columns]
+
+    def bootstraps(self, spec):
+        return True
+
+    def bootstrap(self, spec, measurements, staging, plan):
+        """The released values are direct measurements (analytic intervals): the replicates, the plan's noise
+        redrawn around them, serve derived queries (a distance between centres, a ratio of coordinates)."""
+        name, law = self._result_law(measurements, plan)
+        if law is None:
+            return None
+        cols = tuple(spec.dataset.columns)
+        released = pq.read_table(measurements / RESULT).to_pandas()[list(cols)].to_numpy()
+        return Bootstrap((Product(RESULT, "row", cols, intervals="analytic"),),
+                         (Center(name, released, law),),
+                         lambda noisy, rng: {RESULT: noisy[name]},
+                         notes=(("the intervals are for what the noise was added to: the soft core's weighted "
+                                 "mean (centres), or for a refined mean c1 + (clipped sum) / D, which is the "
+                                 "data's mean when no record is clipped and D = n; not for the plain mean of "
+                                 "the data"),))
+
+    def accuracy(self, spec, records=None):
+        """The noisy core weight (exact) and a released coordinate: noise multiplier x bound multiple x r / L, with
+        L = W - z sd(W) the PTR bound at a core weight W (`_core_weight`); per unit of r when r is chosen on the
+        grid."""
+        p, plan = spec.release, self.plan(spec)
+        weight, entry = NoiseLaw.of(plan[self.weight_entry]), plan[self.result_entry]
+        rows = [exact("noisy core weight (friendlycore.json)", weight, p.confidence)]
+        W, assumption = self._core_weight(spec, records)
+        if W is None:
+            return rows + [Predicted(self.result_name, None, None, "not predicted", assumption)]
+        L = float(fc.ptr_lower_bound(W, weight.scale, p.delta_ptr))
+        if not L >= 2:
+            return rows + [Predicted(self.result_name, None, None, "nothing released: the PTR test fails",
+                                     f"{assumption}: L = {L:.3g} < 2")]
+        if getattr(p, "refine", False):  # c1 + S / D: S's noise at the clip radius C, D about n = W
+            entry = plan["fc_refine"]
+            law = NoiseLaw.of(entry, entry.scale_for(1.0 / W))
+            return rows + [exact("released (refined) mean coordinate per unit of the clip radius C (chosen "
+                                 "privately, about the data's spread)", law, p.confidence, assumption)]
+        r, unit = (p.r, "") if p.r is not None else (1.0, " per unit of the radius chosen on the grid")
+        law = NoiseLaw.of(entry, entry.scale_for(r / L))
+        return rows + [exact(self.result_name + unit, law, p.confidence, assumption)]
 
 
 class MeanKind(_FriendlyKind):
     name = "mean"
     Params = MeanParams
+    weight_entry, result_entry, result_name = "fc_weight", "fc_mean", "released mean coordinate"
     summary = ("FriendlyCore averaging (framework after Tsfadia et al.; filter and analysis ours): soft core of the "
                "points with many friends within r (public, or chosen privately on a public grid), a "
                "propose-test-release Gaussian mean whose noise scales with r, not a domain bound, refined by a "
@@ -158,6 +226,11 @@ class MeanKind(_FriendlyKind):
 
     def example(self):
         return {"kind": "mean", "epsilon": 2.0, "delta": 1e-6, "r_min": 0.5, "r_max": 64.0}
+
+    def _core_weight(self, spec, records):
+        if not records:
+            return None, "needs a public guess of the number of records (--records)"
+        return float(records), f"every one of {records} records in the core (W = n: points within r of most others)"
 
     def draw(self, spec, prepared, measure, public_rng, log):
         X = _points(spec, prepared)
@@ -182,6 +255,7 @@ class MeanKind(_FriendlyKind):
 class FriendlyKMeansKind(_FriendlyKind):
     name = "friendly_kmeans"
     Params = FriendlyKMeansParams
+    weight_entry, result_entry, result_name = "fck_weight", "fck_centres", "released centre coordinate"
     summary = ("FriendlyCore k-means (framework after Tsfadia et al.; filter and analysis ours): non-private "
                "k-means++ on m random disjoint subsets, the k-tuples of centres aggregated by one friendly "
                "average of the core tuples; no domain bound needed")
@@ -199,6 +273,10 @@ class FriendlyKMeansKind(_FriendlyKind):
         pairs = float(p.subsets) ** 2
         return Footprint(64e6 + 8.0 * p.subsets * p.k * d, pairs * p.k * p.k * d * radii / 1e8,
                          f"the tuple predicate over {p.subsets:,} subsets' {p.k}-tuples")
+
+    def _core_weight(self, spec, records):
+        m = spec.release.subsets
+        return float(m), f"every one of the {m} subsets' k-tuples in the core (W = m: the subsets agree within r)"
 
     def draw(self, spec, prepared, measure, public_rng, log):
         X = _points(spec, prepared)

@@ -20,10 +20,13 @@ from pydantic import Field, model_validator
 
 from data_contracts import suites
 from data_contracts.validate import parquet_files
+from dpalgos.intervals import NoiseLaw
 from dpalgos.lazy import module
 from tasks import storage
 from tasks.errors import InputError
 from tasks.kinds.base import Draw, Footprint, ReleaseKind, noise_footprint
+from tasks.kinds.uncertainty import (Bootstrap, Center, Direct, Predicted, Product, UncertaintyParams, exact,
+                                     replicates_of)
 from tasks.ledger import configured_ledger, public_copy
 from tasks.params import ReleaseBase
 from tasks.partitions import Partitioned, current_client
@@ -36,7 +39,7 @@ sp = module("scipy.sparse")
 kk = module("dpalgos.kernel_kmeans")
 lloyd = module("dpalgos.lloyd")
 
-class KernelKMeansParams(ReleaseBase):
+class KernelKMeansParams(ReleaseBase, UncertaintyParams):
     """DP kernel k-means of set-valued records (Acs et al. Algorithm 2): random Fourier features of an RBF
     kernel, T noisy Lloyd iterations with the Gaussian mechanism, sigma calibrated to (epsilon, delta)."""
     kind: Literal["kernel_kmeans"] = Field("kernel_kmeans", description="the release kind")
@@ -163,6 +166,12 @@ def cluster_records(spec, data: Partitioned, measure, public_rng: np.random.Gene
     return rff, gamma, clip, res
 
 
+def noisy_sizes(plan) -> list[Direct]:
+    """The trajectory's noisy cluster sizes, drawn by the plan's `sizes` entry (the centres are derived: noisy
+    sums over noisy sizes)."""
+    return [Direct(TRAJECTORY, "noisy_count", "sizes", NoiseLaw.of(plan["sizes"]))]
+
+
 def write_clustering(folder, rff, res) -> None:
     """The noisy trajectory (TRAJECTORY) and the public feature map (W_FILE, B_FILE)."""
     T, k, d = res.trajectory.shape
@@ -231,7 +240,51 @@ class KernelKMeansKind(ReleaseKind):
         return [CENTRES, RULE]
 
     def release_contract(self, spec):
-        return CENTRES, suites.feature_centres(spec.release.k, spec.release.features)
+        return CENTRES, suites.feature_centres(spec.release.k, spec.release.features,
+                                               intervals=replicates_of(self, spec) > 0)
+
+    def direct_values(self, spec, measurements, plan):
+        return noisy_sizes(plan)
+
+    def bootstraps(self, spec):
+        return True
+
+    def bootstrap(self, spec, measurements, staging, plan):
+        """Around the last iteration: the sums its noisy centres and sizes imply (centre x size), redrawn with the
+        plan's Gaussian at the committed clipping bound, the sizes likewise; a replicate's centre is its sum over
+        its size (the previous iteration's centre below a size of 1, as DP Lloyd), its size clipped at 0."""
+        meta = read_meta(measurements)
+        traj = pq.read_table(measurements / TRAJECTORY).to_pandas().sort_values(["iteration", "cluster"])
+        feats = [f"f_{j}" for j in range(meta["features"])]
+        T = meta["iterations"]
+        last = traj[traj["iteration"] == T]
+        before = traj[traj["iteration"] == T - 1][feats].to_numpy() if T > 1 else None
+        sizes, centres = last["noisy_count"].to_numpy(), last[feats].to_numpy()
+        sums_law = NoiseLaw.of(plan["sums"], plan["sums"].scale_for(meta["clip"]))
+
+        def rerun(noisy, rng):
+            n, s = noisy["sizes"], noisy["sums"]
+            ok = n >= 1.0
+            out = centres.copy() if before is None else before.copy()
+            out[ok] = s[ok] / n[ok, None]
+            return {CENTRES: np.column_stack([np.maximum(n, 0.0), out])}
+        return Bootstrap((Product(CENTRES, "cluster", ("noisy_size", *feats)),),
+                         (Center("sizes", np.maximum(sizes, 0.0), NoiseLaw.of(plan["sizes"])),
+                          Center("sums", centres * np.maximum(sizes, 1.0)[:, None], sums_law)), rerun,
+                         notes=(("conditional on the last iteration's assignment (the centres it used are kept); "
+                                 "without the first iterations' noise, whose effect is through which records each "
+                                 "centre's cluster holds"),))
+
+    def accuracy(self, spec, records=None):
+        """A noisy cluster size (exact); a centre's feature coordinate per unit of cluster size (the feature sum's
+        noise, first order), at the public clipping bound (per unit of it with DPNorm)."""
+        p, plan = spec.release, self.plan(spec)
+        clip, unit = (float(p.clip), "") if p.clip != "dpnorm" else (1.0, " per unit of the DPNorm bound")
+        sums = NoiseLaw.of(plan["sums"], plan["sums"].scale_for(clip))
+        return [exact("noisy cluster size (every iteration)", NoiseLaw.of(plan["sizes"]), p.confidence),
+                Predicted("centre feature coordinate x cluster size n" + unit, sums.std(),
+                          sums.half_width(p.confidence), "first order: the feature sum's noise over n",
+                          "a cluster of n records (divide by n)")]
 
     def evaluate(self, spec, run, prepared, log):
         """Internal: every record's final cluster (internal/assignments/), exact vs noisy cluster sizes, the

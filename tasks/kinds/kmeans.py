@@ -8,6 +8,7 @@ import dataclasses
 import hashlib
 import json
 from pathlib import Path
+from statistics import NormalDist
 from typing import Literal
 
 import numpy as np
@@ -16,9 +17,12 @@ from pydantic import Field, model_validator
 from data_contracts import suites
 from data_contracts.validate import parquet_files
 from dpalgos import domain
+from dpalgos.intervals import NoiseLaw
 from dpalgos.lazy import module
 from tasks import storage
 from tasks.kinds.base import FLOPS, Draw, Footprint, ReleaseKind, noise_footprint
+from tasks.kinds.uncertainty import (Bootstrap, Center, Direct, Predicted, Product, UncertaintyParams, exact, matched,
+                                     replicates_of)
 from tasks.params import ReleaseBase
 from tasks.partitions import Partitioned, current_client, read_points, write_points
 from tasks.run import StageOutput, committed_plan, read_meta
@@ -30,7 +34,7 @@ leekifer = module("dpalgos.leekifer")
 metrics = module("dpalgos.metrics")
 progress = module("tasks.progress")
 
-class KMeansParams(ReleaseBase):
+class KMeansParams(ReleaseBase, UncertaintyParams):
     """DP k-means (Lee & Kifer, Algorithm 1): K centroids after T noisy Lloyd iterations."""
     kind: Literal["kmeans"] = Field("kmeans", description="the release kind")
     k: int = Field(ge=1, description="number of clusters")
@@ -74,6 +78,10 @@ DPKM_CENTROIDS = "dpkm_centroids.parquet"
 REFINEMENT = "refinement.json"
 #: The internal k-means++ reference runs on at most this many points (a uniform sample beyond).
 REFERENCE_MAX_ROWS = 200_000
+#: One replicate's cost (2 loaded cores, one thread): the last iterate or consistency about 1 ms; Lee & Kifer's
+#: refinement about 1.5 us per MCMC step (30,000 steps at 400 points: 50 ms; 150,000 at 5,000: 0.14 s) and
+#: 20 ms for the k-means of its best dataset.
+SECONDS_PER_STEP, SECONDS_PER_REFINEMENT, SECONDS_UNREFINED = 1.5e-6, 2e-2, 1e-3
 
 
 def domain_of(spec) -> str:
@@ -122,9 +130,10 @@ def normalise_points(src: str, dst: str, columns, lower, upper, domain_name: str
     return clipped
 
 
-def _in_domain(contract: suites.Contract, domain_name: str, columns) -> suites.Contract:
+def _in_domain(contract: suites.Contract, domain_name: str, columns, intervals: bool = False) -> suites.Contract:
     """The suites check the unit L1 ball through a derived norm column; for the other domains that column
-    holds the domain's own norm (max |x_j| for the box, ||x||_2 for the L2 ball), <= 1 exactly inside."""
+    holds the domain's own norm (max |x_j| for the box, ||x||_2 for the L2 ball), <= 1 exactly inside. With
+    `intervals`, the columns' uncertainty check is derived after it (`suites.interval_check`)."""
     if domain_name == "l1_ball":
         return contract
     cols = list(columns)
@@ -132,7 +141,8 @@ def _in_domain(contract: suites.Contract, domain_name: str, columns) -> suites.C
     def derive(frame):
         present = [c for c in cols if c in frame.columns]
         return frame.assign(**{suites.L1_NORM: domain.gauge(frame[present].to_numpy(dtype=np.float64), domain_name)})
-    return dataclasses.replace(contract, derive=derive)
+    checked = suites.interval_check(cols if intervals else [])
+    return dataclasses.replace(contract, derive=suites.compose(derive, checked))
 
 
 def write_trajectory(folder: Path, traj: dpkmeans.Trajectory, seeding: dpkmeans.Seeding | None = None) -> None:
@@ -275,8 +285,8 @@ class KMeansKind(ReleaseKind):
         which is also released as dpkm_centroids.parquet. Chain diagnostics go to `internal`."""
         traj = self.trajectory(spec, measurements)
         p = spec.release
-        use_refined = bool(p.postprocess) and leekifer.refinement_expected_to_help(traj)
-        refined = self._refine(traj, p, measurements, log) if use_refined else None
+        use_refined = _refines(traj, p)
+        refined = _refine(traj, p, postprocessing_seed(measurements), log) if use_refined else None
         C = refined.centroids if use_refined else traj.final_centroids
         files = [CENTROIDS, DPKM_CENTROIDS, REFINEMENT]
         self._write_centroids(spec, C, staging / CENTROIDS)
@@ -297,26 +307,98 @@ class KMeansKind(ReleaseKind):
         return files
 
     @staticmethod
-    def _refine(traj, p, measurements, log) -> leekifer.Refinement:
-        bar = progress.Progress(log, "MCMC steps", 1, artifact=True)  # the chain's length follows the noisy counts
-
-        def advance(done, total):
-            bar.total = total
-            bar.update(done)
-        log.info("refining the trajectory: %s", " + ".join(p.postprocess))
-        return leekifer.refine(traj, consistency="consistency" in p.postprocess, mcmc="mcmc" in p.postprocess,
-                               steps=p.mcmc_steps, temperature=p.mcmc_temperature, delta=tuple(p.mcmc_delta),
-                               seed=postprocessing_seed(measurements), progress=advance)
-
-    @staticmethod
     def _write_centroids(spec, C, path):
         cols = spec.dataset.columns
         cluster = np.arange(C.shape[0], dtype=np.int32)
         pq.write_table(pa.table({"cluster": cluster, **{c: C[:, j] for j, c in enumerate(cols)}}), path)
 
     def release_contract(self, spec):
-        return CENTROIDS, _in_domain(suites.kmeans_release(spec.release.k, spec.dataset.columns), domain_of(spec),
-                                     spec.dataset.columns)
+        intervals = replicates_of(self, spec) > 0
+        return CENTROIDS, _in_domain(suites.kmeans_release(spec.release.k, spec.dataset.columns, intervals=intervals),
+                                     domain_of(spec), spec.dataset.columns, intervals)
+
+    def direct_values(self, spec, measurements, plan):
+        """The noisy counts and sums of every round (the seeding round's: iteration 0); the trajectory's
+        centroids are derived from them."""
+        iteration = pq.read_table(measurements / TRAJECTORY, columns=["iteration"]).column("iteration").to_numpy()
+        out = []
+        for prefix, rows in (("seed_", iteration == 0), ("", iteration > 0)):
+            if rows.any():
+                out.append(Direct(TRAJECTORY, "noisy_count", prefix + "counts", NoiseLaw.of(plan[prefix + "counts"]),
+                                  rows))
+                out += [Direct(TRAJECTORY, f"noisy_sum_{j}", prefix + "sums", NoiseLaw.of(plan[prefix + "sums"]), rows)
+                        for j in range(len(spec.dataset.columns))]
+        return out
+
+    def bootstraps(self, spec):
+        return True
+
+    def replicate_seconds(self, spec, measurements=None):
+        """The refinement's chain dominates, when it runs: its length from the noisy counts when the measurements
+        are known (and the refinement is then expected only if the release itself used it)."""
+        p = spec.release
+        if "mcmc" not in p.postprocess:
+            return SECONDS_UNREFINED
+        if measurements is None:
+            return SECONDS_PER_REFINEMENT + SECONDS_PER_STEP * (p.mcmc_steps or leekifer.PAPER_STEPS)
+        traj = self.trajectory(spec, measurements)
+        if not _refines(traj, p):
+            return SECONDS_UNREFINED
+        size = int(np.rint(np.maximum(traj.noisy_counts[-1], 0.0)).sum())
+        return SECONDS_PER_REFINEMENT + SECONDS_PER_STEP * (p.mcmc_steps or leekifer.default_steps(size))
+
+    def bootstrap(self, spec, measurements, staging, plan):
+        """Around the noisy statistics of the trajectory (counts clipped at zero), its assignment centroids kept:
+        the replicates condition on the path the release took. Each reruns the release's rule (the last iterate,
+        or the refinement where the replicate's noise says it helps); a refined replicate's clusters are matched to
+        the released ones (their labels are arbitrary)."""
+        traj = read_trajectory(measurements, plan["counts"].scale, plan["sums"].scale)[0]
+        p, cols = spec.release, tuple(spec.dataset.columns)
+        released = pq.read_table(staging / CENTROIDS).to_pandas()[list(cols)].to_numpy()
+        released_refined = _refines(traj, p)
+
+        def rerun(noisy, rng):
+            t = _replicate_trajectory(traj, noisy["counts"], noisy["sums"])
+            refined = _refine(t, p, int(rng.integers(2 ** 32))) if _refines(t, p) else None
+            C = t.final_centroids if refined is None else refined.centroids
+            C = matched(released, C) if refined is not None or released_refined else C
+            out = {CENTROIDS: C, DPKM_CENTROIDS: t.final_centroids}
+            if traj.domain == "box":
+                out[CENTROIDS_ORIGINAL] = domain.unscale_from_unit_box(C, *_bounds(spec))
+            return out
+        products = (Product(CENTROIDS, "cluster", cols), Product(DPKM_CENTROIDS, "cluster", cols))
+        if traj.domain == "box":
+            products += (Product(CENTROIDS_ORIGINAL, "cluster", cols, replicates=False),)
+        return Bootstrap(products, (Center("counts", np.maximum(traj.noisy_counts, 0.0), NoiseLaw.of(plan["counts"])),
+                                    Center("sums", traj.noisy_sums, NoiseLaw.of(plan["sums"]))), rerun,
+                         notes=(("conditional on the trajectory's assignment centroids (the seeding round and the "
+                                 "centroids each iteration assigned points with are kept); the intervals are for the "
+                                 "means of the clusters those centroids define"),
+                                ("centroids_original_units.parquet's intervals: the centroids' replicates through "
+                                 "the public scaling")))
+
+    def accuracy(self, spec, records=None):
+        """Per cluster and iteration: the noisy count and a noisy sum coordinate (exact); a last-iterate centroid
+        coordinate (`centroid_std`) per unit of cluster size, and with a public guess of the number of records at
+        equal clusters and the domain's mean square coordinate."""
+        p, plan = spec.release, self.plan(spec)
+        counts, sums = NoiseLaw.of(plan["counts"]), NoiseLaw.of(plan["sums"])
+        z = NormalDist().inv_cdf(0.5 + p.confidence / 2.0)
+        rows = [exact("noisy cluster count (every iteration)", counts, p.confidence),
+                exact("noisy cluster sum, one coordinate (every iteration)", sums, p.confidence),
+                Predicted("last-iterate centroid coordinate x cluster size n", sums.std(),
+                          sums.half_width(p.confidence), "first order: the sum's noise over n",
+                          "a cluster of n records (divide by n); its coordinate c adds c x the count's noise "
+                          "(--records: the figure at equal clusters)")]
+        if records:
+            n, c2 = records / p.k, _mean_square_coordinate(domain_of(spec), len(spec.dataset.columns))
+            std = centroid_std(counts, sums, n, np.sqrt(c2))
+            rows.append(Predicted("last-iterate centroid coordinate", std, z * std,
+                                  "first order in the noise (delta method); interval by the normal approximation",
+                                  f"{records} records in {p.k} equal clusters of {n:.4g}, coordinates of the domain's "
+                                  f"mean square {c2:.3g}"))
+        return rows + [Predicted("refined centroid (Lee & Kifer)", None, None, "not predicted: depends on the data",
+                                 "released where the noisy trajectory says it helps")]
 
     def evaluate(self, spec, run, prepared, log):
         """WCSS of the released centroids and of every DP iteration on the points scaled to [-1, 1] with the
@@ -368,6 +450,49 @@ class KMeansKind(ReleaseKind):
         ratio = lambda C: metrics.wcss(sample, C) / ref if ref > 0 else float("nan")
         return {"wcss_projected": wcss, "wcss_projected_ratio_to_kmeanspp": ratio(released),
                 "dpkm_wcss_projected_ratio_to_kmeanspp": ratio(traj.final_centroids)}
+
+
+def centroid_std(counts: NoiseLaw, sums: NoiseLaw, n: float, c: float) -> float:
+    """A last-iterate centroid coordinate s~/n~ of a cluster of n records whose coordinate is c, to first order in
+    the noise: sqrt(sd(sum)^2 + c^2 sd(count)^2) / n (the delta method; good where n is many count noises)."""
+    return float(np.sqrt(sums.std() ** 2 + c * c * counts.std() ** 2) / n)
+
+
+def _mean_square_coordinate(domain_name: str, d: int) -> float:
+    """E[x_j^2] of a uniform point of the domain (public): 1/3 in the box, 1/(d + 2) in the unit L2 ball,
+    2/((d + 1)(d + 2)) in the unit L1 ball."""
+    return {"box": 1.0 / 3.0, "l2_ball": 1.0 / (d + 2.0), "l1_ball": 2.0 / ((d + 1.0) * (d + 2.0))}[domain_name]
+
+
+def _refines(traj: dpkmeans.Trajectory, p) -> bool:
+    """Whether the release is Lee & Kifer's refinement: configured, and expected to help (`leekifer`, from the
+    noisy trajectory alone)."""
+    return bool(p.postprocess) and leekifer.refinement_expected_to_help(traj)
+
+
+def _refine(traj: dpkmeans.Trajectory, p, seed: int, log=None) -> leekifer.Refinement:
+    """Lee & Kifer's refinement of the trajectory with the spec's settings; progress to `log` when given."""
+    advance = None
+    if log is not None:
+        bar = progress.Progress(log, "MCMC steps", 1, artifact=True)  # the chain's length follows the noisy counts
+
+        def advance(done, total):
+            bar.total = total
+            bar.update(done)
+        log.info("refining the trajectory: %s", " + ".join(p.postprocess))
+    return leekifer.refine(traj, consistency="consistency" in p.postprocess, mcmc="mcmc" in p.postprocess,
+                           steps=p.mcmc_steps, temperature=p.mcmc_temperature, delta=tuple(p.mcmc_delta), seed=seed,
+                           progress=advance)
+
+
+def _replicate_trajectory(traj: dpkmeans.Trajectory, counts: np.ndarray, sums: np.ndarray) -> dpkmeans.Trajectory:
+    """The trajectory with simulated statistics and the same assignment centroids (each iteration's statistics
+    are of the points nearest to centroids fixed before it); its last centroids follow from the simulated last
+    statistics by DP k-means' rule."""
+    last = dpkmeans.update_centroids(sums[-1], counts[-1], traj.assignment_centroids()[-1], traj.domain,
+                                     traj.sum_scale)
+    return dataclasses.replace(traj, noisy_counts=counts, noisy_sums=sums,
+                               centroids=np.concatenate([traj.centroids[:-1], last[None]]))
 
 
 def _headline(scaled: dict, projected: dict, domain_name: str, beats_single_centroid: bool) -> str:

@@ -34,6 +34,7 @@ from tasks.kinds.kernel_kmeans import (
     check_public_sample,
     cluster_records,
     clustering_footprint,
+    noisy_sizes,
     write_clustering,
 )
 from tasks.partitions import Partitioned, current_client
@@ -255,6 +256,10 @@ class SyntheticKind(ReleaseKind):
 
     def release_contract(self, spec):
         return SYNTHETIC, suites.synthetic_sets(spec.dataset.items_column, spec.dataset.item_count)
+
+    def direct_values(self, spec, measurements, plan):
+        """The clustering's noisy sizes; the synthetic records have no interval (docs/uncertainty.md)."""
+        return noisy_sizes(plan)
 
     def evaluate(self, spec, run, prepared, log):
         """Counting queries (§6.3) on raw vs synthetic records, with the MWEM (linear) and independent-items

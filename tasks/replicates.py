@@ -1,0 +1,119 @@
+"""Any derived query of a published release, with its interval: evaluate it on the released values and on each of
+the B bootstrap replicates the release publishes (the replicate-weights convention of survey statistics), and
+take the replicates' percentile interval. Reads release/ only: what an analyst holds.
+
+    from tasks.replicates import Replicates
+    hist = Replicates.open("runs/ID/release")                  # the first product with replicates
+    hist.range_sum(10, 20)                                     # Answer(estimate, std, lo, hi, ...)
+    hist.linear({3: 1.0, 4: 1.0, 7: -1.0})                    # rows 3 + 4 - 7
+    hist.answer(lambda v: v[10:20, 0].sum() / v[:, 0].sum())   # any function of the (rows, columns) values
+
+`dprelease query RELEASE --range 10 20` answers the same from the command line (flows/query.py).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import pyarrow.parquet as pq
+
+from dpalgos.intervals import percentile_interval
+from tasks.uncertainty import UNCERTAINTY
+
+
+@dataclass(frozen=True)
+class Answer:
+    """A query's value on the release, the replicates' standard deviation and percentile interval."""
+    estimate: float
+    std: float
+    lo: float
+    hi: float
+    confidence: float
+    replicates: int
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+    def __str__(self) -> str:
+        return (f"{self.estimate:.6g}  (std {self.std:.4g}; {self.confidence:g} interval [{self.lo:.6g}, "
+                f"{self.hi:.6g}] from {self.replicates} replicates)")
+
+
+class Replicates:
+    """One released product's values (rows, columns) and its replicates (B, rows, columns)."""
+
+    def __init__(self, product: str, columns: list[str], values: np.ndarray, replicates: np.ndarray,
+                 confidence: float):
+        self.product, self.columns, self.values = product, columns, values
+        self.replicates, self.confidence = replicates, confidence
+
+    @classmethod
+    def open(cls, release: str | Path, product: str | None = None) -> Replicates:
+        """The product `product` of the release folder (default: the first with published replicates)."""
+        release = Path(release)
+        info = _bootstrap_info(release)
+        products = {name: p for name, p in info["products"].items() if p["replicates_file"]}
+        if not products:
+            raise ValueError(f"{release} publishes no replicates")
+        name = product or next(iter(products))
+        if name not in products:
+            raise ValueError(f"{name} has no replicates in {release}; products with replicates: {sorted(products)}")
+        p = products[name]
+        values = pq.read_table(release / name, columns=p["columns"]).to_pandas().to_numpy(dtype=np.float64)
+        reps = pq.read_table(release / p["replicates_file"]).to_pandas().sort_values(["replicate", p["index"]])
+        count = int(reps["replicate"].max()) + 1
+        stacked = reps[p["columns"]].to_numpy(dtype=np.float64).reshape(count, values.shape[0], len(p["columns"]))
+        return cls(name, list(p["columns"]), values, stacked, float(json.loads(
+            (release / UNCERTAINTY).read_text())["confidence"]))
+
+    def answer(self, query: Callable[[np.ndarray], float], confidence: float | None = None) -> Answer:
+        """`query` of the (rows, columns) values, on the release and on every replicate."""
+        confidence = self.confidence if confidence is None else confidence
+        on_replicates = np.array([float(query(r)) for r in self.replicates])
+        lo, hi = percentile_interval(on_replicates, confidence)
+        return Answer(float(query(self.values)), float(on_replicates.std(ddof=1)), float(lo), float(hi), confidence,
+                      on_replicates.size)
+
+    def linear(self, weights: dict[int, float] | np.ndarray, column: str | None = None,
+               confidence: float | None = None) -> Answer:
+        """sum_i w_i v_i over the rows of one column (default the first): weights as {row: weight} or a vector."""
+        j = self._column(column)
+        w = np.zeros(self.values.shape[0])
+        if isinstance(weights, dict):
+            rows = np.fromiter(weights, dtype=np.int64, count=len(weights))
+            if rows.size and (rows.min() < 0 or rows.max() >= w.size):
+                raise ValueError(f"rows must be in [0, {w.size})")
+            w[rows] = np.fromiter(weights.values(), dtype=np.float64, count=len(weights))
+        else:
+            w = np.asarray(weights, dtype=np.float64)
+            if w.shape != (self.values.shape[0],):
+                raise ValueError(f"need {self.values.shape[0]} weights, got {w.shape}")
+        return self.answer(lambda v: float(v[:, j] @ w), confidence)
+
+    def range_sum(self, start: int, stop: int, column: str | None = None, confidence: float | None = None) -> Answer:
+        """The sum of rows start..stop-1 (a range of bins) of one column (default the first)."""
+        if not 0 <= start < stop <= self.values.shape[0]:
+            raise ValueError(f"need 0 <= start < stop <= {self.values.shape[0]}, got [{start}, {stop})")
+        j = self._column(column)
+        return self.answer(lambda v: float(v[start:stop, j].sum()), confidence)
+
+    def _column(self, column: str | None) -> int:
+        if column is None:
+            return 0
+        if column not in self.columns:
+            raise ValueError(f"{self.product} has no column {column!r} with replicates ({self.columns})")
+        return self.columns.index(column)
+
+
+def _bootstrap_info(release: Path) -> dict:
+    path = release / UNCERTAINTY
+    if not path.exists():
+        raise ValueError(f"{release} has no {UNCERTAINTY}: not a release folder, or made before intervals existed")
+    info = json.loads(path.read_text()).get("bootstrap", {})
+    if not info.get("replicates"):
+        raise ValueError(f"{release} publishes no replicates ({info.get('reason', 'none')})")
+    return info
