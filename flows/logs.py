@@ -116,8 +116,8 @@ def _operator_configured_dask_logging() -> bool:
 
 
 def log_path(output_dir: str | Path, release_id: str) -> Path:
-    """A run's internal log file."""
-    return Path(output_dir) / ".logs" / f"{release_id}.log"
+    """A run's internal log file (absolute: a line that names it is read from anywhere)."""
+    return Path(output_dir).resolve() / ".logs" / f"{release_id}.log"
 
 
 #: How many `run_logging` contexts are open in this process (the CLI opens one before the flow starts; a flow

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import time
 from contextlib import contextmanager, nullcontext
 from datetime import datetime, timezone
@@ -17,11 +18,11 @@ from prefect.runtime import flow_run
 from prefect.states import Failed, State
 
 from data_contracts import suites
-from data_contracts.project import build_docs
+from data_contracts.project import GxRun
 from flows.logs import in_run_logging, log_path, run_logging
 from tasks import admission, settings
 from tasks.artifacts import StageProgress, emit_failed, emit_if_budget_low, emit_published, publish_artifacts
-from tasks.contracts import check_contract
+from tasks.contracts import check_contract, gx_run
 from tasks.errors import Refused, StageFailed
 from tasks.ingest import ingest
 from tasks.kinds import kind_of
@@ -171,12 +172,20 @@ def release(spec: ReleaseSpec | None = None, spec_file: str | None = None, relea
             period: Period | None = None) -> dict:
     """Make one DP release; returns a summary (paths, privacy spend; nothing raw-derived).
 
-    Give the spec itself (`spec`) or the path of a spec file (`spec_file`, what deployments pass); `release_id`
-    overrides the spec's; `period` (deployments: daily / weekly / monthly, matching the schedule) makes the
-    default release id the dataset and the period of the scheduled start. Rerunning a release id resumes it:
-    validated ingest and prepare outputs and stored measurements are reused, the ledger is not charged again;
-    a published release is left as it is (a missing evaluation and report are made). Where outputs go is the
-    spec's `output_dir`, not a flow parameter; the ledger is the machine's.
+    Rerunning a release id resumes it: validated ingest and prepare outputs and stored measurements are reused, the
+    ledger is not charged again; a published release is left as it is (a missing evaluation and report are made).
+    Where outputs go is the spec's `output_dir`, not a flow parameter; the ledger is the machine's. Prefect shows
+    the descriptions below beside the parameters in the UI (deployment runs, custom runs).
+
+    Args:
+        spec: The release spec itself (the CLI passes it). Give this or `spec_file`, not both.
+        spec_file: Path of a release spec file (YAML or JSON) inside the operator's spec folders
+            (DPRELEASE_SPEC_FOLDERS; default the checkout's deployments/specs); relative to the deployment's
+            working directory. What deployments pass.
+        release_id: The release id: resumes that release, or names a new one. Default: <dataset>-<kind>-<period
+            of the scheduled start> with a `period`, else <dataset>-<scheduled start>-<flow run id>.
+        period: daily, weekly or monthly, matching the deployment's schedule: every run of one period is one
+            release id, drawn and charged once (a backlog of missed runs, a manual retry after midnight).
     """
     log = get_run_logger()
     try:
@@ -212,21 +221,20 @@ def _failed(exc: Exception) -> State:
 
 
 def _release(spec: ReleaseSpec, release_id: str, log) -> dict:
-    created = not (Path(spec.output_dir) / release_id).exists()
-    run = open_run(spec.output_dir, release_id, test=spec.test_mode)
+    output_dir = Path(spec.output_dir).resolve()  # every path a log line names is absolute
+    created = not (output_dir / release_id).exists()
+    run = open_run(output_dir, release_id, test=spec.test_mode)
     run.clear_stale_staging()
     published = run.published()
     if published and (run.internal / "report.md").exists():
         log.info("release %s is already published at %s; nothing to do", release_id, run.release)
         return _summary(spec, release_id, run, json.loads(run.manifest.read_text()), {}, "already published")
-    log.info("release %s (%s on dataset '%s') -> %s", release_id, spec.release.kind, spec.dataset.id,
-             run.root.resolve())
+    log.info("release %s (%s on dataset '%s') -> %s", release_id, spec.release.kind, spec.dataset.id, run.root)
     timer = _Timer(log, StageProgress(_stage_names(spec, published)))
+    gx = gx_run(spec.dataset.id, spec.release.kind, release_id, output_dir)
     try:
-        with dask_client(spec.dask) as client:
-            # The address to the internal log only: the Prefect API is readable by whoever can open the UI.
-            INTERNAL_LOG.info("dask scheduler %s, dashboard %s", client.scheduler.address, client.dashboard_link)
-            manifest, evaluation = _stages(spec, release_id, run, timer, published)
+        with _cluster(spec, run, log):
+            manifest, evaluation = _stages(spec, release_id, run, timer, published, gx)
     except BaseException:
         log.error("release %s failed: %s", release_id, discard_failed(run, created))
         raise
@@ -235,10 +243,34 @@ def _release(spec: ReleaseSpec, release_id: str, log) -> dict:
                        TEST_RUN if spec.test_mode else "published")
     (run.internal / "summary.json").write_text(json.dumps(summary, indent=2))
     summary["report"] = str(write_report(spec, release_id, run, manifest, evaluation, timer.seconds))
-    docs = build_docs(run.internal)
-    log.info("data docs of the contracts: %s (internal)", docs)
+    log.info("data docs of the contracts: %s (internal)", gx.index)
     _announce(spec, summary, manifest, run, evaluation, published)
     return summary
+
+
+@contextmanager
+def _cluster(spec: ReleaseSpec, run: RunPaths, log):
+    """The run's dask client; a local cluster's workers spill into internal/dask-scratch/ (owner-only, removed when
+    the cluster closes, before a failed run's internal/ goes to quarantine); with the operator's
+    `performance_report: on`, dask's performance report of the stages into internal/."""
+    scratch = run.internal / "dask-scratch"
+    try:
+        with dask_client(spec.dask, scratch=scratch) as client:
+            # The address to the internal log only: the Prefect API is readable by whoever can open the UI.
+            INTERNAL_LOG.info("dask scheduler %s, dashboard %s", client.scheduler.address, client.dashboard_link)
+            if not settings.current().performance_report:
+                yield client
+                return
+            from distributed import performance_report
+
+            report = run.internal / "dask-performance-report.html"
+            try:
+                with performance_report(filename=str(report), mode="inline"):  # inline: readable offline
+                    yield client
+            finally:
+                log.info("dask performance report: %s (internal)", report)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
 
 
 def _announce(spec, summary, manifest, run, evaluation, published: bool) -> None:
@@ -258,7 +290,7 @@ def _stage_names(spec: ReleaseSpec, published: bool) -> list[str]:
     return names + (["evaluate"] if spec.evaluate else [])
 
 
-def _validated(stage: str, key: str, run: RunPaths, make, contract) -> StageOutput:
+def _validated(stage: str, key: str, run: RunPaths, make, contract, gx: GxRun) -> StageOutput:
     """A stage's output: reused if this run folder holds one made under the same key (tasks/resume.py), else
     made and validated against its contract, then stamped."""
     output = reusable(run.internal, stage, key)
@@ -267,12 +299,12 @@ def _validated(stage: str, key: str, run: RunPaths, make, contract) -> StageOutp
         return output
     forget(run.internal, stage)
     output = make()
-    check_contract(stage, output.path, contract, run.internal / "contracts")
+    check_contract(stage, output.path, contract, run.internal / "contracts", gx)
     stamp(run.internal, stage, key, output)
     return output
 
 
-def _stages(spec: ReleaseSpec, release_id: str, run: RunPaths, timer: _Timer, published: bool):
+def _stages(spec: ReleaseSpec, release_id: str, run: RunPaths, timer: _Timer, published: bool, gx: GxRun):
     kind = kind_of(spec)
     ds = spec.dataset
     contracts_dir = run.internal / "contracts"
@@ -280,24 +312,24 @@ def _stages(spec: ReleaseSpec, release_id: str, run: RunPaths, timer: _Timer, pu
         ingest_key = stage_key("ingested", spec)
         contract = (suites.ingested_sets(ds.items_column, ds.item_count) if ds.items_column else
                     suites.ingested(list(ds.bounds or {}) + list(ds.numeric or []), ds.categories, ds.weight_column))
-        prepared = _validated("ingested", ingest_key, run, lambda: ingest(ds, run.internal / "ingested"), contract)
+        prepared = _validated("ingested", ingest_key, run, lambda: ingest(ds, run.internal / "ingested"), contract, gx)
     if kind.prepared_stage is not None:
         ingested = prepared
         with timer.stage(kind.prepared_stage):
             prepared = _validated(kind.prepared_stage, stage_key(kind.prepared_stage, spec, ingest_key), run,
-                                  lambda: prepare(spec, ingested, run), kind.prepared_contract(spec))
+                                  lambda: prepare(spec, ingested, run), kind.prepared_contract(spec), gx)
     if published:
         manifest = json.loads(run.manifest.read_text())
     else:
         with timer.stage("dp measurement"):
             measured = measure(spec, release_id, run, prepared)
             name, contract = kind.measurements_contract(spec)
-            check_contract("measurements", f"{measured.path}/{name}", contract, contracts_dir)
+            check_contract("measurements", f"{measured.path}/{name}", contract, contracts_dir, gx)
         with timer.stage("postprocess"):
             staging = run.new_staging()
             postprocess(spec, measured, staging, run)
             name, contract = kind.release_contract(spec)
-            check_contract("release", staging / name, contract, contracts_dir, recorded_as=run.release / name)
+            check_contract("release", staging / name, contract, contracts_dir, gx, recorded_as=run.release / name)
         with timer.stage("publish"):
             manifest = publish_release(spec, release_id, run, staging, measured)
     evaluation = None

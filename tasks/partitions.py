@@ -179,12 +179,16 @@ def operator_security():
 
 
 @contextlib.contextmanager
-def dask_client(spec: DaskSpec) -> Iterator:
+def dask_client(spec: DaskSpec, scratch: Path | None = None) -> Iterator:
     """A dask.distributed client: to the operator's scheduler (`tasks.settings`: never the spec's choice, since the
     scheduler and its workers see the raw partitions and the exact statistics), with the operator's TLS settings;
     or to a local cluster of the spec's size started here, on 127.0.0.1 with mutual TLS from temporary credentials
     this run alone holds (an attacker's review connected another local account's client to a run's plain-TCP
-    scheduler, and a client of the same user ran code in a worker that read the raw copy of the data)."""
+    scheduler, and a client of the same user ran code in a worker that read the raw copy of the data).
+
+    A local cluster's workers keep their files (what they spill to disk when memory runs short: raw partitions)
+    in `scratch`, a folder of the run's owner-only internal/, not in dask's default temporary folder, which other
+    local accounts can list; an operator's workers spill where their `--local-directory` says."""
     from distributed import Client, LocalCluster
 
     from tasks.threads import limit_threads  # imports distributed, as this function does
@@ -194,17 +198,21 @@ def dask_client(spec: DaskSpec) -> Iterator:
         try:
             client = Client(address, timeout="30s", set_as_default=True, security=operator_security())
         except (OSError, TimeoutError) as exc:  # before any data is sent; its type is enough
-            raise ReleaseError(f"cannot reach the operator's dask scheduler {address} ({settings.env_of('dask_address')} "
-                               f"or dask_address in {settings.config_file()}): {type(exc).__name__}") from None
+            raise ReleaseError(f"cannot reach the operator's dask scheduler {address} "
+                               f"({settings.env_of('dask_address')} or dask_address in {settings.config_file()}): "
+                               f"{type(exc).__name__}") from None
         with client:
             limit_threads(client)
             yield client
         return
     # Every listener on loopback (the scheduler, the workers, their HTTP servers, the dashboard), every connection
     # authenticated both ways by certificates of a temporary CA held in this process's memory.
+    if scratch is not None:
+        scratch.mkdir(mode=0o700, parents=True, exist_ok=True)
     with LocalCluster(n_workers=spec.n_workers, threads_per_worker=spec.threads_per_worker,
                       processes=spec.processes, host="127.0.0.1", security=True,
-                      dashboard_address="127.0.0.1:0") as cluster, \
+                      dashboard_address="127.0.0.1:0",
+                      local_directory=str(scratch) if scratch is not None else None) as cluster, \
             Client(cluster, set_as_default=True) as client:
         limit_threads(client)
         yield client

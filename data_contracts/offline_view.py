@@ -1,0 +1,28 @@
+"""great-expectations page views whose templates in the project's plugins/custom_data_docs/views/ come before the
+package's own (great-expectations puts a project's views after its own, so they can add templates but not replace
+one). The project's site config names these classes (`view:` of its section and index builders,
+data_contracts/project.py), and its views are the package's templates with every CDN asset loaded from the
+site's static/ folder: pages that render without internet. Imported by great-expectations when it builds the
+site, never with the contracts (it imports great-expectations)."""
+
+from __future__ import annotations
+
+from great_expectations.render.view import DefaultJinjaIndexPageView, DefaultJinjaPageView
+from jinja2 import ChoiceLoader, FileSystemLoader
+
+
+def _views_first(view) -> None:
+    if view.custom_views_directory:
+        view.env.loader = ChoiceLoader([FileSystemLoader(view.custom_views_directory), view.env.loader])
+
+
+class OfflinePageView(DefaultJinjaPageView):
+    def __init__(self, custom_styles_directory=None, custom_views_directory=None) -> None:
+        super().__init__(custom_styles_directory, custom_views_directory)
+        _views_first(self)
+
+
+class OfflineIndexPageView(DefaultJinjaIndexPageView):
+    def __init__(self, custom_styles_directory=None, custom_views_directory=None) -> None:
+        super().__init__(custom_styles_directory, custom_views_directory)
+        _views_first(self)
