@@ -142,8 +142,15 @@ class Partitioned:
         return self._client.gather(self._client.map(fn, self._parts, seeds,
                                                     *[[a] * self.n_partitions for a in args]))
 
-    def reduce(self, fn: Callable, *args):
+    def reduce(self, fn: Callable, *args, progress=None):
+        """`progress`: its `advance()` is called as each partition's result arrives (one unit per partition); the
+        results are summed in partition order whatever order they arrive in."""
         futures = self._client.map(fn, self._parts, *[[a] * self.n_partitions for a in args])
+        if progress is not None:
+            from distributed import as_completed
+
+            for _ in as_completed(futures):
+                progress.advance()
         total = None
         for result in self._client.gather(futures):
             total = result if total is None else _add(total, result)

@@ -1,11 +1,29 @@
 """Progress of long stages: text bars written through the run's logger (so they show on the CLI and in the
-Prefect UI's logs alike) and, inside a Prefect run and where the total is not raw-derived, a progress
-artifact moved at the same ticks."""
+Prefect UI's logs alike), the flow's progress artifact moved within the running stage (`stage_listener`) and,
+inside a Prefect run and where the total is not raw-derived, a progress artifact of its own moved at the same
+ticks."""
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+from typing import Callable, Iterator
+
 from prefect.artifacts import create_progress_artifact, update_progress_artifact
 from prefect.context import FlowRunContext, TaskRunContext
+
+#: The running stage's listener (the flow's progress artifact): called with the fraction done at every tick.
+_listener: Callable[[float], None] | None = None
+
+
+@contextmanager
+def stage_listener(listener: Callable[[float], None]) -> Iterator[None]:
+    """Every `Progress` tick while the block runs also calls `listener(fraction of its work done)`."""
+    global _listener
+    previous, _listener = _listener, listener
+    try:
+        yield
+    finally:
+        _listener = previous
 
 
 def _artifact(label: str):
@@ -22,10 +40,16 @@ class Progress:
         """`artifact`: also move a progress artifact in the UI; only where the total is public or a DP output
         (an MCMC's length), not where it is raw-derived (the partitions of a CSV follow its size)."""
         self.log, self.label, self.total, self.step, self.width = log, label, max(int(total), 1), step, width
+        self.done = 0
         self._next = step
         self._artifact = _artifact(label) if artifact else None
 
-    def update(self, done: int) -> None:
+    def advance(self, units: float = 1) -> None:
+        """`units` more of the total are done."""
+        self.update(self.done + units)
+
+    def update(self, done: float) -> None:
+        self.done = done
         frac = min(done / self.total, 1.0)
         # Integer chunking lands just below the ticks (0.0999 for 0.1): allow a small slack.
         if frac >= self._next - 0.01:
@@ -33,6 +57,8 @@ class Progress:
             self.log.info("[%s%s] %3d%% %s", "#" * filled, "-" * (self.width - filled), round(100 * frac), self.label)
             if self._artifact is not None:
                 update_progress_artifact(self._artifact, 100.0 * frac, description=self.label)
+            if _listener is not None:
+                _listener(frac)
             while self._next <= frac + 0.01:
                 self._next += self.step
 
