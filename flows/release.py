@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import sys
+import threading
 import time
 from contextlib import contextmanager, nullcontext
 from datetime import datetime, timezone
@@ -29,6 +31,7 @@ from tasks.kinds import kind_of
 from tasks.ledger import PrivacyLedger
 from tasks.manifest import publish_release
 from tasks.partitions import dask_client
+from tasks.progress import stage_listener
 from tasks.report import write_report
 from tasks.resume import forget, reusable, stage_key, stamp
 from tasks.retry import INTERNAL_LOG, ours
@@ -41,18 +44,28 @@ Period = Literal["daily", "weekly", "monthly"]
 TEST_RUN = "made in test mode (seeded noise, not private, not published)"
 
 
-def import_stage_libraries(evaluate: bool) -> None:
-    """Import what the stages import on first use (great-expectations ~2 s, distributed ~1 s, matplotlib for
-    the evaluation's plots ~0.5 s on 2 cores), so that the CLI loads them while its temporary API server
-    boots rather than after."""
+def import_stage_libraries() -> None:
+    """Import what the first stage needs (distributed, ~1 s on 2 cores) while the CLI's temporary API server
+    boots. great-expectations (3.6 s: scipy.stats, altair, its SQL layer) is not: the first contract check needs
+    it only after ingest, and `_preload_contracts` imports it meanwhile; matplotlib only when the evaluation
+    plots."""
     import distributed  # noqa: F401
-    import great_expectations  # noqa: F401
 
-    if evaluate:
-        import matplotlib
 
-        matplotlib.use("Agg")  # files only, as the plots select it
-        import matplotlib.pyplot  # noqa: F401
+def _preload_contracts() -> None:
+    """great-expectations imported on a thread while the cluster starts and ingest reads (mostly outside the GIL,
+    in pyarrow and the dask workers); the first contract check, on the flow's thread, waits for the import to end
+    (Python's import lock) instead of starting it."""
+    if "great_expectations" in sys.modules:
+        return
+
+    def load() -> None:
+        try:
+            import great_expectations  # noqa: F401
+        except Exception:  # the contract step imports it again and reports what failed
+            pass
+    threading.Thread(target=load, name="import-great-expectations", daemon=True).start()
+
 
 #: A hung stage (a lost dask worker, a stuck file system) must not hang the nightly schedule: the flow run
 #: fails after this long (the operator's `flow_timeout_seconds`, default 6 hours) and the next run of the same
@@ -160,9 +173,11 @@ class _Timer:
 
     @contextmanager
     def stage(self, name: str):
+        """The stage's progress bars (tasks/progress.py) also move the flow's progress artifact within it."""
         self.log.info("stage '%s' started", name)
         start = time.perf_counter()
-        yield
+        with stage_listener(lambda fraction: self.progress.within(name, fraction)):
+            yield
         self.seconds[name] = round(time.perf_counter() - start, 3)
         self.progress.done(name)
 
@@ -231,6 +246,7 @@ def _release(spec: ReleaseSpec, release_id: str, log) -> dict:
         return _summary(spec, release_id, run, json.loads(run.manifest.read_text()), {}, "already published")
     log.info("release %s (%s on dataset '%s') -> %s", release_id, spec.release.kind, spec.dataset.id, run.root)
     timer = _Timer(log, StageProgress(_stage_names(spec, published)))
+    _preload_contracts()
     gx = gx_run(spec.dataset.id, spec.release.kind, release_id, output_dir)
     try:
         with _cluster(spec, run, log):

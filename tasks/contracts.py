@@ -39,7 +39,7 @@ def check_contract(stage: str, path: str | Path, contract: Contract, report_dir:
     log = get_run_logger()
     report_dir.mkdir(parents=True, exist_ok=True)
     n = len(contract.rows) + len(contract.table)
-    bar = Progress(log, f"partitions of '{stage}' validated", 1)
+    bar = Progress(log, f"partitions of '{stage}' validated", 1, stage=False)
 
     def on_partition(done: int, total: int) -> None:
         bar.total = total

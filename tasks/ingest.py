@@ -16,6 +16,8 @@ from data_contracts.validate import parquet_files
 from tasks.errors import InputError, reason
 from tasks.example_data import is_builtin, materialise
 from tasks.params import DatasetSpec
+from tasks.partitions import compute_with_progress
+from tasks.progress import Progress
 from tasks.retry import SAFE, sanitised
 from tasks.run import StageOutput
 from tasks.sets import ingest_sets, ingest_users
@@ -195,8 +197,9 @@ def ingest_dataset(dataset: DatasetSpec, out_dir: Path, log) -> StageOutput:
     ddf = read_source(dataset, source)
     if out_dir.exists():
         shutil.rmtree(out_dir)
-    try:
-        ddf.to_parquet(str(out_dir), write_index=False)
+    try:  # the partitions written are the stage's progress (tasks/partitions.py)
+        compute_with_progress(ddf.to_parquet(str(out_dir), write_index=False, compute=False), "toparquetdata-",
+                              Progress(log, "partitions ingested", ddf.npartitions))
     except Exception as exc:  # a value that does not parse surfaces here unless it is in dask's first sample
         raise _unreadable(dataset, exc) from None
     rows = count_rows(out_dir)

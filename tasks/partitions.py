@@ -31,6 +31,25 @@ def current_client():
     return get_client()
 
 
+def compute_with_progress(collection, prefix: str, progress) -> None:
+    """Compute a dask collection on the current client, `progress.advance()` as each task whose key starts with
+    `prefix` finishes (e.g. each partition written by `to_parquet`: "toparquetdata-"); without such keys (another
+    dask's naming) it is computed without ticks. Errors are raised as by `compute`."""
+    from distributed import as_completed
+
+    graph = dict(collection.__dask_graph__())  # dask-expr lowers and optimises it here
+    final = collection.__dask_keys__()
+    while isinstance(final, list):
+        final = final[0]
+    ticks = [k for k in graph if isinstance(k, tuple) and str(k[0]).startswith(prefix)]
+    client = current_client()
+    *parts, last = client.get(graph, ticks + [final], sync=False)
+    for future in as_completed(parts):
+        future.result()  # a failed partition raises here, as `compute` would
+        progress.advance()
+    last.result()
+
+
 def read_points(path: str, columns: Sequence[str]) -> np.ndarray:
     """One partition as a float64 array (n, d), columns in the given order."""
     table = pq.read_table(path, columns=list(columns))

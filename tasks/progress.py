@@ -36,12 +36,17 @@ def _artifact(label: str):
 class Progress:
     """Logs `[#####-----]  50% label` each time another `step` fraction of `total` is done."""
 
-    def __init__(self, log, label: str, total: int, step: float = 0.1, width: int = 20, artifact: bool = False):
+    def __init__(self, log, label: str, total: float, step: float = 0.1, width: int = 20, artifact: bool = False,
+                 stage: bool = True):
         """`artifact`: also move a progress artifact in the UI; only where the total is public or a DP output
-        (an MCMC's length), not where it is raw-derived (the partitions of a CSV follow its size)."""
-        self.log, self.label, self.total, self.step, self.width = log, label, max(int(total), 1), step, width
+        (an MCMC's length), not where it is raw-derived (the partitions of a CSV follow its size). `stage`: the
+        bar is its stage's progress (the flow's artifact follows it); a contract check after the stage's work
+        is not."""
+        self.log, self.label, self.total, self.step, self.width = log, label, max(total, 1), step, width
+        self.stage = stage
         self.done = 0
         self._next = step
+        self._ended = False
         self._artifact = _artifact(label) if artifact else None
 
     def advance(self, units: float = 1) -> None:
@@ -51,13 +56,15 @@ class Progress:
     def update(self, done: float) -> None:
         self.done = done
         frac = min(done / self.total, 1.0)
-        # Integer chunking lands just below the ticks (0.0999 for 0.1): allow a small slack.
-        if frac >= self._next - 0.01:
+        # Integer chunking lands just below the ticks (0.0999 for 0.1): allow a small slack. The end is always shown
+        # (an estimated total may leave the last tick at 99 %).
+        if frac >= self._next - 0.01 or (frac >= 1.0 and not self._ended):
+            self._ended = frac >= 1.0
             filled = int(round(frac * self.width))
             self.log.info("[%s%s] %3d%% %s", "#" * filled, "-" * (self.width - filled), round(100 * frac), self.label)
             if self._artifact is not None:
                 update_progress_artifact(self._artifact, 100.0 * frac, description=self.label)
-            if _listener is not None:
+            if _listener is not None and self.stage:
                 _listener(frac)
             while self._next <= frac + 0.01:
                 self._next += self.step

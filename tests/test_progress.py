@@ -16,3 +16,20 @@ def test_progress_logs_each_tenth_once_including_integer_chunked_ticks():
         bar.update(done)
     assert [int(line.split("]")[1].split("%")[0]) for line in log.lines] == list(range(10, 101, 10))
     assert log.lines[-1].startswith("[####################] 100% steps")
+
+
+def test_the_running_stage_follows_its_bars_and_an_estimated_total_still_ends_at_100():
+    """The flow's progress artifact moves at each tick of the stage's bar (not of a contract check's); a bar whose
+    total was an estimate (the evaluation's) shows its end."""
+    from tasks.progress import stage_listener
+
+    log, seen = _Log(), []
+    with stage_listener(seen.append):
+        bar = Progress(log, "evaluation", 1000)
+        for _ in range(99):
+            bar.advance(10)
+        Progress(log, "partitions validated", 1, stage=False).update(1)
+        bar.update(bar.total)
+    assert len(seen) == 11 and seen[-1] == 1.0 and all(b - a <= 0.1 + 1e-9 for a, b in zip([0.0] + seen, seen))
+    assert log.lines[-1].startswith("[####################] 100% evaluation")
+    assert sum("validated" in line for line in log.lines) == 1

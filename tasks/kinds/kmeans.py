@@ -76,6 +76,10 @@ REFINEMENT = "refinement.json"
 #: a sample of REFERENCE_START_ROWS of them (the best start then runs on all): a tenth of the work of 10 full starts.
 REFERENCE_MAX_ROWS = 200_000
 REFERENCE_START_ROWS = 20_000
+REFINEMENT_UNITS = 14
+REFINEMENT_PHASES = {"consistency": "consistency of the trajectory (ADMM)",
+                     "chain": "the simulated dataset's first state", "mcmc": "MCMC over simulated datasets",
+                     "kmeans": "k-means on the best simulated dataset"}
 
 
 def domain_of(spec) -> str:
@@ -239,7 +243,10 @@ class KMeansKind(ReleaseKind):
         p = spec.release
         d, dom, seeds = len(spec.dataset.columns), domain_of(spec), seeded(spec)
         points = Partitioned.points(current_client(), parquet_files(prepared.path), spec.dataset.columns)
-        stats = lambda C: points.reduce(dpkmeans.cluster_stats, C)
+        # Every round is one pass over the partitions: the stage's progress is the partitions reduced (a
+        # percentage only; the statistics are not logged: they are not noisy yet).
+        bar = progress.Progress(log, "DP k-means (partition passes)", p.iterations * points.n_partitions)
+        stats = lambda C: points.reduce(dpkmeans.cluster_stats, C, progress=bar)
         try:
             if seeds:
                 seeding = dpkmeans.oversampled_seeds(stats, p.k, d, public_rng, measure=measure, domain=dom)
@@ -301,15 +308,22 @@ class KMeansKind(ReleaseKind):
 
     @staticmethod
     def _refine(traj, p, measurements, log) -> leekifer.Refinement:
-        bar = progress.Progress(log, "MCMC steps", 1, artifact=True)  # the chain's length follows the noisy counts
+        """Progress in units of the refinement's phases: consistency 1, the chain's first state 1, the MCMC 10 (a
+        tenth of its steps each), the k-means on its best dataset 2 (their totals follow the noisy counts: DP
+        outputs, shown in the UI too)."""
+        bar = progress.Progress(log, "refinement", REFINEMENT_UNITS, artifact=True)
+        starts = {"consistency": 0, "chain": 1, "mcmc": 2, "kmeans": 12}
 
-        def advance(done, total):
-            bar.total = total
-            bar.update(done)
+        def phase(name):
+            log.info("refinement: %s", REFINEMENT_PHASES[name])
+            bar.update(starts[name])
         log.info("refining the trajectory: %s", " + ".join(p.postprocess))
-        return leekifer.refine(traj, consistency="consistency" in p.postprocess, mcmc="mcmc" in p.postprocess,
-                               steps=p.mcmc_steps, temperature=p.mcmc_temperature, delta=tuple(p.mcmc_delta),
-                               seed=postprocessing_seed(measurements), progress=advance)
+        refined = leekifer.refine(traj, consistency="consistency" in p.postprocess, mcmc="mcmc" in p.postprocess,
+                                  steps=p.mcmc_steps, temperature=p.mcmc_temperature, delta=tuple(p.mcmc_delta),
+                                  seed=postprocessing_seed(measurements), phase=phase,
+                                  progress=lambda done, total: bar.update(2 + 10 * done / total))
+        bar.update(REFINEMENT_UNITS)
+        return refined
 
     @staticmethod
     def _write_centroids(spec, C, path):
@@ -365,6 +379,7 @@ class KMeansKind(ReleaseKind):
         _plot(scaled["wcss_per_iteration"], scaled["kmeanspp_wcss"], scaled["wcss"], scaled["single_centroid_wcss"],
               out / "wcss.png", _title(spec, dom))
         beats = bool(scaled["wcss"] < scaled["single_centroid_wcss"])
+        bar.update(bar.total)
         return {"rows": prepared.rows, "domain": dom, **scaled, **projected,
                 "reference": "k-means++, best of 10 starts (chosen on a sample of "
                              f"{REFERENCE_START_ROWS:,} rows), {metrics.REFERENCE_ITERATIONS} Lloyd passes",
