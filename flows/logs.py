@@ -120,6 +120,20 @@ def log_path(output_dir: str | Path, release_id: str) -> Path:
     return Path(output_dir).resolve() / ".logs" / f"{release_id}.log"
 
 
+def api_without_tracebacks() -> None:
+    """Prefect's API handlers never send a traceback, for the rest of this process: a flow-run process that a Prefect
+    worker started (one run per process), where Prefect's engine, after the flow returned its Failed state, logs
+    the failure again with the exception's traceback ("Engine execution exited with unexpected exception"), past
+    the flow's own `run_logging`. The worker's console keeps it."""
+    from prefect.logging.handlers import APILogHandler
+
+    loggers = [logging.getLogger()] + [lg for lg in list(logging.root.manager.loggerDict.values())
+                                       if isinstance(lg, logging.Logger)]
+    for handler in {h for lg in loggers for h in lg.handlers if isinstance(h, APILogHandler)}:
+        if not isinstance(handler.formatter, _NoTraceback):
+            handler.setFormatter(_NoTraceback(handler.formatter))
+
+
 #: How many `run_logging` contexts are open in this process (the CLI opens one before the flow starts; a flow
 #: run that a Prefect worker started has none, and the flow opens its own).
 _open = 0
