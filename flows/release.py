@@ -6,8 +6,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import sys
-import threading
 import time
 from contextlib import contextmanager, nullcontext
 from datetime import datetime, timezone
@@ -19,6 +17,7 @@ from prefect.client.orchestration import get_client
 from prefect.runtime import flow_run
 from prefect.states import Failed, State
 
+import data_contracts
 from data_contracts import suites
 from data_contracts.project import GxRun
 from flows.logs import api_without_tracebacks, in_run_logging, log_path, run_logging
@@ -50,21 +49,6 @@ def import_stage_libraries() -> None:
     it only after ingest, and `_preload_contracts` imports it meanwhile; matplotlib only when the evaluation
     plots."""
     import distributed  # noqa: F401
-
-
-def _preload_contracts() -> None:
-    """great-expectations imported on a thread while the cluster starts and ingest reads (mostly outside the GIL,
-    in pyarrow and the dask workers); the first contract check, on the flow's thread, waits for the import to end
-    (Python's import lock) instead of starting it."""
-    if "great_expectations" in sys.modules:
-        return
-
-    def load() -> None:
-        try:
-            import great_expectations  # noqa: F401
-        except Exception:  # the contract step imports it again and reports what failed
-            pass
-    threading.Thread(target=load, name="import-great-expectations", daemon=True).start()
 
 
 #: A hung stage (a lost dask worker, a stuck file system) must not hang the nightly schedule: the flow run
@@ -248,7 +232,7 @@ def _release(spec: ReleaseSpec, release_id: str, log) -> dict:
         return _summary(spec, release_id, run, json.loads(run.manifest.read_text()), {}, "already published")
     log.info("release %s (%s on dataset '%s') -> %s", release_id, spec.release.kind, spec.dataset.id, run.root)
     timer = _Timer(log, StageProgress(_stage_names(spec, published)))
-    _preload_contracts()
+    data_contracts.preload()  # on a thread while the cluster starts and ingest reads; the contracts wait for it
     gx = gx_run(spec.dataset.id, spec.release.kind, release_id, output_dir)
     try:
         with _cluster(spec, run, log):
@@ -317,6 +301,7 @@ def _validated(stage: str, key: str, run: RunPaths, make, contract, gx: GxRun) -
         return output
     forget(run.internal, stage)
     output = make()
+    contract = contract() if callable(contract) else contract
     check_contract(stage, output.path, contract, run.internal / "contracts", gx)
     stamp(run.internal, stage, key, output)
     return output
@@ -328,8 +313,10 @@ def _stages(spec: ReleaseSpec, release_id: str, run: RunPaths, timer: _Timer, pu
     contracts_dir = run.internal / "contracts"
     with timer.stage("ingest"):
         ingest_key = stage_key("ingested", spec)
-        contract = (suites.ingested_sets(ds.items_column, ds.item_count) if ds.items_column else
-                    suites.ingested(list(ds.bounds or {}) + list(ds.numeric or []), ds.categories, ds.weight_column))
+        # Built after ingest (a function): great-expectations may still be importing meanwhile.
+        contract = lambda: (suites.ingested_sets(ds.items_column, ds.item_count) if ds.items_column else
+                            suites.ingested(list(ds.bounds or {}) + list(ds.numeric or []), ds.categories,
+                                            ds.weight_column))
         prepared = _validated("ingested", ingest_key, run, lambda: ingest(ds, run.internal / "ingested"), contract, gx)
     if kind.prepared_stage is not None:
         ingested = prepared

@@ -305,7 +305,7 @@ def test_test_mode_is_not_a_release(tmp_path, csv_data):
         _sha(Path(again["release_dir"]).parent / "measurements" / "trajectory.parquet")
     # A release under the test run's id is refused for its stored measurements before it is charged.
     budget("blobs")
-    with pytest.raises(ReleaseConflict, match="were made with other parameters"):
+    with pytest.raises(ReleaseConflict, match="with other data or parameters"):
         _run({**spec_dict(tmp_path, csv_data), "release_id": "blobs-t"})
     assert ledger().releases("blobs") == []
 
