@@ -112,9 +112,6 @@ def opened(root: Path) -> Iterator:
 
 
 def _context(root: Path):
-    from data_contracts import loaded
-
-    loaded()
     import great_expectations as gx
 
     config = root / "gx" / "great_expectations.yml"
@@ -130,9 +127,6 @@ def _context(root: Path):
 
 def _new_project(parent: Path) -> Path:
     """A configured project in a temporary folder of `parent`; returns its gx/ folder."""
-    from data_contracts import loaded
-
-    loaded()
     import great_expectations as gx
     from great_expectations.data_context.types.base import ProgressBarsConfig
 
@@ -237,9 +231,6 @@ def _install_assets(root: Path) -> None:
     """Page templates that load the vendored assets (plugins/custom_data_docs/views, which great-expectations
     prefers to its own), generated from the installed great-expectations' templates, and the assets themselves
     (the site's static/vendor/); redone when the package's assets or great-expectations' version change."""
-    from data_contracts import loaded
-
-    loaded()
     import great_expectations as gx
 
     views = root / "gx" / "plugins" / "custom_data_docs" / "views"
@@ -302,9 +293,6 @@ def suite_digest(expectations: list) -> str:
 
 def _suite(ctx, name: str, expectations: list):
     """The stored suite `name`, rewritten only when the code now builds other expectations (its digest)."""
-    from data_contracts import loaded
-
-    loaded()
     import great_expectations as gx
     from great_expectations.exceptions import DataContextError
 
@@ -340,9 +328,6 @@ def _run_id(run: GxRun):
 
 
 def _checkpoint(ctx, run: GxRun, suite, batch):
-    from data_contracts import loaded
-
-    loaded()
     import great_expectations as gx
     from great_expectations.checkpoint import UpdateDataDocsAction
 
@@ -394,9 +379,6 @@ def record_partitions(run: GxRun, stage: str, rows: list, table: list, partition
     """Record a partitioned output's contract as one validation result of its suite (row expectations merged over
     the partitions, then the table expectations validated here on the `aggregates` frame), store it under the
     release id and update the Data Docs, as a Checkpoint's UpdateDataDocsAction does. Returns the table results."""
-    from data_contracts import loaded
-
-    loaded()
     import great_expectations as gx
     from great_expectations.core import ExpectationSuiteValidationResult
     from great_expectations.data_context.types.resource_identifiers import (

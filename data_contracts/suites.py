@@ -37,21 +37,10 @@ class Contract:
 
     def suites(self) -> dict:
         """The suites as JSON-able dicts (written next to the validation results)."""
-        _gxe()
         import great_expectations as gx
 
         return {part: gx.ExpectationSuite(name=f"{self.stage}.{part}", expectations=list(exps)).to_json_dict()
                 for part, exps in (("rows", self.rows), ("table", self.table))}
-
-
-def _gxe():
-    """great_expectations.expectations, once a preload in flight has ended (data_contracts.loaded)."""
-    from data_contracts import loaded
-
-    loaded()
-    import great_expectations.expectations as gxe
-
-    return gxe
 
 
 def _finite(gxe, columns: Sequence[str]) -> list:
@@ -95,7 +84,7 @@ def ingested(numeric: Sequence[str], categorical: dict[str, list[str]] | None = 
     Not that categorical values are within their public levels: a record outside them is left out at
     encoding (`tasks.partitions.cell_partition`), since a refusal would answer for free whether anyone has a
     level the spec leaves out."""
-    gxe = _gxe()
+    import great_expectations.expectations as gxe
 
     categorical = categorical or {}
     cols = list(numeric) + list(categorical) + ([weight] if weight else [])
@@ -122,7 +111,7 @@ def _add_weight_fraction(weight: str) -> Callable[[pd.DataFrame], pd.DataFrame]:
 
 def normalised(columns: Sequence[str]) -> Contract:
     """Normalised points: as ingested, plus every value in [-1, 1] and every row in the unit L1 ball."""
-    gxe = _gxe()
+    import great_expectations.expectations as gxe
 
     cols = list(columns)
     return Contract("normalised",
@@ -141,7 +130,7 @@ def kmeans_measurements(k: int, iterations: int, d: int, seeds: int = 0) -> Cont
     """DP k-means measurements: T*K rows, iterations 1..T, clusters 0..K-1, finite noisy statistics,
     centroids in the unit L1 ball; with `seeds` candidates, their seeding round first (iteration 0, `seeds`
     rows, clusters 0..seeds-1)."""
-    gxe = _gxe()
+    import great_expectations.expectations as gxe
 
     cols = kmeans_trajectory_columns(d)
     centroid_cols = [f"centroid_{j}" for j in range(d)]
@@ -158,7 +147,7 @@ def kmeans_measurements(k: int, iterations: int, d: int, seeds: int = 0) -> Cont
 
 def kmeans_release(k: int, columns: Sequence[str]) -> Contract:
     """Released centroids: K rows, clusters 0..K-1, coordinates (normalised space) in the unit L1 ball."""
-    gxe = _gxe()
+    import great_expectations.expectations as gxe
 
     cols = list(columns)
     return Contract("release", partitioned=False,
@@ -173,7 +162,7 @@ def encoded(index: str, size: int, weight: str | None = None) -> Contract:
     """Records encoded as a cell / bin index in [0, size) (plus their weight): the prepared data of the
     histogram, contingency-table and matrix-mechanism releases. Possibly no records (every one outside the
     public levels): the noisy counts are then noise alone, which is a release, not a refusal."""
-    gxe = _gxe()
+    import great_expectations.expectations as gxe
 
     cols = [index] + ([weight] if weight else [])
     rows = [gxe.ExpectTableColumnsToMatchOrderedList(column_list=cols),
@@ -188,7 +177,7 @@ def indexed_table(stage: str, index: str, size: int, values: Sequence[str], *, n
                   other_columns: Sequence[str] = ()) -> Contract:
     """A table with one row per index 0..size-1 (unique, in range) and finite value columns; `nonnegative`
     value columns must be >= 0. Used for noisy measurement vectors and released counts."""
-    gxe = _gxe()
+    import great_expectations.expectations as gxe
 
     cols = [index] + list(other_columns) + list(values)
     table = [gxe.ExpectTableRowCountToEqual(value=size), gxe.ExpectColumnValuesToBeUnique(column=index)]
@@ -205,7 +194,7 @@ def ingested_sets(column: str, item_count: int) -> Contract:
     in [0, item_count). Possibly none: every record may have been left out for ids at or above item_count
     (`tasks.sets.within_universe`), and refusing that would tell the spec's author the smallest id in the data.
     A source without any record is refused at ingest."""
-    gxe = _gxe()
+    import great_expectations.expectations as gxe
 
     summaries = ["n_items", "min_item", "max_item"]
     return Contract("ingested", load_columns=summaries, schema=[column] + summaries,
@@ -217,7 +206,7 @@ def ingested_sets(column: str, item_count: int) -> Contract:
 
 def feature_trajectory(k: int, iterations: int, features: int) -> Contract:
     """DP kernel k-means measurements: k*T rows of noisy sizes and centres in feature space, all finite."""
-    gxe = _gxe()
+    import great_expectations.expectations as gxe
 
     cols = ["iteration", "cluster", "noisy_count"] + [f"f_{j}" for j in range(features)]
     return Contract("measurements", partitioned=False,
@@ -227,7 +216,7 @@ def feature_trajectory(k: int, iterations: int, features: int) -> Contract:
 
 def feature_centres(k: int, features: int) -> Contract:
     """Released kernel k-means centres: k rows, finite features, non-negative noisy sizes."""
-    gxe = _gxe()
+    import great_expectations.expectations as gxe
 
     feats = [f"f_{j}" for j in range(features)]
     return Contract("release", partitioned=False,
@@ -238,7 +227,7 @@ def feature_centres(k: int, features: int) -> Contract:
 
 def mixture(k: int) -> Contract:
     """DPGM mixture weights: k rows, noisy sizes >= 1, weights in [0, 1]."""
-    gxe = _gxe()
+    import great_expectations.expectations as gxe
 
     cols = ["cluster", "noisy_size", "weight"]
     return Contract("measurements", partitioned=False,
@@ -258,7 +247,7 @@ def synthetic_sets(column: str, item_count: int) -> Contract:
 def friendly_result(columns: Sequence[str], rows: int) -> Contract:
     """A FriendlyCore result: `rows` rows (1 mean, or k centres), a `released` flag and the columns, finite
     when released and null for "no friendly core" (great-expectations skips nulls in value expectations)."""
-    gxe = _gxe()
+    import great_expectations.expectations as gxe
 
     cols = list(columns)
     return Contract("measurements", partitioned=False,

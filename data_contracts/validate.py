@@ -49,9 +49,6 @@ class ContractViolation(Exception):
 
 @functools.lru_cache(maxsize=1)
 def _batch_definition():
-    from data_contracts import loaded
-
-    loaded()
     import great_expectations as gx
     from great_expectations.data_context.types.base import ProgressBarsConfig
 
@@ -93,9 +90,6 @@ def _describe(result) -> str:
 def _validate(frame: pd.DataFrame, expectations: list, contract: Contract, file: str) -> tuple[list[Failure], dict]:
     """The failures of `expectations` on `frame`, and the result as JSON without the data's fingerprint (a hash of
     the frame: the partitions' results are stored in the dataset's great-expectations project)."""
-    from data_contracts import loaded
-
-    loaded()
     import great_expectations as gx
 
     if not expectations:

@@ -39,7 +39,7 @@ def main() -> None:
             subprocess.run([sys.executable, "-m", "flows.cli", "run", "--example", "--no-evaluate", "--release-id",
                             release_id, "--output-dir", f"{tmp}/runs"], cwd=REPO, check=True)
         site = Path(tmp) / "runs" / ".gx" / "example-sensors" / "gx" / "uncommitted" / "data_docs" / "local_site"
-        shoot(browser, site / "index.html", Path(args.out_dir) / "gx-data-docs-index.png", 1400, 560)
+        shoot(browser, site / "index.html", Path(args.out_dir) / "gx-data-docs-index.png", 1400, 1000)
         [result] = (site / "validations" / "kmeans" / "normalised" / "example-sensors-docs-2").glob("*/*.html")
         shoot(browser, result, Path(args.out_dir) / "gx-data-docs-result.png", 1400, 1300)
 

@@ -17,7 +17,6 @@ from prefect.client.orchestration import get_client
 from prefect.runtime import flow_run
 from prefect.states import Failed, State
 
-import data_contracts
 from data_contracts import suites
 from data_contracts.project import GxRun
 from flows.logs import api_without_tracebacks, in_run_logging, log_path, run_logging
@@ -44,11 +43,13 @@ TEST_RUN = "made in test mode (seeded noise, not private, not published)"
 
 
 def import_stage_libraries() -> None:
-    """Import what the first stage needs (distributed, ~1 s on 2 cores) while the CLI's temporary API server
-    boots. great-expectations (3.6 s: scipy.stats, altair, its SQL layer) is not: the first contract check needs
-    it only after ingest, and `_preload_contracts` imports it meanwhile; matplotlib only when the evaluation
-    plots."""
+    """Import what the stages import on first use, distributed (~1 s on 2 cores) and great-expectations (3.6 s:
+    scipy.stats, altair, its SQL layer), so that the CLI loads them while its temporary API server boots rather
+    than after (measured: deferring great-expectations to the first contract check put its import after the
+    server's boot instead of beside it; importing it on a thread meanwhile failed a release, pandas half-initialised
+    under the flow's own import of dask.dataframe). matplotlib is left to the evaluation's plots."""
     import distributed  # noqa: F401
+    import great_expectations  # noqa: F401
 
 
 #: A hung stage (a lost dask worker, a stuck file system) must not hang the nightly schedule: the flow run
@@ -232,7 +233,6 @@ def _release(spec: ReleaseSpec, release_id: str, log) -> dict:
         return _summary(spec, release_id, run, json.loads(run.manifest.read_text()), {}, "already published")
     log.info("release %s (%s on dataset '%s') -> %s", release_id, spec.release.kind, spec.dataset.id, run.root)
     timer = _Timer(log, StageProgress(_stage_names(spec, published)))
-    data_contracts.preload()  # on a thread while the cluster starts and ingest reads; the contracts wait for it
     gx = gx_run(spec.dataset.id, spec.release.kind, release_id, output_dir)
     try:
         with _cluster(spec, run, log):

@@ -45,8 +45,7 @@ class Progress:
         self.log, self.label, self.total, self.step, self.width = log, label, max(total, 1), step, width
         self.stage = stage
         self.done = 0
-        self._next = step
-        self._ended = False
+        self._ticks, self._shown = round(1 / step), 0
         self._artifact = _artifact(label) if artifact else None
 
     def advance(self, units: float = 1) -> None:
@@ -54,20 +53,22 @@ class Progress:
         self.update(self.done + units)
 
     def update(self, done: float) -> None:
+        """A line when another tenth is reached, stating the highest tenth reached: a stage whose work comes in
+        coarser pieces (12 partitions: 8.3 % each) still has a line for every tenth it passes one at a time."""
         self.done = done
         frac = min(done / self.total, 1.0)
-        # Integer chunking lands just below the ticks (0.0999 for 0.1): allow a small slack. The end is always shown
-        # (an estimated total may leave the last tick at 99 %).
-        if frac >= self._next - 0.01 or (frac >= 1.0 and not self._ended):
-            self._ended = frac >= 1.0
-            filled = int(round(frac * self.width))
-            self.log.info("[%s%s] %3d%% %s", "#" * filled, "-" * (self.width - filled), round(100 * frac), self.label)
-            if self._artifact is not None:
-                update_progress_artifact(self._artifact, 100.0 * frac, description=self.label)
-            if _listener is not None and self.stage:
-                _listener(frac)
-            while self._next <= frac + 0.01:
-                self._next += self.step
+        # Integer chunking lands just below the ticks (0.0999 for 0.1): allow a small slack.
+        reached = min(int((frac + 0.01) / self.step + 1e-9), self._ticks)
+        if reached <= self._shown:
+            return
+        self._shown = reached
+        shown = min(round(reached * self.step, 6), 1.0)
+        filled = int(round(shown * self.width))
+        self.log.info("[%s%s] %3d%% %s", "#" * filled, "-" * (self.width - filled), round(100 * shown), self.label)
+        if self._artifact is not None:
+            update_progress_artifact(self._artifact, 100.0 * shown, description=self.label)
+        if _listener is not None and self.stage:
+            _listener(shown)
 
 
 def gather(client, futures, progress: Progress | None = None) -> list:

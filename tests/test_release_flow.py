@@ -118,6 +118,8 @@ def test_release_end_to_end(tmp_path, csv_data):
         [result] = (gx_dir / "uncommitted" / "validations" / "kmeans" / stage / "blobs-r1").glob("*/*.json")
         counted = json.loads((internal / "contracts" / f"{stage}.json").read_text())["expectations"]
         assert json.loads(result.read_text())["statistics"]["evaluated_expectations"] == counted
+    written = [gx_dir.parent, *gx_dir.rglob("*")]  # internal too: owner-only
+    assert all(p.stat().st_mode & 0o077 == 0 for p in written), [p for p in written if p.stat().st_mode & 0o077][:5]
 
     assert [(r["release_id"], r["status"]) for r in ledger().releases("blobs")] == [("blobs-r1", "published")]
 

@@ -76,7 +76,7 @@ REFINEMENT = "refinement.json"
 #: a sample of REFERENCE_START_ROWS of them (the best start then runs on all): a tenth of the work of 10 full starts.
 REFERENCE_MAX_ROWS = 200_000
 REFERENCE_START_ROWS = 20_000
-REFINEMENT_UNITS = 14
+REFINEMENT_UNITS = 20
 REFINEMENT_PHASES = {"consistency": "consistency of the trajectory (ADMM)",
                      "chain": "the simulated dataset's first state", "mcmc": "MCMC over simulated datasets",
                      "kmeans": "k-means on the best simulated dataset"}
@@ -308,11 +308,11 @@ class KMeansKind(ReleaseKind):
 
     @staticmethod
     def _refine(traj, p, measurements, log) -> leekifer.Refinement:
-        """Progress in units of the refinement's phases: consistency 1, the chain's first state 1, the MCMC 10 (a
-        tenth of its steps each), the k-means on its best dataset 2 (their totals follow the noisy counts: DP
-        outputs, shown in the UI too)."""
+        """Progress in units of the refinement's phases: consistency 2, the chain's first state 2, the MCMC 14 (1.4
+        for each tenth of its steps), the k-means on its best dataset 2, so that every tenth of the whole gets its
+        line (their totals follow the noisy counts: DP outputs, shown in the UI too)."""
         bar = progress.Progress(log, "refinement", REFINEMENT_UNITS, artifact=True)
-        starts = {"consistency": 0, "chain": 1, "mcmc": 2, "kmeans": 12}
+        starts = {"consistency": 0, "chain": 2, "mcmc": 4, "kmeans": 18}
 
         def phase(name):
             log.info("refinement: %s", REFINEMENT_PHASES[name])
@@ -321,7 +321,7 @@ class KMeansKind(ReleaseKind):
         refined = leekifer.refine(traj, consistency="consistency" in p.postprocess, mcmc="mcmc" in p.postprocess,
                                   steps=p.mcmc_steps, temperature=p.mcmc_temperature, delta=tuple(p.mcmc_delta),
                                   seed=postprocessing_seed(measurements), phase=phase,
-                                  progress=lambda done, total: bar.update(2 + 10 * done / total))
+                                  progress=lambda done, total: bar.update(4 + 14 * done / total))
         bar.update(REFINEMENT_UNITS)
         return refined
 
