@@ -301,7 +301,6 @@ def _validated(stage: str, key: str, run: RunPaths, make, contract, gx: GxRun) -
         return output
     forget(run.internal, stage)
     output = make()
-    contract = contract() if callable(contract) else contract
     check_contract(stage, output.path, contract, run.internal / "contracts", gx)
     stamp(run.internal, stage, key, output)
     return output
@@ -313,10 +312,8 @@ def _stages(spec: ReleaseSpec, release_id: str, run: RunPaths, timer: _Timer, pu
     contracts_dir = run.internal / "contracts"
     with timer.stage("ingest"):
         ingest_key = stage_key("ingested", spec)
-        # Built after ingest (a function): great-expectations may still be importing meanwhile.
-        contract = lambda: (suites.ingested_sets(ds.items_column, ds.item_count) if ds.items_column else
-                            suites.ingested(list(ds.bounds or {}) + list(ds.numeric or []), ds.categories,
-                                            ds.weight_column))
+        contract = (suites.ingested_sets(ds.items_column, ds.item_count) if ds.items_column else
+                    suites.ingested(list(ds.bounds or {}) + list(ds.numeric or []), ds.categories, ds.weight_column))
         prepared = _validated("ingested", ingest_key, run, lambda: ingest(ds, run.internal / "ingested"), contract, gx)
     if kind.prepared_stage is not None:
         ingested = prepared
