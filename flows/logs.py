@@ -55,11 +55,17 @@ class _NoTraceback(logging.Formatter):
         return self.inner.format(bare)
 
 
+#: The internal log (tasks/retry.py INTERNAL_LOG): its INFO records (the dask scheduler's address) go to the run's
+#: log file only; its warnings and errors (a stage failed) also reach the terminal, without traceback.
+INTERNAL = "dprelease.internal"
+
+
 class _PipelineOnly(logging.Filter):
-    """Lets through the pipeline's records only (on the terminal's and Prefect's API handlers)."""
+    """Lets through the pipeline's records only (on the terminal's and Prefect's API handlers), the internal log's
+    below WARNING excepted."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return _pipeline(record.name)
+        return _pipeline(record.name) and not (record.name == INTERNAL and record.levelno < logging.WARNING)
 
 
 class _LibraryNotice(logging.Handler):
@@ -183,6 +189,8 @@ def run_logging(log_file: Path, debug: bool = False, configure: bool = True) -> 
             lg.removeHandler(h)
         lg.propagate = True
     notice = _LibraryNotice(consoles)
+    internal, internal_level = logging.getLogger(INTERNAL), logging.getLogger(INTERNAL).level
+    internal.setLevel(logging.INFO)  # the root logger's level (WARNING) dropped its INFO records before any handler
     root.addHandler(file_handler)
     root.addHandler(notice)
     warnings_were_captured = logging._warnings_showwarning is not None  # type: ignore[attr-defined]
@@ -201,6 +209,7 @@ def run_logging(log_file: Path, debug: bool = False, configure: bool = True) -> 
             else:
                 os.environ[WORKER_LOGGING_ENV] = previous_env
         logging.captureWarnings(warnings_were_captured)
+        internal.setLevel(internal_level)
         root.removeHandler(notice)
         root.removeHandler(file_handler)
         file_handler.close()
