@@ -18,7 +18,9 @@ def _views_first(view) -> None:
     views, which parsed and compiled every template again (most of a build's second)."""
     if view.custom_views_directory:
         view.env.loader = ChoiceLoader([FileSystemLoader(view.custom_views_directory), view.env.loader])
-        cache = Path(view.custom_views_directory).parent / ".jinja-cache"
+        # <gx_folder>/<dataset>/gx/plugins/custom_data_docs/views: one cache for every dataset's project (the key
+        # is the template's name and source: the projects' templates are the same)
+        cache = Path(view.custom_views_directory).parents[4] / ".jinja-cache"
         cache.mkdir(exist_ok=True)
         view.env.bytecode_cache = FileSystemBytecodeCache(str(cache))
 

@@ -340,29 +340,34 @@ def _checkpoint(ctx, run: GxRun, suite, batch):
 
 # ---- recording a contract check -------------------------------------------------------------------------------------
 def run_checkpoint(run: GxRun, stage: str, expectations: list, frame) -> list:
-    """Validate a whole-table output through the contract's Checkpoint (its result stored under the release id, the
-    Data Docs updated by its action, passed or failed); returns the expectation results."""
+    """Validate a whole-table output through the contract's Checkpoint: its Validation Definition runs (the result
+    stored under the release id), the result is named after its data asset (great-expectations' page reads the
+    asset from the batch spec, which a dataframe batch leaves without one: "Data asset: None") and stored so, then
+    the Checkpoint's actions run on it (UpdateDataDocsAction: the Data Docs, passed or failed). The steps of
+    `Checkpoint.run`, with the asset named before the Data Docs are made rather than after (a second build, 0.5 s).
+    Returns the expectation results."""
+    from great_expectations.checkpoint.checkpoint import CheckpointResult
+    from great_expectations.data_context.types.resource_identifiers import (
+        ExpectationSuiteIdentifier,
+        ValidationResultIdentifier,
+    )
+
     parametrised, values = parametrise(expectations)
     with opened(run.root) as ctx:
         suite = _suite(ctx, run.suite(stage), parametrised)
         checkpoint = _checkpoint(ctx, run, suite, _batch_definition(ctx, run, suite.name))
-        result = checkpoint.run(batch_parameters={"dataframe": frame}, expectation_parameters=values,
-                                run_id=_run_id(run))
-        for key, res in result.run_results.items():
-            _name_asset(ctx, key, res, run.dataset)
-    return [r for res in result.run_results.values() for r in res.results]
-
-
-def _name_asset(ctx, key, result, asset: str) -> None:
-    """The result's page names its data asset: great-expectations' page reads it from the batch spec, which a
-    dataframe batch leaves without one ("Data asset: None"); the result is stored again with it, and its page
-    remade."""
-    from great_expectations.data_context.types.resource_identifiers import ExpectationSuiteIdentifier
-
-    result.meta["batch_spec"] = {**(result.meta.get("batch_spec") or {}), "data_asset_name": asset}
-    ctx.validation_results_store.set(key, result)
-    ctx.build_data_docs(site_names=[SITE],
-                        resource_identifiers=[key, ExpectationSuiteIdentifier(name=result.suite_name)])
+        run_id = _run_id(run)
+        [definition] = checkpoint.validation_definitions
+        result = definition.run(checkpoint_id=checkpoint.id, batch_parameters={"dataframe": frame},
+                                expectation_parameters=values, result_format=RESULT_FORMAT, run_id=run_id)
+        result.meta["batch_spec"] = {**(result.meta.get("batch_spec") or {}), "data_asset_name": run.dataset}
+        key = ValidationResultIdentifier(expectation_suite_identifier=ExpectationSuiteIdentifier(name=suite.name),
+                                         run_id=run_id, batch_identifier=result.batch_id)
+        ctx.validation_results_store.set(key, result)
+        done = CheckpointResult(run_id=run_id, run_results={key: result}, checkpoint_config=checkpoint)
+        for action in checkpoint.actions:  # an action resolves the current Data Context: this project's
+            action.run(checkpoint_result=done)
+    return list(result.results)
 
 
 @dataclass(frozen=True)
