@@ -95,7 +95,7 @@ def main() -> None:
                 "release": {"kind": "kmeans", "k": args.k, "iterations": args.iterations, "epsilon": args.eps},
                 "output_dir": str(out)}
         dataset_id = "bench"
-    operator_ledger(out, {dataset_id: (1e6, 1e-3)})
+    operator_ledger(out, {dataset_id: (100.0, 1e-3)})  # the most a lifetime budget may be
     cols = list(base["dataset"]["bounds"])
     lo = np.array([base["dataset"]["bounds"][c][0] for c in cols])
     hi = np.array([base["dataset"]["bounds"][c][1] for c in cols])
