@@ -152,7 +152,8 @@ def _related() -> list[dict]:
 def emit_published(summary: dict) -> None:
     emit_event("dprelease.release.published", _resource(summary["release_id"], summary["dataset_id"],
                                                         summary["kind"]), related=_related(),
-               payload={"epsilon": summary["epsilon"], "delta": summary["delta"], "release_dir": summary["release_dir"]})
+               payload={"epsilon": summary["epsilon"], "delta": summary["delta"],
+                        "release_dir": summary["release_dir"]})
 
 
 def emit_failed(release_id: str, dataset_id: str, kind: str, error: str) -> None:

@@ -140,13 +140,15 @@ def _check_ui(env: dict, release_id: str, manifest: dict, evaluation: dict) -> N
     assert len(runs) == 3 and {r["name"] for r in runs} == {release_id}
     assert all({"dataset:example-sensors", "kind:kmeans"} <= set(r["tags"]) for r in runs)
     publisher = manifest["provenance"]["flow_run_id"]
-    artifacts = {a["key"]: a for a in _api(env, "/artifacts/filter", {"artifacts": {"flow_run_id": {"any_": [publisher]}}})}
+    artifacts = {a["key"]: a for a in _api(env, "/artifacts/filter",
+                                           {"artifacts": {"flow_run_id": {"any_": [publisher]}}})}
     assert {"release-report-example-sensors", "budget-example-sensors", "ledger-example-sensors",
             "contracts-example-sensors", "timings-example-sensors", "release-example-sensors"} <= set(artifacts)
     report = artifacts["release-report-example-sensors"]
     assert report["type"] == "markdown" and release_id in report["data"] and "epsilon = 1" in report["data"]
     assert evaluation["headline"] not in report["data"]  # the evaluation is raw-derived: not in the UI
-    assert "file://" in artifacts["release-example-sensors"]["data"]  # the link to release/ (Prefect stores it as markdown)
+    # the link to release/ (Prefect stores it as markdown)
+    assert "file://" in artifacts["release-example-sensors"]["data"]
     assert any(a["type"] == "progress" and a["data"] == 100.0
                for a in _api(env, "/artifacts/filter", {"artifacts": {"flow_run_id": {"any_": [publisher]}}}))
     names = [e["event"] for e in _api(env, "/events/filter", {"filter": {"event": {"prefix": ["dprelease."]}},
@@ -181,7 +183,7 @@ KILLS = {  # stage -> (log marker to kill at, ledger status right after the kill
     # (a kill before the charge is the bad-input case: nothing charged, nothing kept; tests/test_release_flow.py)
     # noise was drawn and lost with the process: the rerun is a second run of the mechanism, charged again
     "dp measurement": (f"DP k-means round 2/{T}", "drawing", False, 2),
-    "postprocess": ("20% MCMC steps", "measured", True, 1),
+    "postprocess": ("40% refinement", "measured", True, 1),  # in the MCMC (tasks/kinds/kmeans.py REFINEMENT_UNITS)
 }
 
 
