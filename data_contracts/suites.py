@@ -141,9 +141,10 @@ def kmeans_measurements(k: int, iterations: int, d: int, seeds: int = 0) -> Cont
                     rows=[gxe.ExpectTableColumnsToMatchOrderedList(column_list=cols + [L1_NORM])]
                     + _finite(gxe, cols) + _in_unit_l1_ball(gxe, centroid_cols),
                     table=[gxe.ExpectTableRowCountToEqual(value=k * iterations + seeds),
-                           gxe.ExpectColumnDistinctValuesToEqualSet(column="iteration",
-                                                                     value_set=list(range(0 if seeds else 1, iterations + 1))),
-                           gxe.ExpectColumnDistinctValuesToEqualSet(column="cluster", value_set=list(range(max(k, seeds))))],
+                           gxe.ExpectColumnDistinctValuesToEqualSet(
+                               column="iteration", value_set=list(range(0 if seeds else 1, iterations + 1))),
+                           gxe.ExpectColumnDistinctValuesToEqualSet(column="cluster",
+                                                                     value_set=list(range(max(k, seeds))))],
                     derive=_add_l1_norm(centroid_cols))
 
 

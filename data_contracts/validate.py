@@ -12,6 +12,11 @@ from data_contracts.suites import Contract
 if TYPE_CHECKING:  # pandas and pyarrow load on the first validation, not with the contracts (see `_read`)
     import pandas as pd
 
+    from data_contracts.project import GxRun
+
+#: The result format of every validation: counts, never row values (a failure's text reaches logs and states).
+RESULT_FORMAT = {"result_format": "BASIC", "partial_unexpected_count": 0, "include_unexpected_rows": False}
+
 
 @dataclass(frozen=True)
 class Failure:
@@ -49,7 +54,8 @@ def _batch_definition():
 
     ctx = gx.get_context(mode="ephemeral")
     ctx.variables.progress_bars = ProgressBarsConfig(globally=False)
-    return ctx.data_sources.add_pandas("stage").add_dataframe_asset("frame").add_batch_definition_whole_dataframe("whole")
+    asset = ctx.data_sources.add_pandas("stage").add_dataframe_asset("frame")
+    return asset.add_batch_definition_whole_dataframe("whole")
 
 
 def parquet_files(path: str | Path) -> list[str]:
@@ -105,24 +111,32 @@ def _describe(result) -> str:
     return "failed"
 
 
-def _validate(frame: pd.DataFrame, expectations: list, contract: Contract, file: str) -> list[Failure]:
+def _validate(frame: pd.DataFrame, expectations: list, contract: Contract, file: str) -> tuple[list[Failure], dict]:
+    """The failures of `expectations` on `frame`, and the result as JSON without the data's fingerprint (a hash of
+    the frame: the partitions' results are stored in the dataset's great-expectations project)."""
     import great_expectations as gx
 
     if not expectations:
-        return []
+        return [], {"success": True, "results": []}
     suite = gx.ExpectationSuite(name=f"{contract.stage}", expectations=list(expectations))
-    res = _batch_definition().get_batch(batch_parameters={"dataframe": frame}).validate(
-        suite, result_format={"result_format": "BASIC", "partial_unexpected_count": 0,
-                              "include_unexpected_rows": False})
-    return [Failure(contract.stage, file, r.expectation_config.kwargs.get("column"),
-                    r.expectation_config.type, _describe(r))
-            for r in res.results if not r.success]
+    res = _batch_definition().get_batch(batch_parameters={"dataframe": frame}).validate(suite,
+                                                                                        result_format=RESULT_FORMAT)
+    failures = [Failure(contract.stage, file, r.expectation_config.kwargs.get("column"), r.expectation_config.type,
+                        _describe(r)) for r in res.results if not r.success]
+    result = res.to_json_dict()
+    result["meta"] = {k: v for k, v in result.get("meta", {}).items() if k != "batch_markers"}
+    return failures, result
+
+
+def _name(f: str) -> str:
+    """A file's name, of a local path or a store's URL."""
+    return str(f).rstrip("/").rsplit("/", 1)[-1]
 
 
 def _read(f: str, contract: Contract) -> tuple[pd.DataFrame | None, list[Failure]]:
     import pyarrow.parquet as pq
 
-    name = str(f).rstrip("/").rsplit("/", 1)[-1]
+    name = _name(f)
     try:
         fs, path = _filesystem(str(f))
         if contract.schema is not None and pq.read_schema(path, filesystem=fs).names != contract.schema:
@@ -137,28 +151,40 @@ def _read(f: str, contract: Contract) -> tuple[pd.DataFrame | None, list[Failure
         return None, [Failure(contract.stage, name, None, "derivable_columns", type(exc).__name__)]
 
 
-def validate_partition(f: str, contract: Contract) -> tuple[list[Failure], int]:
-    """The row suite on one file, where the file is (a dask worker): its failures and its row count. Only
-    these leave the worker, never a row."""
+def validate_partition(f: str, contract: Contract) -> tuple[list[Failure], int, dict | None]:
+    """The row suite on one file, where the file is (a dask worker): its failures, its row count and the result (safe
+    format: counts, no row values; None when the file could not be read). Only these leave the worker, never a row."""
     frame, failures = _read(f, contract)
     if frame is None:
-        return failures, 0
-    return _validate(frame, contract.rows, contract, str(f).rstrip("/").rsplit("/", 1)[-1]), len(frame)
+        return failures, 0, None
+    failures, result = _validate(frame, contract.rows, contract, _name(f))
+    return failures, len(frame), result
 
 
-def _partitions(files: list[str], contract: Contract, client) -> list[tuple[list[Failure], int]]:
+def _partitions(files: list[str], contract: Contract, client, on_partition) -> list[tuple[list[Failure], int, dict]]:
     if client is None:
-        return [validate_partition(f, contract) for f in files]
-    return client.gather(client.map(validate_partition, files, contract=contract, pure=False))
+        done = []
+        for f in files:
+            done.append(validate_partition(f, contract))
+            on_partition(len(done), len(files))
+        return done
+    from distributed import as_completed
+
+    futures = client.map(validate_partition, files, contract=contract, pure=False)
+    for i, _ in enumerate(as_completed(futures), start=1):
+        on_partition(i, len(files))
+    return client.gather(futures)
 
 
-def validate_parquet(path: str | Path, contract: Contract, project: Path | None = None, client=None) -> dict:
+def validate_parquet(path: str | Path, contract: Contract, gx: GxRun | None = None, client=None,
+                     on_partition=lambda done, total: None) -> dict:
     """Validate `path` against `contract`: for partitioned outputs the row suite on every file (on the dask
-    workers of `client` when given), then the table-level suite on the aggregates; small outputs whole.
+    workers of `client` when given; `on_partition(done, total)` after each), then the table-level suite on the
+    aggregates; small outputs whole.
 
-    The table-level validation (the whole table for small outputs) runs through the stage's Checkpoint in
-    the great-expectations project at `project` (data_contracts/project.py), which keeps the suite, the
-    Validation Definition, the result and the Data Docs there. Returns a JSON-able report; raises
+    With `gx` (the release's names in its dataset's great-expectations project, data_contracts/project.py) the
+    result is recorded there, passed or failed, and the Data Docs updated: small outputs through the contract's
+    Checkpoint, partitioned ones as one merged result of the stage's suite. Returns a JSON-able report; raises
     ContractViolation listing every failed expectation.
     """
     import pandas as pd
@@ -166,10 +192,18 @@ def validate_parquet(path: str | Path, contract: Contract, project: Path | None 
     files = parquet_files(path)
     failures: list[Failure] = []
     if contract.partitioned:
-        results = _partitions(files, contract, client)
-        failures += [f for fs, _ in results for f in fs]
-        row_count = sum(n for _, n in results)
-        table, expectations = pd.DataFrame({"row_count": [row_count]}), contract.table
+        results = _partitions(files, contract, client, on_partition)
+        failures += [f for fs, _, _ in results for f in fs]
+        row_count = sum(n for _, n, _ in results)
+        aggregates = pd.DataFrame({"row_count": [row_count]})
+        if gx is not None:
+            from data_contracts.project import PartitionResult, record_partitions
+
+            parts = [PartitionResult(_name(f), n, r) for f, (_, n, r) in zip(files, results)]
+            failures += _failures(record_partitions(gx, contract.stage, contract.rows, contract.table, parts,
+                                                    aggregates), contract, Path(path).name)
+        else:
+            failures += _validate(aggregates, contract.table, contract, Path(path).name)[0]
     else:
         frames = []
         for f in files:
@@ -178,22 +212,20 @@ def validate_parquet(path: str | Path, contract: Contract, project: Path | None 
             frames += [] if frame is None else [frame]
         table = pd.concat(frames, ignore_index=True) if frames else None
         row_count = 0 if table is None else len(table)
-        expectations = contract.rows + contract.table
-    if table is not None:
-        failures += _validate_table(table, expectations, contract, Path(path).name, project)
+        if table is not None and gx is not None:
+            from data_contracts.project import run_checkpoint
+
+            failures += _failures(run_checkpoint(gx, contract.stage, contract.rows + contract.table, table), contract,
+                                  Path(path).name)
+        elif table is not None:
+            failures += _validate(table, contract.rows + contract.table, contract, Path(path).name)[0]
     if failures:
         raise ContractViolation(contract.stage, failures)
     return {"stage": contract.stage, "path": str(path), "files": len(files), "rows": row_count,
             "success": True, "suites": contract.suites()}
 
 
-def _validate_table(frame: pd.DataFrame, expectations: list, contract: Contract, name: str,
-                    project: Path | None) -> list[Failure]:
-    if project is None or not expectations:
-        return _validate(frame, expectations, contract, name)
-    from data_contracts.project import run_checkpoint
-
-    results = run_checkpoint(project, contract.stage, expectations, frame)
+def _failures(results: list, contract: Contract, name: str) -> list[Failure]:
     return [Failure(contract.stage, name, r.expectation_config.kwargs.get("column"), r.expectation_config.type,
                     _describe(r)) for r in results if not r.success]
 

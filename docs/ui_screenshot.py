@@ -1,7 +1,9 @@
-"""Make docs/prefect-artifacts.png (the Prefect UI's flow-run page of a real release, Artifacts tab) and
-docs/prefect-report-artifact.png (the release report artifact).
+"""Make docs/prefect-artifacts.png (the Prefect UI's flow-run page of a real release, Artifacts tab),
+docs/prefect-report-artifact.png (the release report artifact) and docs/prefect-upcoming-runs.png (the example
+deployment's upcoming scheduled runs, tagged with their dataset and kind before they start).
 
     python docs/ui_screenshot.py [--out docs/prefect-artifacts.png] [--report-out docs/prefect-report-artifact.png]
+        [--upcoming-out docs/prefect-upcoming-runs.png]
 
 Starts a Prefect server on loopback (temporary PREFECT_HOME), runs the built-in example release against it
 with the CLI (its own ledger, under a temporary folder), then drives headless Chromium (`apt install
@@ -58,6 +60,15 @@ def _report_id(api: str, run_id: str) -> str:
         return json.loads(r.read())[0]["id"]
 
 
+def _deploy_example(env: dict) -> None:
+    """The example deployment (deployments/prefect.yaml), whose schedule the server turns into upcoming runs."""
+    for args in (["work-pool", "create", "local-pool", "--type", "process"],
+                 ["--no-prompt", "deploy", "--name", "example-kmeans", "--prefect-file", "deployments/prefect.yaml"]):
+        subprocess.run([sys.executable, "-m", "prefect", *args], env={**env, "DPRELEASE_REPO": str(REPO)}, cwd=REPO,
+                       check=True, stdout=subprocess.DEVNULL)
+    time.sleep(15)  # the scheduler's loop
+
+
 def capture(browser: str, url: str, out: str, click: str | None = None, width: int = 1500,
             height: int = 1300) -> None:
     """Open `url` in headless Chromium over the DevTools protocol, click the tab labelled `click` (the UI is
@@ -103,6 +114,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--out", default=str(REPO / "docs" / "prefect-artifacts.png"))
     parser.add_argument("--report-out", default=str(REPO / "docs" / "prefect-report-artifact.png"))
+    parser.add_argument("--upcoming-out", default=str(REPO / "docs" / "prefect-upcoming-runs.png"))
     args = parser.parse_args()
     browser = shutil.which("chromium") or shutil.which("chromium-browser")
     if browser is None:
@@ -111,7 +123,8 @@ def main() -> None:
         port = _port()
         api = f"http://127.0.0.1:{port}/api"
         env = {**os.environ, "PREFECT_HOME": f"{tmp}/home", "PREFECT_API_URL": api,
-               "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "DO_NOT_TRACK": "1"}
+               "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "DO_NOT_TRACK": "1",
+               "PREFECT_SERVER_SERVICES_SCHEDULER_LOOP_SECONDS": "5"}
         server = subprocess.Popen([sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port",
                                    str(port), "--analytics-off"], env=env, stdout=subprocess.DEVNULL,
                                   stderr=subprocess.DEVNULL, start_new_session=True)
@@ -123,6 +136,11 @@ def main() -> None:
             ui = f"http://127.0.0.1:{port}"
             capture(browser, f"{ui}/runs/flow-run/{run_id}", args.out, click="Artifacts")
             capture(browser, f"{ui}/artifacts/artifact/{_report_id(api, run_id)}", args.report_out)
+            _deploy_example(env)
+            with urllib.request.urlopen(f"{api}/deployments/name/release/example-kmeans") as r:
+                deployment = json.loads(r.read())["id"]
+            capture(browser, f"{ui}/deployments/deployment/{deployment}", args.upcoming_out, click="Upcoming",
+                    height=900)
         finally:
             server.terminate()
             server.wait(20)

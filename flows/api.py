@@ -6,7 +6,14 @@ server outlives the run, however the run ends.
 The CLI launches the server before it loads the spec (`TemporaryServer.launch`, which imports nothing of
 Prefect): its process boots (3-4 s of CPU) on the other core while the CLI imports the release kinds and the
 flow (Prefect, dask, great-expectations: about as long), and the run waits for it only then
-(`prefect_api`). A run refused before that stops it on the way out (an exit handler, and the guard)."""
+(`prefect_api`). A run refused before that stops it on the way out (an exit handler, and the guard).
+
+Why not Prefect's own ephemeral server: Prefect starts it when the flow first needs the API, after those imports,
+and the run waits for its whole boot. Measured 2026-11-26 on the 2-core machine (load 3 to 4), `dprelease run
+--example --no-evaluate` alternating (tests/benchmarks/api_server.py): 16.9 s median with this launcher, 21.3 s
+with Prefect's ephemeral server. The command line is the one Prefect's ephemeral server runs
+(`prefect.server.api.server:create_app` under uvicorn, the same environment flags); it is the part of Prefect this
+project depends on most closely, checked on every Prefect minor the project allows (docs/reference/pins.md)."""
 
 from __future__ import annotations
 

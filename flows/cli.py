@@ -71,7 +71,7 @@ def cmd_run(args) -> int:
     with run_logging(log_path(spec.output_dir, spec.release_id), debug=args.debug) as log_file:
         from flows.release import import_stage_libraries
 
-        import_stage_libraries(spec.evaluate)
+        import_stage_libraries()
         with prefect_api(server):
             return _run_release(spec, args, log_file)
 
@@ -471,7 +471,8 @@ def build_parser() -> argparse.ArgumentParser:
                                      "~11.4 per subscriber; TRANSIT: 342 stations, ~5.3 per passenger) as "
                                      "partitioned Parquet with a list<int32> column. Deterministic given --seed.")
     gen.add_argument("model", choices=["cdr", "transit"])
-    gen.add_argument("--users", type=positive_int, required=True, help="number of records (4400000 for the paper's CDR)")
+    gen.add_argument("--users", type=positive_int, required=True,
+                     help="number of records (4400000 for the paper's CDR)")
     gen.add_argument("--out", required=True, help="output folder (must not exist or be empty)")
     gen.add_argument("--seed", type=int, default=0)
     gen.add_argument("--workers", type=positive_int, default=2, help="dask worker processes")

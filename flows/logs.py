@@ -55,11 +55,17 @@ class _NoTraceback(logging.Formatter):
         return self.inner.format(bare)
 
 
+#: The internal log (tasks/retry.py INTERNAL_LOG): its INFO records (the dask scheduler's address) go to the run's
+#: log file only; its warnings and errors (a stage failed) also reach the terminal, without traceback.
+INTERNAL = "dprelease.internal"
+
+
 class _PipelineOnly(logging.Filter):
-    """Lets through the pipeline's records only (on the terminal's and Prefect's API handlers)."""
+    """Lets through the pipeline's records only (on the terminal's and Prefect's API handlers), the internal log's
+    below WARNING excepted."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return _pipeline(record.name)
+        return _pipeline(record.name) and not (record.name == INTERNAL and record.levelno < logging.WARNING)
 
 
 class _LibraryNotice(logging.Handler):
@@ -116,8 +122,22 @@ def _operator_configured_dask_logging() -> bool:
 
 
 def log_path(output_dir: str | Path, release_id: str) -> Path:
-    """A run's internal log file."""
-    return Path(output_dir) / ".logs" / f"{release_id}.log"
+    """A run's internal log file (absolute: a line that names it is read from anywhere)."""
+    return Path(output_dir).resolve() / ".logs" / f"{release_id}.log"
+
+
+def api_without_tracebacks() -> None:
+    """Prefect's API handlers never send a traceback, for the rest of this process: a flow-run process that a Prefect
+    worker started (one run per process), where Prefect's engine, after the flow returned its Failed state, logs
+    the failure again with the exception's traceback ("Engine execution exited with unexpected exception"), past
+    the flow's own `run_logging`. The worker's console keeps it."""
+    from prefect.logging.handlers import APILogHandler
+
+    loggers = [logging.getLogger()] + [lg for lg in list(logging.root.manager.loggerDict.values())
+                                       if isinstance(lg, logging.Logger)]
+    for handler in {h for lg in loggers for h in lg.handlers if isinstance(h, APILogHandler)}:
+        if not isinstance(handler.formatter, _NoTraceback):
+            handler.setFormatter(_NoTraceback(handler.formatter))
 
 
 #: How many `run_logging` contexts are open in this process (the CLI opens one before the flow starts; a flow
@@ -169,6 +189,8 @@ def run_logging(log_file: Path, debug: bool = False, configure: bool = True) -> 
             lg.removeHandler(h)
         lg.propagate = True
     notice = _LibraryNotice(consoles)
+    internal, internal_level = logging.getLogger(INTERNAL), logging.getLogger(INTERNAL).level
+    internal.setLevel(logging.INFO)  # the root logger's level (WARNING) dropped its INFO records before any handler
     root.addHandler(file_handler)
     root.addHandler(notice)
     warnings_were_captured = logging._warnings_showwarning is not None  # type: ignore[attr-defined]
@@ -187,6 +209,7 @@ def run_logging(log_file: Path, debug: bool = False, configure: bool = True) -> 
             else:
                 os.environ[WORKER_LOGGING_ENV] = previous_env
         logging.captureWarnings(warnings_were_captured)
+        internal.setLevel(internal_level)
         root.removeHandler(notice)
         root.removeHandler(file_handler)
         file_handler.close()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import time
 from contextlib import contextmanager, nullcontext
 from datetime import datetime, timezone
@@ -17,8 +18,8 @@ from prefect.runtime import flow_run
 from prefect.states import Failed, State
 
 from data_contracts import suites
-from data_contracts.project import build_docs
-from flows.logs import in_run_logging, log_path, run_logging
+from data_contracts.project import GxRun
+from flows.logs import api_without_tracebacks, in_run_logging, log_path, run_logging
 from tasks import admission, settings
 from tasks.artifacts import (
     StageProgress,
@@ -28,13 +29,14 @@ from tasks.artifacts import (
     publish_artifacts,
     record_lineage,
 )
-from tasks.contracts import check_contract
+from tasks.contracts import check_contract, gx_run
 from tasks.errors import Refused, StageFailed
 from tasks.ingest import ingest
 from tasks.kinds import kind_of
 from tasks.ledger import configured_ledger
 from tasks.manifest import publish_public, publish_release
 from tasks.partitions import dask_client
+from tasks.progress import stage_listener
 from tasks.report import write_report
 from tasks.resume import forget, reusable, stage_key, stamp
 from tasks.retry import INTERNAL_LOG, ours
@@ -48,18 +50,15 @@ Period = Literal["daily", "weekly", "monthly"]
 TEST_RUN = "made in test mode (seeded noise, not private, not published)"
 
 
-def import_stage_libraries(evaluate: bool) -> None:
-    """Import what the stages import on first use (great-expectations ~2 s, distributed ~1 s, matplotlib for
-    the evaluation's plots ~0.5 s on 2 cores), so that the CLI loads them while its temporary API server
-    boots rather than after."""
+def import_stage_libraries() -> None:
+    """Import what the stages import on first use, distributed (~1 s on 2 cores) and great-expectations (3.6 s:
+    scipy.stats, altair, its SQL layer), so that the CLI loads them while its temporary API server boots rather
+    than after (measured: deferring great-expectations to the first contract check put its import after the
+    server's boot instead of beside it; importing it on a thread meanwhile failed a release, pandas half-initialised
+    under the flow's own import of dask.dataframe). matplotlib is left to the evaluation's plots."""
     import distributed  # noqa: F401
     import great_expectations  # noqa: F401
 
-    if evaluate:
-        import matplotlib
-
-        matplotlib.use("Agg")  # files only, as the plots select it
-        import matplotlib.pyplot  # noqa: F401
 
 #: A hung stage (a lost dask worker, a stuck file system) must not hang the nightly schedule: the flow run
 #: fails after this long (the operator's `flow_timeout_seconds`, default 6 hours) and the next run of the same
@@ -168,9 +167,11 @@ class _Timer:
 
     @contextmanager
     def stage(self, name: str):
+        """The stage's progress bars (tasks/progress.py) also move the flow's progress artifact within it."""
         self.log.info("stage '%s' started", name)
         start = time.perf_counter()
-        yield
+        with stage_listener(lambda fraction: self.progress.within(name, fraction)):
+            yield
         self.seconds[name] = round(time.perf_counter() - start, 3)
         self.progress.done(name)
 
@@ -180,14 +181,24 @@ def release(spec: ReleaseSpec | None = None, spec_file: str | None = None, relea
             period: Period | None = None) -> dict:
     """Make one DP release; returns a summary (paths, privacy spend; nothing raw-derived).
 
-    Give the spec itself (`spec`) or the path of a spec file (`spec_file`, what deployments pass); `release_id`
-    overrides the spec's; `period` (deployments: daily / weekly / monthly, matching the schedule) makes the
-    default release id the dataset and the period of the scheduled start. Rerunning a release id resumes it:
-    validated ingest and prepare outputs and stored measurements are reused, the ledger is not charged again;
-    a published release is left as it is (a missing evaluation and report are made). Where outputs go is the
-    spec's `output_dir`, not a flow parameter; the ledger is the machine's.
+    Rerunning a release id resumes it: validated ingest and prepare outputs and stored measurements are reused, the
+    ledger is not charged again; a published release is left as it is (a missing evaluation and report are made).
+    Where outputs go is the spec's `output_dir`, not a flow parameter; the ledger is the machine's. Prefect shows
+    the descriptions below beside the parameters in the UI (deployment runs, custom runs).
+
+    Args:
+        spec: The release spec itself (the CLI passes it). Give this or `spec_file`, not both.
+        spec_file: Path of a release spec file (YAML or JSON) inside the operator's spec folders
+            (DPRELEASE_SPEC_FOLDERS; default the checkout's deployments/specs); relative to the deployment's
+            working directory. What deployments pass.
+        release_id: The release id: resumes that release, or names a new one. Default: <dataset>-<kind>-<period
+            of the scheduled start> with a `period`, else <dataset>-<scheduled start>-<flow run id>.
+        period: daily, weekly or monthly, matching the deployment's schedule: every run of one period is one
+            release id, drawn and charged once (a backlog of missed runs, a manual retry after midnight).
     """
     log = get_run_logger()
+    if flow_run.get_id() is not None and not in_run_logging():  # a worker's process: the UI gets no traceback
+        api_without_tracebacks()
     try:
         spec, release_id, source = admitted(spec, spec_file, release_id, period)
     except Exception as exc:  # refused before anything ran: a Failed state with its one line, no traceback
@@ -221,8 +232,9 @@ def _failed(exc: Exception) -> State:
 
 
 def _release(spec: ReleaseSpec, release_id: str, log, period: str | None = None, source: list | None = None) -> dict:
-    created = not (Path(spec.output_dir) / release_id).exists()
-    run = open_run(spec.output_dir, release_id, test=spec.test_mode)
+    output_dir = Path(spec.output_dir).resolve()  # every path a log line names is absolute
+    created = not (output_dir / release_id).exists()
+    run = open_run(output_dir, release_id, test=spec.test_mode)
     run.clear_stale_staging()
     published = run.published()
     if published and not spec.test_mode:  # a copy or a catalogue row a failure left undone
@@ -230,14 +242,12 @@ def _release(spec: ReleaseSpec, release_id: str, log, period: str | None = None,
     if published and (run.internal / "report.md").exists():
         log.info("release %s is already published at %s; nothing to do", release_id, run.release)
         return _summary(spec, release_id, run, json.loads(run.manifest.read_text()), {}, "already published")
-    log.info("release %s (%s on dataset '%s') -> %s", release_id, spec.release.kind, spec.dataset.id,
-             run.root.resolve())
+    log.info("release %s (%s on dataset '%s') -> %s", release_id, spec.release.kind, spec.dataset.id, run.root)
     timer = _Timer(log, StageProgress(_stage_names(spec, published)))
+    gx = gx_run(spec.dataset.id, spec.release.kind, release_id, output_dir)
     try:
-        with dask_client(spec.dask) as client:
-            # The address to the internal log only: the Prefect API is readable by whoever can open the UI.
-            INTERNAL_LOG.info("dask scheduler %s, dashboard %s", client.scheduler.address, client.dashboard_link)
-            manifest, evaluation = _stages(spec, release_id, run, timer, published, period, source or [])
+        with _cluster(spec, run, log):
+            manifest, evaluation = _stages(spec, release_id, run, timer, published, gx, period, source or [])
     except BaseException:
         log.error("release %s failed: %s", release_id, discard_failed(run, created))
         raise
@@ -246,10 +256,34 @@ def _release(spec: ReleaseSpec, release_id: str, log, period: str | None = None,
                        TEST_RUN if spec.test_mode else "published")
     (run.internal / "summary.json").write_text(json.dumps(summary, indent=2))
     summary["report"] = str(write_report(spec, release_id, run, manifest, evaluation, timer.seconds))
-    docs = build_docs(run.internal)
-    log.info("data docs of the contracts: %s (internal)", docs)
+    log.info("data docs of the contracts: %s (internal)", gx.index)
     _announce(spec, summary, manifest, run, evaluation, published)
     return summary
+
+
+@contextmanager
+def _cluster(spec: ReleaseSpec, run: RunPaths, log):
+    """The run's dask client; a local cluster's workers spill into internal/dask-scratch/ (owner-only, removed when
+    the cluster closes, before a failed run's internal/ goes to quarantine); with the operator's
+    `performance_report: on`, dask's performance report of the stages into internal/."""
+    scratch = run.internal / "dask-scratch"
+    try:
+        with dask_client(spec.dask, scratch=scratch) as client:
+            # The address to the internal log only: the Prefect API is readable by whoever can open the UI.
+            INTERNAL_LOG.info("dask scheduler %s, dashboard %s", client.scheduler.address, client.dashboard_link)
+            if not settings.current().performance_report:
+                yield client
+                return
+            from distributed import performance_report
+
+            report = run.internal / "dask-performance-report.html"
+            try:
+                with performance_report(filename=str(report), mode="inline"):  # inline: readable offline
+                    yield client
+            finally:
+                log.info("dask performance report: %s (internal)", report)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
 
 
 def _announce(spec, summary, manifest, run, evaluation, published: bool) -> None:
@@ -270,7 +304,7 @@ def _stage_names(spec: ReleaseSpec, published: bool) -> list[str]:
     return names + (["evaluate"] if spec.evaluate else [])
 
 
-def _validated(stage: str, key: str, run: RunPaths, make, contract) -> StageOutput:
+def _validated(stage: str, key: str, run: RunPaths, make, contract, gx: GxRun) -> StageOutput:
     """A stage's output: reused if this run folder holds one made under the same key (tasks/resume.py), else
     made and validated against its contract, then stamped."""
     output = reusable(run.internal, stage, key)
@@ -279,12 +313,12 @@ def _validated(stage: str, key: str, run: RunPaths, make, contract) -> StageOutp
         return output
     forget(run.internal, stage)
     output = make()
-    check_contract(stage, output.path, contract, run.internal / "contracts")
+    check_contract(stage, output.path, contract, run.internal / "contracts", gx)
     stamp(run.internal, stage, key, output)
     return output
 
 
-def _stages(spec: ReleaseSpec, release_id: str, run: RunPaths, timer: _Timer, published: bool,
+def _stages(spec: ReleaseSpec, release_id: str, run: RunPaths, timer: _Timer, published: bool, gx: GxRun,
             period: str | None, source: list):
     kind = kind_of(spec)
     ds = spec.dataset
@@ -294,24 +328,24 @@ def _stages(spec: ReleaseSpec, release_id: str, run: RunPaths, timer: _Timer, pu
         contract = (suites.ingested_sets(ds.items_column, ds.item_count) if ds.items_column else
                     suites.ingested(list(ds.bounds or {}) + list(ds.numeric or []), ds.categories, ds.weight_column))
         prepared = _validated("ingested", ingest_key, run,
-                              lambda: ingest(ds, run.stage("ingested"), run.internal, source), contract)
+                              lambda: ingest(ds, run.stage("ingested"), run.internal, source), contract, gx)
     if kind.prepared_stage is not None:
         ingested = prepared
         with timer.stage(kind.prepared_stage):
             prepared = _validated(kind.prepared_stage, stage_key(kind.prepared_stage, spec, ingest_key), run,
-                                  lambda: prepare(spec, ingested, run), kind.prepared_contract(spec))
+                                  lambda: prepare(spec, ingested, run), kind.prepared_contract(spec), gx)
     if published:
         manifest = json.loads(run.manifest.read_text())
     else:
         with timer.stage("dp measurement"):
             measured = measure(spec, release_id, run, prepared)
             name, contract = kind.measurements_contract(spec)
-            check_contract("measurements", f"{measured.path}/{name}", contract, contracts_dir)
+            check_contract("measurements", f"{measured.path}/{name}", contract, contracts_dir, gx)
         with timer.stage("postprocess"):
             staging = run.new_staging()
             postprocess(spec, measured, staging, run)
             name, contract = kind.release_contract(spec)
-            check_contract("release", staging / name, contract, contracts_dir, recorded_as=run.release / name)
+            check_contract("release", staging / name, contract, contracts_dir, gx, recorded_as=run.release / name)
         with timer.stage("publish"):
             manifest = publish_release(spec, release_id, run, staging, measured, period)
     evaluation = None

@@ -136,6 +136,12 @@ class StageProgress:
             update_progress_artifact(self.id, 100.0 * (self.stages.index(stage) + 1) / len(self.stages),
                                      description=f"stage '{stage}' done")
 
+    def within(self, stage: str, fraction: float) -> None:
+        """The running stage is `fraction` done (a tick of its progress bar: a tenth of its work)."""
+        if stage in self.stages:
+            update_progress_artifact(self.id, 100.0 * (self.stages.index(stage) + fraction) / len(self.stages),
+                                     description=f"stage '{stage}': {round(100 * fraction)}%")
+
 
 def _resource(release_id: str, dataset_id: str, kind: str) -> dict:
     return {"prefect.resource.id": f"dprelease.release.{release_id}", "prefect.resource.name": release_id,
@@ -157,7 +163,8 @@ def _related() -> list[dict]:
 def emit_published(summary: dict) -> None:
     emit_event("dprelease.release.published", _resource(summary["release_id"], summary["dataset_id"],
                                                         summary["kind"]), related=_related(),
-               payload={"epsilon": summary["epsilon"], "delta": summary["delta"], "release_dir": summary["release_dir"]})
+               payload={"epsilon": summary["epsilon"], "delta": summary["delta"],
+                        "release_dir": summary["release_dir"]})
 
 
 def emit_failed(release_id: str, dataset_id: str, kind: str, error: str) -> None:

@@ -14,6 +14,8 @@ from tasks import storage
 from tasks.errors import InputError, reason
 from tasks.example_data import is_builtin, materialise
 from tasks.params import DatasetSpec
+from tasks.partitions import compute_with_progress
+from tasks.progress import Progress
 from tasks.retry import SAFE, sanitised
 from tasks.run import StageOutput
 from tasks.sets import ingest_sets, ingest_users
@@ -205,8 +207,9 @@ def ingest_dataset(dataset: DatasetSpec, out: str, internal: Path, log) -> Stage
         return _ingest_sets(dataset, source, out, Path(internal), log)
     ddf = read_source(dataset, source)
     storage.remove(out)
-    try:
-        ddf.to_parquet(out, write_index=False)
+    try:  # the partitions written are the stage's progress (tasks/partitions.py)
+        compute_with_progress(ddf.to_parquet(out, write_index=False, compute=False), "toparquetdata-",
+                              Progress(log, "partitions ingested", ddf.npartitions))
     except Exception as exc:  # a value that does not parse surfaces here unless it is in dask's first sample
         raise _unreadable(dataset, exc) from None
     rows = count_rows(out)

@@ -30,6 +30,25 @@ def current_client():
     return get_client()
 
 
+def compute_with_progress(collection, prefix: str, progress) -> None:
+    """Compute a dask collection on the current client, `progress.advance()` as each task whose key starts with
+    `prefix` finishes (e.g. each partition written by `to_parquet`: "toparquetdata-"); without such keys (another
+    dask's naming) it is computed without ticks. Errors are raised as by `compute`."""
+    from distributed import as_completed
+
+    graph = dict(collection.__dask_graph__())  # dask-expr lowers and optimises it here
+    final = collection.__dask_keys__()
+    while isinstance(final, list):
+        final = final[0]
+    ticks = [k for k in graph if isinstance(k, tuple) and str(k[0]).startswith(prefix)]
+    client = current_client()
+    *parts, last = client.get(graph, ticks + [final], sync=False)
+    for future in as_completed(parts):
+        future.result()  # a failed partition raises here, as `compute` would
+        progress.advance()
+    last.result()
+
+
 def read_points(path: str, columns: Sequence[str]) -> np.ndarray:
     """One partition as a float64 array (n, d), columns in the given order."""
     table = storage.read_table(path, columns=list(columns))
@@ -141,8 +160,15 @@ class Partitioned:
         return self._client.gather(self._client.map(fn, self._parts, seeds,
                                                     *[[a] * self.n_partitions for a in args]))
 
-    def reduce(self, fn: Callable, *args):
+    def reduce(self, fn: Callable, *args, progress=None):
+        """`progress`: its `advance()` is called as each partition's result arrives (one unit per partition); the
+        results are summed in partition order whatever order they arrive in."""
         futures = self._client.map(fn, self._parts, *[[a] * self.n_partitions for a in args])
+        if progress is not None:
+            from distributed import as_completed
+
+            for _ in as_completed(futures):
+                progress.advance()
         total = None
         for result in self._client.gather(futures):
             total = result if total is None else _add(total, result)
@@ -178,12 +204,16 @@ def operator_security():
 
 
 @contextlib.contextmanager
-def dask_client(spec: DaskSpec) -> Iterator:
+def dask_client(spec: DaskSpec, scratch: Path | None = None) -> Iterator:
     """A dask.distributed client: to the operator's scheduler (`tasks.settings`: never the spec's choice, since the
     scheduler and its workers see the raw partitions and the exact statistics), with the operator's TLS settings;
     or to a local cluster of the spec's size started here, on 127.0.0.1 with mutual TLS from temporary credentials
     this run alone holds (an attacker's review connected another local account's client to a run's plain-TCP
-    scheduler, and a client of the same user ran code in a worker that read the raw copy of the data)."""
+    scheduler, and a client of the same user ran code in a worker that read the raw copy of the data).
+
+    A local cluster's workers keep their files (what they spill to disk when memory runs short: raw partitions)
+    in `scratch`, a folder of the run's owner-only internal/, not in dask's default temporary folder, which other
+    local accounts can list; an operator's workers spill where their `--local-directory` says."""
     from distributed import Client, LocalCluster
 
     from tasks.threads import limit_threads  # imports distributed, as this function does
@@ -193,17 +223,21 @@ def dask_client(spec: DaskSpec) -> Iterator:
         try:
             client = Client(address, timeout="30s", set_as_default=True, security=operator_security())
         except (OSError, TimeoutError) as exc:  # before any data is sent; its type is enough
-            raise ReleaseError(f"cannot reach the operator's dask scheduler {address} ({settings.env_of('dask_address')} "
-                               f"or dask_address in {settings.config_file()}): {type(exc).__name__}") from None
+            raise ReleaseError(f"cannot reach the operator's dask scheduler {address} "
+                               f"({settings.env_of('dask_address')} or dask_address in {settings.config_file()}): "
+                               f"{type(exc).__name__}") from None
         with client:
             limit_threads(client)
             yield client
         return
     # Every listener on loopback (the scheduler, the workers, their HTTP servers, the dashboard), every connection
     # authenticated both ways by certificates of a temporary CA held in this process's memory.
+    if scratch is not None:
+        scratch.mkdir(mode=0o700, parents=True, exist_ok=True)
     with LocalCluster(n_workers=spec.n_workers, threads_per_worker=spec.threads_per_worker,
                       processes=spec.processes, host="127.0.0.1", security=True,
-                      dashboard_address="127.0.0.1:0") as cluster, \
+                      dashboard_address="127.0.0.1:0",
+                      local_directory=str(scratch) if scratch is not None else None) as cluster, \
             Client(cluster, set_as_default=True) as client:
         limit_threads(client)
         yield client

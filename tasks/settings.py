@@ -92,6 +92,14 @@ def _allowed(value: Any, where: str) -> bool:
     raise ReleaseError(f"{where} must be \"allowed\" (or unset), got {value!r}")
 
 
+def _on(value: Any, where: str) -> bool:
+    if value in ("on", True):
+        return True
+    if value in ("", "off", False, None):
+        return False
+    raise ReleaseError(f"{where} must be \"on\" or \"off\", got {value!r}")
+
+
 def _positive_seconds(value: Any, where: str) -> float:
     try:
         seconds = float(value)
@@ -244,6 +252,15 @@ class OperatorSettings:
         "DPRELEASE_FLOW_TIMEOUT_SECONDS", 6 * 3600.0, _positive_seconds,
         "The longest one release may run; the flow run then fails and the next run of the release id resumes it.",
         "21600 (6 hours)")
+    gx_folder: str | None = setting(
+        "DPRELEASE_GX_FOLDER", None, _optional_path,
+        "Where the great-expectations projects are: one File Data Context per dataset id (`<folder>/<dataset id>/gx/`) "
+        "keeping its suites, every release's contract results and the Data Docs (internal: owner-only). Set it to keep "
+        "one history per dataset whatever `output_dir` its specs name.", "`<output_dir>/.gx`, beside the runs")
+    performance_report: bool = setting(
+        "DPRELEASE_PERFORMANCE_REPORT", False, _on,
+        "`on` writes dask's performance report of each release (task stream, worker profiles, bandwidth) to "
+        "`internal/dask-performance-report.html` (internal: it names the stages' tasks and their timings).", "off")
 
     def __post_init__(self):
         tls = (self.dask_tls_ca_file, self.dask_tls_cert, self.dask_tls_key)

@@ -1,4 +1,9 @@
-"""Every stage contract passes on good output and fails, naming stage, column and expectation, on bad."""
+"""Every stage contract passes on good output and fails, naming stage, column and expectation, on bad; the
+dataset's great-expectations project records every release's contracts."""
+
+import json
+import re
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -102,3 +107,91 @@ def test_corrupt_parquet_breaks_the_contract(tmp_path):
     folder.mkdir()
     (folder / "part.0.parquet").write_bytes(b"PAR1 garbage")
     _fails(folder, suites.ingested(COLS), None, "readable_parquet")
+
+
+# ---- the dataset's great-expectations project (data_contracts/project.py) -------------------------------------------
+def _gx(tmp_path, release_id: str):
+    from data_contracts.project import GxRun
+
+    return GxRun(tmp_path / "gx" / "blobs", "blobs", "kmeans", release_id)
+
+
+def _stored(gx) -> dict:
+    """Every stored validation result of the project: {(suite, run name): result JSON}."""
+    folder = gx.root / "gx" / "uncommitted" / "validations"
+    out = {}
+    for f in folder.rglob("*.json"):
+        result = json.loads(f.read_text())
+        out[(result["suite_name"], result["meta"]["run_id"]["run_name"])] = result
+    return out
+
+
+def _pages(gx) -> list[Path]:
+    return sorted((gx.root / "gx" / "uncommitted" / "data_docs" / "local_site").rglob("*.html"))
+
+
+def test_every_release_of_a_dataset_records_its_contracts_in_one_project_with_offline_data_docs(tmp_path):
+    """Two releases and a failed third: one result per contract and release (named by the release id) in the
+    dataset's project, a partitioned contract's row expectations merged over its partitions beside the table's, so
+    that the results count what the contract artifact counts; the failed one has its page; the pages load nothing
+    from outside the site; suite parameters are named by meaning; no data fingerprint is stored."""
+    good = {"x": np.array([0.5, -0.2]), "y": np.array([-0.5, 0.7])}
+    contract = suites.normalised(COLS)
+    validate_parquet(_parts(tmp_path / "a", [good, good, good]), contract, gx=_gx(tmp_path, "blobs-r1"))
+    validate_parquet(_parts(tmp_path / "b", [good, good]), contract, gx=_gx(tmp_path, "blobs-r2"))
+    with pytest.raises(ContractViolation):
+        validate_parquet(_parts(tmp_path / "c", [good, {"x": np.array([1.5, 0.0]), "y": np.zeros(2)}]), contract,
+                         gx=_gx(tmp_path, "blobs-r3"))
+    release = {"cluster": np.arange(3, dtype=np.int32), "x": np.array([0.1, 0.2, -0.3]), "y": np.array([0.0, 0.5, 0.1])}
+    validate_parquet(write_parquet(tmp_path / "r.parquet", release), suites.kmeans_release(3, COLS),
+                     gx=_gx(tmp_path, "blobs-r1"))
+    gx = _gx(tmp_path, "blobs-r1")
+    stored = _stored(gx)
+    assert set(stored) == {("kmeans.normalised", f"blobs-r{i}") for i in (1, 2, 3)} | {("kmeans.release", "blobs-r1")}
+    n = len(contract.rows) + len(contract.table)
+    for (suite, run), result in stored.items():
+        count = n if suite == "kmeans.normalised" else len(suites.kmeans_release(3, COLS).rows) + 2
+        assert result["statistics"]["evaluated_expectations"] == len(result["results"]) == count
+        assert result["success"] == (run != "blobs-r3")
+        assert result["meta"]["batch_spec"]["data_asset_name"] == "blobs"
+        assert "pandas_data_fingerprint" not in json.dumps(result) or suite == "kmeans.release"
+    failed = stored[("kmeans.normalised", "blobs-r3")]
+    assert [p["success"] for p in failed["meta"]["partitions"]] == [True, False]
+    x_range = next(r for r in failed["results"] if r["expectation_config"]["kwargs"].get("column") == "x"
+                   and r["expectation_config"]["kwargs"].get("max_value") == 1.0)
+    assert not x_range["success"] and x_range["result"]["unexpected_count"] == 1
+    assert x_range["meta"]["failed_partitions"] == ["part.1.parquet"] and x_range["result"]["element_count"] == 4
+    assert "partial_unexpected_list" not in json.dumps(failed).replace('"partial_unexpected_list": []', "")
+    # the checkpoint of a whole-table contract updates the Data Docs by its action
+    checkpoint = json.loads((gx.root / "gx" / "checkpoints" / "kmeans.release.json").read_text())
+    assert [a["type"] for a in checkpoint["actions"]] == ["update_data_docs"]
+    suite = (gx.root / "gx" / "expectations" / "kmeans" / "normalised.json").read_text()
+    assert {"x_min", "x_max", "finite_min", "finite_max", "l1_norm_max"} <= set(re.findall(r'"\$PARAMETER": "(\w+)"',
+                                                                                            suite))
+    assert json.loads(suite)["meta"]["dprelease"]["digest"]
+    pages = _pages(gx)
+    index = (gx.root / "gx" / "uncommitted" / "data_docs" / "local_site" / "index.html").read_text()
+    assert all(f"blobs-r{i}" in index for i in (1, 2, 3))
+    assert len([p for p in pages if "validations" in p.parts]) == 4
+    outside = re.compile(r'<(?:script|link|img)[^>]+(?:src|href)="(?:https?:)?//', re.IGNORECASE)
+    assert not [p for p in pages if outside.search(p.read_text())]
+    for page in pages:  # every local asset a page names is there
+        for ref in re.findall(r'(?:src|href)="(\.[^"?#]*)', page.read_text()):
+            assert (page.parent / ref).exists(), (page, ref)
+
+
+def test_a_project_survives_a_kill_while_it_was_made_or_its_config_rewritten(tmp_path):
+    """A kill while the project was made leaves a temporary folder, never a half-made project; a kill while
+    great-expectations rewrote its config (it does when a data asset is added) leaves it empty: the next check
+    makes a new config and keeps the history."""
+    good = {"x": np.array([0.5, -0.2]), "y": np.array([-0.5, 0.7])}
+    gx = _gx(tmp_path, "blobs-r1")
+    (gx.root / ".creating-killed" / "gx").mkdir(parents=True)  # what a kill during the creation leaves
+    validate_parquet(_parts(tmp_path / "a", [good]), suites.normalised(COLS), gx=gx)
+    config = gx.root / "gx" / "great_expectations.yml"
+    config.write_text("")
+    validate_parquet(_parts(tmp_path / "b", [good]), suites.normalised(COLS), gx=_gx(tmp_path, "blobs-r2"))
+    assert {run for _, run in _stored(gx)} == {"blobs-r1", "blobs-r2"}
+    config.write_text(config.read_text()[:200])  # cut short
+    validate_parquet(_parts(tmp_path / "c", [good]), suites.normalised(COLS), gx=_gx(tmp_path, "blobs-r3"))
+    assert {run for _, run in _stored(gx)} == {"blobs-r1", "blobs-r2", "blobs-r3"}

@@ -47,10 +47,22 @@ def test_the_kmeans_reference_does_the_same_passes_whatever_the_values(monkeypat
     work = [len(_work(passes, lambda: metrics.kmeans_reference(data, 4, n_init=2, seed=0)))
             for data in (X, np.vstack([X, [[0.99, 0.99, 0.99]]]), rng.uniform(-1, 1, size=X.shape))]
     assert work == [2 * metrics.REFERENCE_ITERATIONS] * 3
+    # the evaluations' variant: starts chosen on a sample of fixed size, then a second reference from the first's
+    # centres (the projected space's): the same passes, on the same shapes, whatever the values
+    variant = lambda data: metrics.kmeans_reference(data, 4, n_init=2, seed=0, start_rows=500)[1]
+    shapes = [_work(passes, lambda: metrics.kmeans_reference(data, 4, init=variant(data)))
+              for data in (X, np.vstack([X[:-1], [[0.99, 0.99, 0.99]]]), rng.uniform(-1, 1, size=X.shape))]
+    assert shapes[0] == shapes[1] == shapes[2]
+    assert len(shapes[0]) == 2 * metrics.REFERENCE_ITERATIONS + metrics.REFERENCE_ITERATIONS + \
+        metrics.REFERENCE_ITERATIONS
+    assert [s[0][0] for s in shapes[0]].count(500) == 2 * metrics.REFERENCE_ITERATIONS
     monkeypatch.undo()
     ours, _ = metrics.kmeans_reference(X, 4, n_init=3, seed=0)
     theirs = metrics.wcss(X, KMeans(4, n_init=3, random_state=0).fit(X).cluster_centers_)
     assert ours == pytest.approx(theirs, rel=1e-4)
+    sampled, centres = metrics.kmeans_reference(X, 4, n_init=3, seed=0, start_rows=500)
+    assert sampled == pytest.approx(theirs, rel=1e-4)
+    assert metrics.kmeans_reference(X, 4, init=centres)[0] == pytest.approx(sampled, rel=1e-9)
 
 
 def test_item_ids_outside_the_universe_take_the_same_path_as_none(monkeypatch):

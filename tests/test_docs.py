@@ -168,16 +168,8 @@ def test_the_documented_commands_run(page, workspace):
     workspace.run(page, slow=False)
 
 
-#: A kill while the run writes its great-expectations project (internal/gx/) leaves great_expectations.yml empty,
-#: and every rerun of the id then fails in check_contract (docs/how-to/resume.md says so, and the workaround): the
-#: resume guide's kill lands there in some runs. A bug of the pipeline, not of the page.
-_KNOWN = {"how-to/resume.md": pytest.mark.xfail(reason="a kill while internal/gx/ is written breaks the resume",
-                                                strict=False)}
-
-
 @pytest.mark.slow  # a real Prefect server, a worker and a deployment run; a dask scheduler and workers; a kill
-@pytest.mark.parametrize("page", [pytest.param(p, marks=_KNOWN.get(p, ())) for p in PAGES
-                                  if any(b.slow for b in blocks(p))])
+@pytest.mark.parametrize("page", [p for p in PAGES if any(b.slow for b in blocks(p))])
 def test_the_documented_slow_commands_run(page, tmp_path):
     Workspace(tmp_path).run(page, slow=True)
 
@@ -195,7 +187,8 @@ def test_the_sites_kinds_and_settings_tables_are_generated_from_the_code():
     from tasks.settings import table
 
     hook = _hook()
-    kinds_page, settings_page = (DOCS / "reference" / "kinds.md").read_text(), (DOCS / "reference" / "settings.md").read_text()
+    kinds_page = (DOCS / "reference" / "kinds.md").read_text()
+    settings_page = (DOCS / "reference" / "settings.md").read_text()
     assert "<!-- generated: kinds -->" in kinds_page and "<!-- generated: settings -->" in settings_page
     assert kinds_table() in hook.render(kinds_page) and table() in hook.render(settings_page)
     # No hand-made copy of either table anywhere in the site (a copy is what goes stale).

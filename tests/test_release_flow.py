@@ -122,12 +122,19 @@ def test_release_end_to_end(tmp_path, csv_data):
     assert (internal / "evaluation" / "wcss.png").stat().st_size > 0
     assert (internal / "uncertainty" / "intervals.png").stat().st_size > 0
     assert "## Uncertainty of the published values" in (internal / "report.md").read_text()
-    gx_dir = internal / "gx"  # the run's great-expectations project: suite, definition, checkpoint per stage
+    # the dataset's great-expectations project (beside the runs by default): a suite per stage, a checkpoint per
+    # whole-table stage, and one result per stage named by the release id, counting what the contract report counts
+    gx_dir = run.parent / ".gx" / "blobs" / "gx"
     assert (gx_dir / "uncommitted" / "data_docs" / "local_site" / "index.html").exists()
+    for stage in ("measurements", "release"):
+        assert (gx_dir / "checkpoints" / f"kmeans.{stage}.json").exists()
+    assert '"$PARAMETER": "expected_rows"' in (gx_dir / "expectations" / "kmeans" / "measurements.json").read_text()
     for stage in ("ingested", "normalised", "measurements", "release"):
-        assert (gx_dir / "checkpoints" / f"{stage}.json").exists()
-        assert (gx_dir / "validation_definitions" / f"{stage}.json").exists()
-    assert '"$PARAMETER"' in (gx_dir / "expectations" / "measurements.json").read_text()
+        [result] = (gx_dir / "uncommitted" / "validations" / "kmeans" / stage / "blobs-r1").glob("*/*.json")
+        counted = json.loads((internal / "contracts" / f"{stage}.json").read_text())["expectations"]
+        assert json.loads(result.read_text())["statistics"]["evaluated_expectations"] == counted
+    written = [gx_dir.parent, *gx_dir.rglob("*")]  # internal too: owner-only
+    assert all(p.stat().st_mode & 0o077 == 0 for p in written), [p for p in written if p.stat().st_mode & 0o077][:5]
 
     assert [(r["release_id"], r["status"]) for r in ledger().releases("blobs")] == [("blobs-r1", "published")]
 
@@ -453,8 +460,9 @@ def test_scratch_folders_of_dead_runs_are_cleared_and_live_ones_kept(tmp_path):
 
     run = RunPaths(tmp_path)
     live = [run.new_staging(), _scratch("test-output", tmp_path), _scratch("measurements", tmp_path)]
-    code = f"from pathlib import Path; from tasks.run import _scratch; print(_scratch('staging', Path({str(tmp_path)!r}))); " \
-           f"print(_scratch('test-output', Path({str(tmp_path)!r})))"
+    code = (f"from pathlib import Path; from tasks.run import _scratch; "
+            f"print(_scratch('staging', Path({str(tmp_path)!r}))); "
+            f"print(_scratch('test-output', Path({str(tmp_path)!r})))")
     dead = [Path(p) for p in subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                                             check=True).stdout.split()]
     assert all(p.is_dir() for p in live + dead)

@@ -76,12 +76,18 @@ CENTROIDS = "centroids.parquet"
 CENTROIDS_ORIGINAL = "centroids_original_units.parquet"
 DPKM_CENTROIDS = "dpkm_centroids.parquet"
 REFINEMENT = "refinement.json"
-#: The internal k-means++ reference runs on at most this many points (a uniform sample beyond).
+#: The internal k-means++ reference runs on at most this many points (a uniform sample beyond), its 10 starts on
+#: a sample of REFERENCE_START_ROWS of them (the best start then runs on all): a tenth of the work of 10 full starts.
 REFERENCE_MAX_ROWS = 200_000
 #: One replicate's cost (2 loaded cores, one thread): the last iterate or consistency about 1 ms; Lee & Kifer's
 #: refinement about 1.5 us per MCMC step (30,000 steps at 400 points: 50 ms; 150,000 at 5,000: 0.14 s) and
 #: 20 ms for the k-means of its best dataset.
 SECONDS_PER_STEP, SECONDS_PER_REFINEMENT, SECONDS_UNREFINED = 1.5e-6, 2e-2, 1e-3
+REFERENCE_START_ROWS = 20_000
+REFINEMENT_UNITS = 20
+REFINEMENT_PHASES = {"consistency": "consistency of the trajectory (ADMM)",
+                     "chain": "the simulated dataset's first state", "mcmc": "MCMC over simulated datasets",
+                     "kmeans": "k-means on the best simulated dataset"}
 
 
 def domain_of(spec) -> str:
@@ -246,7 +252,10 @@ class KMeansKind(ReleaseKind):
         p = spec.release
         d, dom, seeds = len(spec.dataset.columns), domain_of(spec), seeded(spec)
         points = Partitioned.points(current_client(), parquet_files(prepared.path), spec.dataset.columns)
-        stats = lambda C: points.reduce(dpkmeans.cluster_stats, C)
+        # Every round is one pass over the partitions: the stage's progress is the partitions reduced (a
+        # percentage only; the statistics are not logged: they are not noisy yet).
+        bar = progress.Progress(log, "DP k-means (partition passes)", p.iterations * points.n_partitions)
+        stats = lambda C: points.reduce(dpkmeans.cluster_stats, C, progress=bar)
         try:
             if seeds:
                 seeding = dpkmeans.oversampled_seeds(stats, p.k, d, public_rng, measure=measure, domain=dom)
@@ -403,53 +412,80 @@ class KMeansKind(ReleaseKind):
     def evaluate(self, spec, run, prepared, log):
         """WCSS of the released centroids and of every DP iteration on the points scaled to [-1, 1] with the
         public bounds, before any projection (`wcss`, the honest figure), and in the projected space
-        (`wcss_projected`); each against scikit-learn's k-means++ (best of 10) on the same points (a uniform
-        sample of at most REFERENCE_MAX_ROWS), beside the single-centroid baseline (the WCSS of the scaled
-        points' mean)."""
+        (`wcss_projected`); each against a k-means++ reference (best of 10 starts, chosen on a sample of
+        REFERENCE_START_ROWS, then run on all) on the same points (a uniform sample of at most REFERENCE_MAX_ROWS;
+        the projected space's reference starts from the scaled one's centres), beside the single-centroid
+        baseline (the WCSS of the scaled points' mean). Every figure is computed from the ingested partitions, in
+        one load; the work depends on the shapes only (tests/test_data_independent_work.py)."""
         traj = self.trajectory(spec, run.release / "measurements")
-        cols = spec.dataset.columns
+        cols, dom, k = spec.dataset.columns, traj.domain, spec.release.k
         released = pq.read_table(run.release / CENTROIDS).to_pandas()[cols].to_numpy()
-        projected = self._projected_figures(spec, prepared, traj, released)
-        scaled = self._scaled_figures(spec, run, traj, released)
+        lower, upper = _bounds(spec)
+        n, T = max(prepared.rows, 1), len(traj.centroids)
+        s = min(n, REFERENCE_MAX_ROWS)
+        # Progress in rows gone over: the passes over the partitions, the sample, then the references' passes.
+        bar = progress.Progress(log, "evaluation", (T + 5) * n + (metrics.REFERENCE_ITERATIONS + 1) * (
+            10 * min(s, REFERENCE_START_ROWS)) + 2 * metrics.REFERENCE_ITERATIONS * s)
+        points = Partitioned.points(current_client(), parquet_files(run.stage("ingested")), cols)
+        per_part = _Units(bar, n / max(points.n_partitions, 1))
+        try:
+            box = lambda fn, *args: points.reduce(fn, *args, lower, upper, progress=per_part)
+            per_iteration = [box(_box_wcss, C) for C in traj.centroids]
+            wcss, projected_wcss = box(_box_wcss, released), box(_projected_wcss, released, dom)
+            total, n_exact = box(_box_moments)
+            single = box(_box_wcss, (total / n_exact)[None])
+            sample = domain.scale_to_unit_box(points.sample(REFERENCE_MAX_ROWS, int(n_exact), seed=0), lower, upper)[0]
+            bar.advance(n)
+        finally:
+            points.close()
+        ref, centres = metrics.kmeans_reference(sample, k, seed=0, start_rows=REFERENCE_START_ROWS,
+                                                progress=bar.advance)
+        projected_sample = domain.project(sample, dom)
+        ref_projected, _ = metrics.kmeans_reference(projected_sample, k, init=domain.project(centres, dom),
+                                                    progress=bar.advance)
+        scaled = _figures(sample, ref, n_exact, released, traj, wcss, per_iteration, single, total / n_exact)
+        projected = {"wcss_projected": projected_wcss,
+                     "wcss_projected_ratio_to_kmeanspp": _ratio(projected_sample, ref_projected, released),
+                     "dpkm_wcss_projected_ratio_to_kmeanspp": _ratio(projected_sample, ref_projected,
+                                                                     traj.final_centroids)}
         out = run.internal / "evaluation"
         out.mkdir(parents=True, exist_ok=True)
         _plot(scaled["wcss_per_iteration"], scaled["kmeanspp_wcss"], scaled["wcss"], scaled["single_centroid_wcss"],
-              out / "wcss.png", _title(spec, traj.domain))
+              out / "wcss.png", _title(spec, dom))
         beats = bool(scaled["wcss"] < scaled["single_centroid_wcss"])
-        return {"rows": prepared.rows, "domain": traj.domain, **scaled, **projected,
-                "reference": "sklearn KMeans k-means++ best of 10", "beats_single_centroid": beats,
-                "headline": _headline(scaled, projected, traj.domain, beats)}
+        bar.update(bar.total)
+        return {"rows": prepared.rows, "domain": dom, **scaled, **projected,
+                "reference": "k-means++, best of 10 starts (chosen on a sample of "
+                             f"{REFERENCE_START_ROWS:,} rows), {metrics.REFERENCE_ITERATIONS} Lloyd passes",
+                "beats_single_centroid": beats, "headline": _headline(scaled, projected, dom, beats)}
 
-    def _scaled_figures(self, spec, run, traj, released) -> dict:
-        lower, upper = _bounds(spec)
-        points = Partitioned.points(current_client(), parquet_files(run.stage("ingested")), spec.dataset.columns)
-        try:
-            per_iteration = [points.reduce(_box_wcss, C, lower, upper) for C in traj.centroids]
-            wcss = points.reduce(_box_wcss, released, lower, upper)
-            total, n = points.reduce(_box_moments, lower, upper)
-            single = points.reduce(_box_wcss, (total / n)[None], lower, upper)
-            sample = domain.scale_to_unit_box(points.sample(REFERENCE_MAX_ROWS, int(n), seed=0), lower, upper)[0]
-        finally:
-            points.close()
-        ref, _ = metrics.kmeans_reference(sample, spec.release.k, seed=0)
-        scale = n / sample.shape[0]  # the reference's WCSS on the sample, extrapolated to all points
-        ratio = lambda C: metrics.wcss(sample, C) / ref if ref > 0 else float("nan")
-        return {"wcss": wcss, "wcss_per_iteration": per_iteration, "kmeanspp_wcss": ref * scale,
-                "reference_rows": int(sample.shape[0]), "wcss_ratio_to_kmeanspp": ratio(released),
-                "dpkm_wcss_ratio_to_kmeanspp": ratio(traj.final_centroids), "single_centroid_wcss": single,
-                "single_centroid_ratio_to_kmeanspp": ratio((total / n)[None])}
 
-    def _projected_figures(self, spec, prepared, traj, released) -> dict:
-        points = Partitioned.points(current_client(), parquet_files(prepared.path), spec.dataset.columns)
-        try:
-            wcss = points.reduce(metrics.wcss, released)
-            sample = points.sample(REFERENCE_MAX_ROWS, prepared.rows, seed=0)
-        finally:
-            points.close()
-        ref, _ = metrics.kmeans_reference(sample, spec.release.k, seed=0)
-        ratio = lambda C: metrics.wcss(sample, C) / ref if ref > 0 else float("nan")
-        return {"wcss_projected": wcss, "wcss_projected_ratio_to_kmeanspp": ratio(released),
-                "dpkm_wcss_projected_ratio_to_kmeanspp": ratio(traj.final_centroids)}
+class _Units:
+    """A partition's share of a pass over the points, in the evaluation's progress units (rows)."""
+
+    def __init__(self, bar, rows_per_partition: float):
+        self.bar, self.rows = bar, rows_per_partition
+
+    def advance(self) -> None:
+        self.bar.advance(self.rows)
+
+
+def _ratio(sample: np.ndarray, reference: float, centroids: np.ndarray) -> float:
+    return metrics.wcss(sample, centroids) / reference if reference > 0 else float("nan")
+
+
+def _figures(sample, ref, n, released, traj, wcss, per_iteration, single, mean) -> dict:
+    """The scaled space's figures: the reference's WCSS on the sample extrapolated to all points, the ratios on the
+    sample."""
+    return {"wcss": wcss, "wcss_per_iteration": per_iteration, "kmeanspp_wcss": ref * n / sample.shape[0],
+            "reference_rows": int(sample.shape[0]), "wcss_ratio_to_kmeanspp": _ratio(sample, ref, released),
+            "dpkm_wcss_ratio_to_kmeanspp": _ratio(sample, ref, traj.final_centroids), "single_centroid_wcss": single,
+            "single_centroid_ratio_to_kmeanspp": _ratio(sample, ref, mean[None])}
+
+
+def _projected_wcss(X: np.ndarray, C: np.ndarray, domain_name: str, lower, upper) -> float:
+    """WCSS of a partition of ingested points in the projected space (what the normalised stage holds)."""
+    return metrics.wcss(domain.normalise(X, lower, upper, domain_name)[0], C)
 
 
 def centroid_std(counts: NoiseLaw, sums: NoiseLaw, n: float, c: float) -> float:
@@ -471,18 +507,28 @@ def _refines(traj: dpkmeans.Trajectory, p) -> bool:
 
 
 def _refine(traj: dpkmeans.Trajectory, p, seed: int, log=None) -> leekifer.Refinement:
-    """Lee & Kifer's refinement of the trajectory with the spec's settings; progress to `log` when given."""
-    advance = None
+    """Lee & Kifer's refinement of the trajectory with the spec's settings. With `log`, progress in units of the
+    refinement's phases: consistency 2, the chain's first state 2, the MCMC 14 (1.4 for each tenth of its steps),
+    the k-means on its best dataset 2, so that every tenth of the whole gets its line (their totals follow the
+    noisy counts: DP outputs, shown in the UI too); the bootstrap's replicates run it silently."""
+    phase = advance = bar = None
     if log is not None:
-        bar = progress.Progress(log, "MCMC steps", 1, artifact=True)  # the chain's length follows the noisy counts
+        bar = progress.Progress(log, "refinement", REFINEMENT_UNITS, artifact=True)
+        starts = {"consistency": 0, "chain": 2, "mcmc": 4, "kmeans": 18}
+
+        def phase(name):
+            log.info("refinement: %s", REFINEMENT_PHASES[name])
+            bar.update(starts[name])
 
         def advance(done, total):
-            bar.total = total
-            bar.update(done)
+            bar.update(4 + 14 * done / total)
         log.info("refining the trajectory: %s", " + ".join(p.postprocess))
-    return leekifer.refine(traj, consistency="consistency" in p.postprocess, mcmc="mcmc" in p.postprocess,
-                           steps=p.mcmc_steps, temperature=p.mcmc_temperature, delta=tuple(p.mcmc_delta), seed=seed,
-                           progress=advance)
+    refined = leekifer.refine(traj, consistency="consistency" in p.postprocess, mcmc="mcmc" in p.postprocess,
+                              steps=p.mcmc_steps, temperature=p.mcmc_temperature, delta=tuple(p.mcmc_delta),
+                              seed=seed, phase=phase, progress=advance)
+    if bar is not None:
+        bar.update(REFINEMENT_UNITS)
+    return refined
 
 
 def _replicate_trajectory(traj: dpkmeans.Trajectory, counts: np.ndarray, sums: np.ndarray) -> dpkmeans.Trajectory:

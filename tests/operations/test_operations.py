@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -20,7 +21,16 @@ import yaml
 
 from tasks.ledger import PrivacyLedger
 from tests.conftest import blobs, write_csv
-from tests.operations.conftest import REPO, dask_cluster, dprelease_proc, run_cli, start, stop
+from tests.operations.conftest import (
+    REPO,
+    dask_cluster,
+    dprelease_proc,
+    free_port,
+    run_cli,
+    start,
+    stop,
+    wait_http,
+)
 
 pytestmark = pytest.mark.operations
 
@@ -81,6 +91,7 @@ def test_prefect_deployment_run_publishes_a_release(prefect_server, tmp_path):
     are there, without evaluation figures; the published and budget-low events fired, and the example
     automation paused the deployment."""
     env = _env(prefect_server, tmp_path, "example-sensors", (1.2, 1e-6))  # 1 of 1.2 spent: budget low
+    env["DPRELEASE_SPEC_FOLDERS"] = str(tmp_path)  # the operator lets flow runs read this test's spec
     out = tmp_path / "deployed"
     spec = yaml.safe_load((REPO / "deployments/specs/example-kmeans.yaml").read_text())
     spec_file = tmp_path / "example.yaml"
@@ -106,8 +117,7 @@ def test_prefect_deployment_run_publishes_a_release(prefect_server, tmp_path):
     finally:
         stop(worker)
     assert refused[0] != 0 and "Failed" in refused[1], refused[1][-1500:]
-    assert "sets environment variables in its job variables (DPRELEASE_TEST_MODE)" in \
-        (tmp_path / "worker.log").read_text()
+    assert "this flow run sets job variables (env)" in (tmp_path / "worker.log").read_text()
     assert not (out / "override").exists()
     assert all(code == 0 and "Completed" in text for code, text in outputs), \
         [text[-1500:] for _, text in outputs] + [(tmp_path / "worker.log").read_text()[-3000:]]
@@ -124,17 +134,21 @@ def test_prefect_deployment_run_publishes_a_release(prefect_server, tmp_path):
 
 
 def _check_ui(env: dict, release_id: str, manifest: dict, evaluation: dict) -> None:
+    # the refused run too is tagged (the deployment's tags), and named after its release_id parameter
     runs = _api(env, "/flow_runs/filter", {"flow_runs": {"tags": {"all_": ["dataset:example-sensors"]}}})
+    runs = [r for r in runs if r["name"] != "override"]
     assert len(runs) == 3 and {r["name"] for r in runs} == {release_id}
     assert all({"dataset:example-sensors", "kind:kmeans"} <= set(r["tags"]) for r in runs)
     publisher = manifest["provenance"]["flow_run_id"]
-    artifacts = {a["key"]: a for a in _api(env, "/artifacts/filter", {"artifacts": {"flow_run_id": {"any_": [publisher]}}})}
+    artifacts = {a["key"]: a for a in _api(env, "/artifacts/filter",
+                                           {"artifacts": {"flow_run_id": {"any_": [publisher]}}})}
     assert {"release-report-example-sensors", "budget-example-sensors", "ledger-example-sensors",
             "contracts-example-sensors", "timings-example-sensors", "release-example-sensors"} <= set(artifacts)
     report = artifacts["release-report-example-sensors"]
     assert report["type"] == "markdown" and release_id in report["data"] and "epsilon = 1" in report["data"]
     assert evaluation["headline"] not in report["data"]  # the evaluation is raw-derived: not in the UI
-    assert "file://" in artifacts["release-example-sensors"]["data"]  # the link to release/ (Prefect stores it as markdown)
+    # the link to release/ (Prefect stores it as markdown)
+    assert "file://" in artifacts["release-example-sensors"]["data"]
     assert any(a["type"] == "progress" and a["data"] == 100.0
                for a in _api(env, "/artifacts/filter", {"artifacts": {"flow_run_id": {"any_": [publisher]}}}))
     names = [e["event"] for e in _api(env, "/events/filter", {"filter": {"event": {"prefix": ["dprelease."]}},
@@ -169,7 +183,7 @@ KILLS = {  # stage -> (log marker to kill at, ledger status right after the kill
     # (a kill before the charge is the bad-input case: nothing charged, nothing kept; tests/test_release_flow.py)
     # noise was drawn and lost with the process: the rerun is a second run of the mechanism, charged again
     "dp measurement": (f"DP k-means round 2/{T}", "drawing", False, 2),
-    "postprocess": ("20% MCMC steps", "measured", True, 1),
+    "postprocess": ("40% refinement", "measured", True, 1),  # in the MCMC (tasks/kinds/kmeans.py REFINEMENT_UNITS)
 }
 
 
@@ -213,16 +227,38 @@ def test_concurrent_releases_of_one_dataset_cannot_both_pass_the_budget(prefect_
     assert len(rows) == 1 and rows[0]["status"] == "published"
 
 
-@pytest.mark.slow
+#: The progress bars of the long stages (their labels), as a run logs them.
+LONG_STAGES = ("partitions ingested", "partitions normalised", "DP k-means (partition passes)", "refinement",
+               "evaluation")
+
+
+def _progress(log: str, label: str) -> list[int]:
+    return [int(p) for p in re.findall(r"\]\s+(\d+)% " + re.escape(label) + r"$", log, re.MULTILINE)]
+
+
+@pytest.mark.slow  # 60-120 s: an external scheduler and workers, a release with its refinement and evaluation
 def test_release_on_an_existing_dask_scheduler(prefect_server, ops_data, tmp_path):
-    """The scheduler is the operator's setting (DPRELEASE_DASK_ADDRESS), not the spec's."""
+    """The scheduler is the operator's setting (DPRELEASE_DASK_ADDRESS), not the spec's. Every long stage logs a
+    progress line at least every tenth of its work (the data in 12 Parquet partitions)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    points = np.loadtxt(ops_data, delimiter=",", skiprows=1)
+    folder = tmp_path / "blobs-parquet"
+    folder.mkdir()
+    for i, part in enumerate(np.array_split(points, 12)):
+        pq.write_table(pa.table({"x": part[:, 0], "y": part[:, 1]}), folder / f"part.{i}.parquet")
+    spec = _spec(tmp_path, folder)  # a folder of Parquet files
     with dask_cluster(tmp_path) as address:
-        spec = _spec(tmp_path, ops_data)
         rc = run_cli(["run", str(spec), "--release-id", "on-dask"],
                      {**_env(prefect_server, tmp_path), "DPRELEASE_DASK_ADDRESS": address}, tmp_path / "dask.log")
     log = (tmp_path / "dask.log").read_text()
     assert rc == 0, log[-3000:]
-    assert f"dask scheduler {address}" in log
+    # the scheduler's address goes to the run's internal log only (the Prefect API is readable by the UI's users)
+    assert f"dask scheduler {address}" in (tmp_path / "runs" / ".logs" / "on-dask.log").read_text()
+    assert f"dask scheduler {address}" not in log
+    for label in LONG_STAGES:
+        assert _progress(log, label) == list(range(10, 101, 10)), (label, _progress(log, label))
     centroids = tmp_path / "runs" / "on-dask" / "release" / "centroids.parquet"
     import pyarrow.parquet as pq
 
@@ -266,3 +302,84 @@ def test_kill_9_of_the_cli_alone_leaves_no_prefect_server(tmp_path):
         assert not any(_alive(p) for p in helpers)
     finally:
         stop(proc)
+
+
+def _runs(env: dict, deployment_id: str, *states: str) -> list[dict]:
+    body = {"flow_runs": {"deployment_id": {"any_": [deployment_id]}}}
+    if states:
+        body["flow_runs"]["state"] = {"type": {"any_": list(states)}}
+    return _api(env, "/flow_runs/filter", body)
+
+
+def _until(what, timeout: float, every: float = 2.0):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        found = what()
+        if found:
+            return found
+        time.sleep(every)
+    return what()
+
+
+@pytest.mark.slow  # 2 to 4 minutes: a server of its own, a run started by a cron schedule at the next minute
+def test_a_cron_schedule_makes_tagged_runs_that_a_worker_completes_and_pausing_stops_only_the_schedule(tmp_path):
+    """What the SQLAlchemy pin guards (an unpinned install left the server's scheduler failing every loop: cron
+    schedules never created a run, and only the server's log said so): a deployment's cron schedule creates runs,
+    tagged with the dataset and kind before they start, and a worker completes one. A refused run is Failed with
+    its one line and no traceback in the logs the UI shows. Pausing the deployment removes its scheduled runs and
+    stops new ones; a run started by hand still runs (the schedule guide says so)."""
+    port = free_port()
+    out = tmp_path / "runs"
+    spec = yaml.safe_load((REPO / "deployments/specs/example-kmeans.yaml").read_text())
+    spec_file = tmp_path / "specs" / "example.yaml"
+    spec_file.parent.mkdir()
+    spec_file.write_text(yaml.safe_dump({**spec, "output_dir": str(out)}))
+    ledger = tmp_path / "ledger.sqlite"
+    PrivacyLedger(ledger).set_budget("example-sensors", 30.0, 1e-6)
+    env = {**os.environ, "PREFECT_HOME": str(tmp_path / "home"), "PREFECT_API_URL": f"http://127.0.0.1:{port}/api",
+           "DO_NOT_TRACK": "1", "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "PYTHONUNBUFFERED": "1",
+           "DPRELEASE_REPO": str(REPO), "PREFECT_WORKER_QUERY_SECONDS": "2", "DPRELEASE_LEDGER": str(ledger),
+           "PREFECT_SERVER_SERVICES_SCHEDULER_LOOP_SECONDS": "5", "DPRELEASE_SPEC_FOLDERS": str(spec_file.parent)}
+    env.pop("PREFECT_FLOWS_HEARTBEAT_FREQUENCY", None)
+    config = yaml.safe_load((REPO / "deployments/prefect.yaml").read_text())
+    [deployment] = [d for d in config["deployments"] if d["name"] == "example-kmeans"]
+    deployment.update(schedules=[{"cron": "* * * * *", "timezone": "UTC"}],
+                      parameters={**deployment["parameters"], "spec_file": str(spec_file)})
+    config["deployments"] = [deployment]
+    (tmp_path / "prefect.yaml").write_text(yaml.safe_dump(config))
+    server = start(PREFECT + ["server", "start", "--host", "127.0.0.1", "--port", str(port), "--analytics-off"], env,
+                   tmp_path / "server.log")
+    worker = None
+    try:
+        wait_http(f"http://127.0.0.1:{port}/api/health", 90)
+        for args in (["work-pool", "create", "local-pool", "--type", "process"],
+                     ["--no-prompt", "deploy", "--all", "--prefect-file", str(tmp_path / "prefect.yaml")]):
+            done = subprocess.run(PREFECT + args, env=env, cwd=REPO, capture_output=True, text=True, timeout=120)
+            assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+        deployment_id = _api(env, "/deployments/name/release/example-kmeans")["id"]
+        scheduled = _until(lambda: _runs(env, deployment_id, "SCHEDULED"), 60)
+        assert scheduled, (tmp_path / "server.log").read_text()[-3000:]
+        assert all({"dataset:example-sensors", "kind:kmeans"} <= set(r["tags"]) for r in scheduled)
+        worker = start(PREFECT + ["worker", "start", "--pool", "local-pool"], env, tmp_path / "worker.log")
+        completed = _until(lambda: _runs(env, deployment_id, "COMPLETED"), 200)
+        assert completed, (tmp_path / "worker.log").read_text()[-3000:]
+        assert completed[0]["name"].startswith("example-sensors-kmeans-")
+        # a refused run: Failed with its one line; the logs the UI shows hold no traceback
+        refused = _deployment_run(env, f"spec_file={tmp_path / 'elsewhere.yaml'}", "release_id=refused")
+        assert refused.wait(300) != 0
+        [run] = [r for r in _runs(env, deployment_id, "FAILED")]
+        assert run["state"]["message"].startswith(f"spec_file {tmp_path / 'elsewhere.yaml'} is not in a folder")
+        logs = [e["message"] for e in _api(env, "/logs/filter", {"logs": {"flow_run_id": {"any_": [run["id"]]}}})]
+        assert any("is not in a folder the operator lets flow runs read specs from" in m for m in logs), logs
+        assert not any("Traceback" in m for m in logs), logs
+        # pausing: the schedule's runs go and no new one comes; a run started by hand still runs
+        _api(env, f"/deployments/{deployment_id}/pause_deployment", {})  # the UI's toggle, the client's call
+        assert _until(lambda: not _runs(env, deployment_id, "SCHEDULED"), 30)
+        time.sleep(12)  # two loops of the scheduler
+        assert not _runs(env, deployment_id, "SCHEDULED")
+        manual = _deployment_run(env)  # the day's release id: already published, a short run
+        assert manual.wait(300) == 0 and "Completed" in manual.stdout.read()
+    finally:
+        if worker is not None:
+            stop(worker)
+        stop(server)

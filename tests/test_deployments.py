@@ -1,0 +1,41 @@
+"""The deployments as the Prefect UI shows them before any run: tags of each deployment (which its scheduled runs
+carry before they start), the flow's parameter descriptions, and the job variables."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _deployments() -> list[dict]:
+    return yaml.safe_load((REPO / "deployments" / "prefect.yaml").read_text())["deployments"]
+
+
+def test_every_deployment_is_tagged_with_its_specs_dataset_and_kind():
+    """Prefect gives a deployment's tags to the runs its schedule creates: an upcoming run shows its dataset."""
+    for deployment in _deployments():
+        spec = yaml.safe_load((REPO / deployment["parameters"]["spec_file"]).read_text())
+        assert deployment["tags"] == [f"dataset:{spec['dataset']['id']}", f"kind:{spec['release']['kind']}"], \
+            deployment["name"]
+
+
+def test_every_flow_parameter_has_a_description_in_the_ui():
+    """Prefect reads the descriptions from the flow's docstring (its Args section) into the parameter schema the UI
+    shows beside each field."""
+    from prefect.utilities.callables import parameter_schema
+
+    from flows.release import release
+
+    schema = parameter_schema(release.fn).model_dump()["properties"]
+    assert set(schema) == {"spec", "spec_file", "release_id", "period"}
+    assert all(len(p.get("description") or "") > 30 for p in schema.values()), schema
+
+
+def test_the_job_variables_are_the_process_defaults():
+    from flows.environment import DEFAULTS
+
+    pool = yaml.safe_load((REPO / "deployments" / "prefect.yaml").read_text())["definitions"]["work_pool"]
+    assert pool["job_variables"]["env"] == DEFAULTS
