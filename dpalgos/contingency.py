@@ -113,7 +113,8 @@ def marginal_order(marginals: Sequence[Mapping[str, str]]) -> int:
     return max((len(m) for m in marginals), default=-1)
 
 
-def ipf(A: sp.csr_matrix, b: np.ndarray, base: np.ndarray, *, tol: float = 1e-8, max_sweeps: int = 100_000) -> np.ndarray:
+def ipf(A: sp.csr_matrix, b: np.ndarray, base: np.ndarray, *, tol: float = 1e-8,
+        max_sweeps: int = 100_000) -> np.ndarray:
     """Iterative proportional fitting (Bregman balancing; A has 0/1 rows): the table closest to `base` in
     Kullback-Leibler divergence with A x = b, by scaling the cells of one marginal at a time. Sweeps stop when
     every marginal is within tol * max(1, max b). Cells of `base` that are 0 stay 0."""

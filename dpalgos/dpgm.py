@@ -86,7 +86,8 @@ def plan(noise: NoisePlan, *, kmeans_iterations: int, q: float, steps: int, max_
                   f"the size and one length bin times {a:g} sqrt((bins + 1) / (m + 2)), L2 norm {a:g} "
                   f"sqrt(bins + 1) <= {a:g} sqrt({max_items} + 2): L2 sensitivity sqrt((1 + {a:g}^2) ({max_items} "
                   f"+ 2)), otherwise (rows of all records zero) sqrt({max_items} + 2)", noise.sigma_marginals,
-                  relation=ADD_REMOVE_USER, values=None if k is None or items is None else (k + 2) * (items + 1 + bins)),
+                  relation=ADD_REMOVE_USER,
+                  values=None if k is None or items is None else (k + 2) * (items + 1 + bins)),
         Mechanism("sgd", "DP-SGD step: histogram of per-example gradient norms (DPNorm) and the clipped gradient "
                          "sum of every cluster's model, on a Poisson sample", "gaussian", None,
                   "one record is in one cluster's batch with probability q; it adds 1 to one bin of the norm "
@@ -161,7 +162,8 @@ def cluster_counts(X: sp.csr_matrix, labels: np.ndarray, k: int, max_items: int,
     otherwise (`marginals_sensitivity`)."""
     X = X.tocsr()
     m, bins = X.shape[1], max_items - min_length + 1
-    member = sp.csr_matrix((counting.record_weights(X, max_items), (labels, np.arange(X.shape[0]))), shape=(k, X.shape[0]))
+    member = sp.csr_matrix((counting.record_weights(X, max_items), (labels, np.arange(X.shape[0]))),
+                           shape=(k, X.shape[0]))
     table = np.zeros((k + 2, m + 1 + bins))
     table[:k, :m] = (member @ X).toarray()
     table[:k, m] = np.bincount(labels, minlength=k)

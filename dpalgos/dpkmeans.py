@@ -192,10 +192,12 @@ def plan(*, epsilon: float, iterations: int, k: int | None = None, d: int | None
                           "assigned with are public or noisy values fixed before the pass): L1 sensitivity 1",
                           multiplier / (1.0 - share), integer=True, repetitions=rounds, values=clusters),
                 Mechanism(prefix + "sums", f"per-cluster coordinate sums s_j (clusters x d values) of {what}",
-                          "laplace", domains.sum_sensitivity(domain, d or 1), _SUM_ARGUMENTS[domains.check_domain(domain)],
+                          "laplace", domains.sum_sensitivity(domain, d or 1),
+                          _SUM_ARGUMENTS[domains.check_domain(domain)],
                           multiplier / share, repetitions=rounds, values=values))
     seeds = round_("seed_", "the seeding round (SEED_MULTIPLE x K candidates)", 1,
-                   None if k is None else SEED_MULTIPLE * k, None if kd is None else SEED_MULTIPLE * kd) if seeding else ()
+                   None if k is None else SEED_MULTIPLE * k,
+                   None if kd is None else SEED_MULTIPLE * kd) if seeding else ()
     return Plan(seeds + round_("", "each iteration", iterations - seeding, k, kd))
 
 
@@ -265,7 +267,8 @@ def oversampled_seeds(stats: Stats, k: int, d: int, rng: np.random.Generator, *,
     from sklearn.cluster import KMeans
 
     if measure.plan["seed_sums"].sensitivity != domains.sum_sensitivity(domain, d):
-        raise ValueError(f"the plan's seed sum sensitivity {measure.plan['seed_sums'].sensitivity} is not the {domain}'s")
+        raise ValueError(f"the plan's seed sum sensitivity {measure.plan['seed_sums'].sensitivity} "
+                         f"is not the {domain}'s")
     candidates, min_distance = data_independent_centroids(SEED_MULTIPLE * k, d, rng, domain=domain)
     sums, counts = stats(candidates)
     noisy_counts, noisy_sums = measure("seed_counts", counts), measure("seed_sums", sums)

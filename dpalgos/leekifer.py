@@ -5,8 +5,8 @@ Everything here reads only the released trajectory (noisy counts and sums of eve
 the algorithm used) and public parameters: it is postprocessing and costs no privacy.
 
 Consistency (§3.2): find n^_k^(t), s^_k^(t) closest to the noisy ones in the maximum-likelihood sense (L1,
-Laplace noise of scale b_N on counts and b_S on sums, the plan's) such that sum_k s^_k^(t) and sum_k n^_k^(t) do not depend
-on t and n^ >= 0, by ADMM (Lee, Wang & Kifer Algorithm 1).
+Laplace noise of scale b_N on counts and b_S on sums, the plan's) such that sum_k s^_k^(t) and sum_k n^_k^(t) do not
+depend on t and n^ >= 0, by ADMM (Lee, Wang & Kifer Algorithm 1).
 
 MCMC (§3.3): Metropolis-Hastings over datasets D of points in the trajectory's domain (the unit L1 ball of the
 paper, the box or the unit L2 ball) with target

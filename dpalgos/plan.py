@@ -230,7 +230,8 @@ class Plan:
         bounded by their epsilons and reach the sum of them together with positive probability, so their
         exact epsilon at delta = 0 is the sum. Sampled and per-step entries are left out (any part gives a
         floor). With `extra_delta` the events compose at delta - extra_delta or below (more releases' extra
-        deltas): the floor is taken at delta - extra_delta. Checked against dp_accounting in tests/test_plan_noise.py."""
+        deltas): the floor is taken at delta - extra_delta. Checked against dp_accounting in
+        tests/test_plan_noise.py."""
         if self.extra_delta > 0 and not delta > self.extra_delta:
             return math.inf
         delta0 = delta - self.extra_delta

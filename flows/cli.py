@@ -10,10 +10,10 @@ that need none of them: a spec naming a missing file fails in well under two sec
 from __future__ import annotations
 
 import argparse
-import math
 import atexit
 import json
 import logging
+import math
 import os
 import secrets
 import sys

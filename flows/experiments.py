@@ -148,7 +148,8 @@ def friendlycore_kmeans_figure(data_dir: Path, out: Path, runs: int, seed: int, 
     return [str(_save(frame, out, "friendlycore_kmeans"))]
 
 
-FIGURES = {"kmeans": kmeans_figure, "mnist_clustering": mnist_figure, "contingency": contingency_figure, "histogram": histogram_figures,
+FIGURES = {"kmeans": kmeans_figure, "mnist_clustering": mnist_figure, "contingency": contingency_figure,
+           "histogram": histogram_figures,
            "matrix_mechanism": matrix_mechanism_figures, "friendlycore_mean": friendlycore_mean_figure,
            "friendlycore_kmeans": friendlycore_kmeans_figure}
 #: Experiments on generated data with a fixed budget: no data_dir, no epsilons.

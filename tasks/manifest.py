@@ -173,5 +173,6 @@ def publish_public(spec: ReleaseSpec, release_id: str, run: RunPaths, manifest: 
         "period": manifest.get("period"), "epsilon": manifest["privacy"]["epsilon"],
         "delta": manifest["privacy"]["delta"], "published_at": manifest["created_at"],
         "manifest_sha256": manifest["manifest_sha256"]["sha256"], "location": public,
-        "files": [storage.join(public, f) for f in sorted(manifest["files"])] + [storage.join(public, "manifest.json")]})
+        "files": [storage.join(public, f) for f in sorted(manifest["files"])]
+        + [storage.join(public, "manifest.json")]})
     return public

@@ -6,8 +6,8 @@ stages leaves a stamp in internal/stages/<stage>.json once its output has passed
 made under and where it is. A rerun reuses the output when the key is the same. The key covers everything
 that determines the output: the spec (its fingerprint and the dataset section, parse options included), the
 inputs' identity (`storage.identity`: a store's objects' sizes and versions or ETags; a local file's size,
-modification and change times and inode), and the code (a hash of the package's sources). Anything else (a stamp missing, a changed input,
-a new code revision, the output folder gone) makes the stage run again.
+modification and change times and inode), and the code (a hash of the package's sources). Anything else (a stamp
+missing, a changed input, a new code revision, the output folder gone) makes the stage run again.
 """
 
 from __future__ import annotations

@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
+from tasks import stages
 from tasks.errors import StageFailed
 from tasks.kinds import REGISTRY
 from tasks.ledger import configured_ledger
 from tasks.retry import RETRIES
-from tasks import stages
 from tasks.spec import parse_spec
 from tests import conformance as C
 

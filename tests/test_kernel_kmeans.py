@@ -132,7 +132,8 @@ def _hockey_stick(a: np.ndarray, b: np.ndarray, eps: float) -> float:
 def test_empirical_dp_audit_of_one_iteration():
     sigma, eps, draws = 1.0, 1.0, 10_000  # half the noise scores 0.51 against a bound of 0.18
     # Claimed for the sizes: GaussianDpEvent(sigma); its exact delta(eps) (Balle & Wang 2018).
-    claimed = stats.norm.cdf(-eps * sigma + 1 / (2 * sigma)) - np.exp(eps) * stats.norm.cdf(-eps * sigma - 1 / (2 * sigma))
+    claimed = (stats.norm.cdf(-eps * sigma + 1 / (2 * sigma))
+               - np.exp(eps) * stats.norm.cdf(-eps * sigma - 1 / (2 * sigma)))
     slack = 4 * np.sqrt(2 / draws)
     assert _hockey_stick(*_audit_statistic(sigma, 1.0, draws), eps) <= claimed + slack
     # An implementation drawing half the noise is caught at the same (eps, delta).

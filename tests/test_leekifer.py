@@ -103,7 +103,8 @@ def test_refinement_improves_dpkm_at_small_epsilon_on_separated_clusters():
     gains = []
     for seed in range(4):
         traj, P = _trajectory(0.05, seed=seed, k=3)
-        gains.append(metrics.wcss(P, traj.final_centroids) / metrics.wcss(P, leekifer.refine(traj, seed=seed).centroids))
+        gains.append(metrics.wcss(P, traj.final_centroids)
+                     / metrics.wcss(P, leekifer.refine(traj, seed=seed).centroids))
     assert np.mean(gains) > 1.2
 
 

@@ -261,7 +261,8 @@ except Exception as exc:
 """
 
 
-@pytest.mark.skipif(os.geteuid() != 0 or not Path("/usr/bin/python3").exists() or not Path("/usr/sbin/runuser").exists(),
+@pytest.mark.skipif(os.geteuid() != 0 or not Path("/usr/bin/python3").exists()
+                    or not Path("/usr/sbin/runuser").exists(),
                     reason="needs root, runuser and the system Python to act as another local account")
 def test_another_local_account_cannot_connect_to_a_runs_cluster():
     """The attacker's review: another local account connected to a running release's plain-TCP scheduler. As the
@@ -273,7 +274,8 @@ def test_another_local_account_cannot_connect_to_a_runs_cluster():
 
     def probe(address: str) -> list[str]:
         return subprocess.run(["runuser", "-u", "nobody", "--", "/usr/bin/python3", "-c", _RAW_CLIENT,
-                               address.rsplit(":", 1)[1]], capture_output=True, text=True, timeout=90).stdout.split("\n")
+                               address.rsplit(":", 1)[1]],
+                              capture_output=True, text=True, timeout=90).stdout.split("\n")
 
     with dask_client(DaskSpec(n_workers=1, threads_per_worker=1)) as client:
         plain, tls = probe(client.scheduler.address)[:2]

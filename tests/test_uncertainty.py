@@ -19,9 +19,9 @@ from dpalgos.intervals import NoiseLaw, min_replicates, percentile_interval, rep
 from tasks.errors import SpecError
 from tasks.kinds import REGISTRY, counts, planning
 from tasks.kinds.histogram import node_columns
+from tasks.kinds.uncertainty import replicates_of
 from tasks.run import META
 from tasks.spec import parse_spec
-from tasks.kinds.uncertainty import replicates_of
 from tasks.uncertainty import add_uncertainty
 
 LOG = logging.getLogger("test-uncertainty")

@@ -279,7 +279,8 @@ def _dataset(shape: str):
 
 def _columns(columns: list[str], shape: str) -> str:
     """The contract's columns, the example's placeholders named for what they stand for."""
-    named = {"points": {"x": "one per dataset column", "y": None}, "values": {}, "numeric": {"x": "one per dataset column", "y": None},
+    named = {"points": {"x": "one per dataset column", "y": None}, "values": {},
+             "numeric": {"x": "one per dataset column", "y": None},
              "categories": {"a": "one per categorical column (its level)", "b": None},
              "sets": {"items": "the dataset's items_column (list of item ids)"}}[shape]
     out = []

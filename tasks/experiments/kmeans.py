@@ -99,4 +99,5 @@ def method_centroids(traj: dpkmeans.Trajectory, methods, seed: int) -> dict[str,
 
 def scores(B: np.ndarray, P: np.ndarray, C: np.ndarray, ref: dict[str, float]) -> dict[str, float]:
     w, wp = metrics.wcss(B, C), metrics.wcss(P, C)
-    return {"wcss": w, "ratio": w / ref["kmeanspp"], "wcss_projected": wp, "ratio_projected": wp / ref["kmeanspp_projected"]}
+    return {"wcss": w, "ratio": w / ref["kmeanspp"], "wcss_projected": wp,
+            "ratio_projected": wp / ref["kmeanspp_projected"]}

@@ -2,8 +2,9 @@
 
 Strategy: the binary tree (hierarchical) for every workload; MM(l2) reconstructs by least squares, mm_l1 by
 Algorithm 4 with the true L1 (maximum-likelihood) penalty, mm_elastic by Algorithm 4 with the elastic net
-alpha = 0.9 of the paper's experiments (the paper's "MM(l1)"). Figure 5.3.1: the random +-1 workload vs epsilon, with LM, HTree and Privelet answering the
-workload from their histogram estimates. Figure 5.3.2: identity, predicate and all-range workloads at eps 0.1.
+alpha = 0.9 of the paper's experiments (the paper's "MM(l1)"). Figure 5.3.1: the random +-1 workload vs epsilon, with
+LM, HTree and Privelet answering the workload from their histogram estimates. Figure 5.3.2: identity, predicate and
+all-range workloads at eps 0.1.
 """
 
 from __future__ import annotations

@@ -15,8 +15,16 @@ from dpalgos.intervals import NoiseLaw
 from dpalgos.lazy import module
 from tasks.errors import InputError
 from tasks.kinds.base import Draw, Footprint, ReleaseKind, dense_footprint, noise_footprint
-from tasks.kinds.uncertainty import (Bootstrap, Center, Direct, Predicted, Product, UncertaintyParams, exact,
-                                     replicates_of)
+from tasks.kinds.uncertainty import (
+    Bootstrap,
+    Center,
+    Direct,
+    Predicted,
+    Product,
+    UncertaintyParams,
+    exact,
+    replicates_of,
+)
 from tasks.ledger import PrivacyLedger, configured_ledger, public_copy
 from tasks.params import ConsistencyBase
 from tasks.run import committed_plan
@@ -175,7 +183,8 @@ class ContingencyKind(ReleaseKind):
         table = table_of(spec)
         noisy = counts.read_column(measurements / NOISY, "noisy_count")
         marginals, values, A = self._marginals(spec)
-        x, info = _estimate(spec.release, table, noisy, marginals, values, A, committed_plan(measurements)["cells"].scale)
+        x, info = _estimate(spec.release, table, noisy, marginals, values, A,
+                            committed_plan(measurements)["cells"].scale)
         counts.write_vector(staging / TABLE, "cell", {"count": x}, **_level_columns(table))
         info.update({"public_marginal_cells": len(marginals),
                      "max_constraint_violation": float(np.abs(A @ x - values).max()) if len(values) else 0.0})

@@ -230,7 +230,8 @@ class HistogramKind(ReleaseKind):
 def _leaves(spec, noisy: np.ndarray, scale: float) -> tuple[np.ndarray, dict]:
     """The released leaves from the noisy tree, the committed plan's scale and the spec's public parameters."""
     p = spec.release
-    return consistent_leaves(tree_of(spec), noisy, p.consistency_method, noise_scale=scale, penalty=p.penalty, alpha=p.alpha,
+    return consistent_leaves(tree_of(spec), noisy, p.consistency_method, noise_scale=scale, penalty=p.penalty,
+                             alpha=p.alpha,
                              rho=p.rho)
 
 

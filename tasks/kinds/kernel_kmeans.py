@@ -25,8 +25,16 @@ from dpalgos.lazy import module
 from tasks import storage
 from tasks.errors import InputError
 from tasks.kinds.base import Draw, Footprint, ReleaseKind, noise_footprint
-from tasks.kinds.uncertainty import (Bootstrap, Center, Direct, Predicted, Product, UncertaintyParams, exact,
-                                     replicates_of)
+from tasks.kinds.uncertainty import (
+    Bootstrap,
+    Center,
+    Direct,
+    Predicted,
+    Product,
+    UncertaintyParams,
+    exact,
+    replicates_of,
+)
 from tasks.ledger import configured_ledger, public_copy
 from tasks.params import ReleaseBase
 from tasks.partitions import Partitioned, current_client

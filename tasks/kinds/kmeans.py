@@ -21,8 +21,17 @@ from dpalgos.intervals import NoiseLaw
 from dpalgos.lazy import module
 from tasks import storage
 from tasks.kinds.base import FLOPS, Draw, Footprint, ReleaseKind, noise_footprint
-from tasks.kinds.uncertainty import (Bootstrap, Center, Direct, Predicted, Product, UncertaintyParams, exact, matched,
-                                     replicates_of)
+from tasks.kinds.uncertainty import (
+    Bootstrap,
+    Center,
+    Direct,
+    Predicted,
+    Product,
+    UncertaintyParams,
+    exact,
+    matched,
+    replicates_of,
+)
 from tasks.params import ReleaseBase
 from tasks.partitions import Partitioned, current_client, read_points, write_points
 from tasks.run import StageOutput, committed_plan, read_meta
@@ -45,7 +54,8 @@ class KMeansParams(ReleaseBase, UncertaintyParams):
                           "sqrt(d)); default: l2_ball for d <= 2, box from d = 3 on")
     seeding: Literal["oversampled", "none"] | None = Field(
         None, description="oversampled: the first of the T rounds measures 4 x K data-independent candidates and "
-                          "weighted k-means on their noisy means gives the starting centroids (dpkmeans.oversampled_seeds); "
+                          "weighted k-means on their noisy means gives the starting centroids "
+                          "(dpkmeans.oversampled_seeds); "
                           "none: Algorithm 1 from data-independent centroids, as the paper; default: oversampled "
                           "when T >= 2")
     min_centroid_distance: float | None = Field(
@@ -113,7 +123,8 @@ def postprocessing_seed(measurements: Path) -> int:
 def _refinement_info(r: leekifer.Refinement, p) -> dict:
     info = {}
     if r.consistent is not None:
-        info["consistency"] = {"solver": "ADMM (Lee, Wang & Kifer Algorithm 1), L1", "iterations": r.consistent.iterations,
+        info["consistency"] = {"solver": "ADMM (Lee, Wang & Kifer Algorithm 1), L1",
+                               "iterations": r.consistent.iterations,
                                "converged": r.consistent.converged}
     if r.steps:
         info["mcmc"] = {"steps": r.steps, "simulated_dataset_size": r.dataset_size,
@@ -280,7 +291,8 @@ class KMeansKind(ReleaseKind):
         p = spec.release
         d = len(spec.dataset.columns)
         seeds = dpkmeans.SEED_MULTIPLE * p.k if seeded(spec) else 0
-        return TRAJECTORY, _in_domain(suites.kmeans_measurements(p.k, p.iterations - bool(seeds), d, seeds), domain_of(spec),
+        return TRAJECTORY, _in_domain(suites.kmeans_measurements(p.k, p.iterations - bool(seeds), d, seeds),
+                                      domain_of(spec),
                                       [f"centroid_{j}" for j in range(d)])
 
     def trajectory(self, spec, measurements: Path) -> dpkmeans.Trajectory:

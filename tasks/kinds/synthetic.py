@@ -56,14 +56,17 @@ class SyntheticParams(KernelKMeansParams):
     k: int = Field(dpgm.DEFAULT_K, ge=1, description="clusters (one generative model each)")
     iterations: int = Field(dpgm.DEFAULT_ITERATIONS, ge=1, description="DP kernel k-means iterations")
     model: Literal["vae", "rbm"] = Field("vae", description="generative model of every cluster")
-    hidden: list[Annotated[int, Field(ge=1)]] = Field([200], min_length=1, max_length=2, description="hidden units: [200] is the paper's "
-                                                                             "VAE, [200, 200] its appendix variant")
+    hidden: list[Annotated[int, Field(ge=1)]] = Field([200], min_length=1, max_length=2,
+                                                      description="hidden units: [200] is the paper's "
+                                                                  "VAE, [200, 200] its appendix variant")
     steps: int = Field(300, ge=1, description="DP-SGD steps (every step updates every cluster model)")
     q: float = Field(0.02, gt=0, le=1, description="Poisson sampling rate of every record at every step")
     lr: float | None = Field(None, gt=0, description="learning rate; default Adam 0.001 (VAE), 0.01 (RBM, the "
                                                      "paper's)")
     max_items: int = Field(30, ge=1, description="per-cluster item marginals: records weighted to at most this "
-                                                 "many items (the marginals table's L2 sensitivity is sqrt(max_items + 2), sqrt(5 (max_items + 2)) with the all-records rows of small item sets: dpgm.marginals_sensitivity)")
+                                                 "many items (the marginals table's L2 sensitivity is "
+                                                 "sqrt(max_items + 2), sqrt(5 (max_items + 2)) with the all-records "
+                                                 "rows of small item sets: dpgm.marginals_sensitivity)")
     c_max: float = Field(10.0, gt=0, description="DPNorm range (0, c_max] of per-example gradient norms")
     norm_bins: int = Field(100, ge=2, description="DPNorm histogram bins")
     budget_shares: tuple[float, float, float] = Field(

@@ -80,12 +80,14 @@ def main() -> None:
     xt = simulated(tree_plan(tree, epsilon=args.epsilon), rng)("tree", tree.aggregate(leaves))
     noise_scale = tree.levels / args.epsilon
     small = Tree(8, 2)
-    admm_l1(small, simulated(tree_plan(small, epsilon=1.0), rng)("tree", small.aggregate(np.ones(8))), 4.0)  # numba compilation, not timed
+    # numba compilation, not timed
+    admm_l1(small, simulated(tree_plan(small, epsilon=1.0), rng)("tree", small.aggregate(np.ones(8))), 4.0)
 
     admm_s, admm_cpu, admm_obj, its = admm_l1(tree, xt, noise_scale)
     bandwidth = stream_bandwidth(tree.size)
     floor_s = its * BYTES_PER_NODE * tree.size / bandwidth
-    print(f"tree: {m} leaves, {tree.size} nodes; ADMM {its} iterations, {admm_s:.3f}s ({admm_cpu:.3f}s CPU), L1 objective {admm_obj:.6g}")
+    print(f"tree: {m} leaves, {tree.size} nodes; ADMM {its} iterations, {admm_s:.3f}s ({admm_cpu:.3f}s CPU), "
+          f"L1 objective {admm_obj:.6g}")
     print(f"memory floor: {its} iterations x {BYTES_PER_NODE} B x {tree.size} nodes at {bandwidth / 1e9:.2f} GB/s "
           f"(numpy add, this run) = {floor_s:.3f}s; ADMM at {floor_s / admm_s:.0%} of it")
     highs_s = highs_cpu = opt = math.nan
@@ -93,7 +95,8 @@ def main() -> None:
         highs_s, highs_cpu, opt = highs_l1(tree, xt)
         print(f"HiGHS: {highs_s:.3f}s ({highs_cpu:.3f}s CPU), optimum {opt:.6g}")
     gap = (admm_obj - opt) / opt if not args.skip_highs else math.nan
-    print(f"RESULT leaves={m} admm_s={admm_s:.3f} floor_s={floor_s:.3f} admm_cpu_s={admm_cpu:.3f} highs_s={highs_s:.3f} speedup={highs_s / admm_s:.1f} cpu_speedup={highs_cpu / admm_cpu:.1f} "
+    print(f"RESULT leaves={m} admm_s={admm_s:.3f} floor_s={floor_s:.3f} admm_cpu_s={admm_cpu:.3f} "
+          f"highs_s={highs_s:.3f} speedup={highs_s / admm_s:.1f} cpu_speedup={highs_cpu / admm_cpu:.1f} "
           f"objective_gap={gap:.2e}")
 
 

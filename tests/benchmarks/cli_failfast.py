@@ -60,7 +60,8 @@ def main() -> None:
         data = tmp / "data.csv"
         data.write_text("x\n" + "\n".join(f"{i / 100:.2f}" for i in range(100)) + "\n")
         specs = {
-            "missing_input": SPEC.format(id="absent", path=tmp / "absent.csv", kind="kmeans", epsilon=1.0, extra="k: 2"),
+            "missing_input": SPEC.format(id="absent", path=tmp / "absent.csv", kind="kmeans", epsilon=1.0,
+                                         extra="k: 2"),
             "schema_error": SPEC.format(id="data", path=data, kind="kmeans", epsilon=1.0, extra="k: -2"),
             "over_budget": SPEC.format(id="data", path=data, kind="kmeans", epsilon=5.0, extra="k: 2"),
             "over_budget_histogram": SPEC.format(id="data", path=data, kind="histogram", epsilon=5.0,

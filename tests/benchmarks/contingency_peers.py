@@ -157,7 +157,8 @@ def one_run(table, x, order, eps, rng, mbi_jobs) -> dict[str, np.ndarray]:
         noisy_marginals = exact + rng.laplace(0.0, scale, exact.size)
         stddev = float(np.sqrt(2) * scale)
         mbi_jobs.append({**job, "method": "mbi_marginals", "measurements": marginal_measurements(
-            table, x, order, stddev / PUBLIC_WEIGHT) + marginal_measurements(table, x, order + 1, stddev, noisy_marginals)})
+            table, x, order, stddev / PUBLIC_WEIGHT)
+            + marginal_measurements(table, x, order + 1, stddev, noisy_marginals)})
     return out
 
 

@@ -1,6 +1,6 @@
 """DP k-means at scale: one DP Lloyd iteration over points held by a real dask LocalCluster (processes on
-loopback, 2 workers x 1 thread, library threads limited by `tasks.threads`), against a plain numpy pass over the same partitions and the memory-bandwidth
-limit measured in the same run. Last line:
+loopback, 2 workers x 1 thread, library threads limited by `tasks.threads`), against a plain numpy pass over the same
+partitions and the memory-bandwidth limit measured in the same run. Last line:
     RESULT dp_iteration_s=<t> numpy_pass_s=<t> bandwidth_limit_s=<t>
 
 dp_iteration_s    : `dpkmeans.dp_kmeans` for one iteration: `Partitioned.reduce(dpkmeans.cluster_stats)` plus

@@ -7,8 +7,8 @@ benchmark treats as public), k-means++ + Lloyd (best of 3) per subset, radius ch
 grid [1e-3, 1e5]; rho zCDP + delta' = 1e-8. Its (eps, delta) at delta = 1e-6 (dp_accounting) is the budget
 given to the project's DP k-means (Lee & Kifer Alg. 1, pure eps-DP: a stronger guarantee at the same eps), run on
 the data mapped into the unit L1 ball with the public bounds [-120, 120]^2 (so that the L1 projection does not
-move any point; the project's pipeline does the same scaling), T iterations from data-independent centroids (also run with eps = 1e9, to separate the effect of its noise from
-that of its data-independent initialisation).
+move any point; the project's pipeline does the same scaling), T iterations from data-independent centroids (also run
+with eps = 1e9, to separate the effect of its noise from that of its data-independent initialisation).
 Cost = WCSS on the original data / WCSS of scikit-learn k-means++ (best of 10) on the same data.
 "No friendly core" counts as a failure (cost +inf in the quantiles).
 
@@ -94,7 +94,8 @@ def main():
             for ppc in (float(v) for v in args.points_per_cluster.split(",")):
                 params, eps, f, d, _, fails, _ = run(n, args.runs, args, ppc)
                 fq, dq = fce.quantiles(f), fce.quantiles(d)
-                print(f"{n:>8} {ppc:>6g} {params.subsets:>6} {eps:6.3f} {fq[1]:9.4g} [{fq[0]:.4g}, {fq[2]:.4g}]".ljust(67)
+                print(f"{n:>8} {ppc:>6g} {params.subsets:>6} {eps:6.3f} {fq[1]:9.4g} "
+                      f"[{fq[0]:.4g}, {fq[2]:.4g}]".ljust(67)
                       + f" {fails:>3}/{args.runs:<4} {dq[1]:9.4g} [{dq[0]:.4g}, {dq[2]:.4g}]", flush=True)
         return
 
@@ -106,7 +107,8 @@ def main():
           f"{secs:.2f} s per run)")
     print(f"  friendly k-means      cost/k-means++ median {fq[1]:.4f}  q10 {fq[0]:.4f}  q90 {fq[2]:.4f}  "
           f"no core {fails}/{args.runs}")
-    print(f"  DP k-means (T={args.iterations}, pure eps={eps:.3f}) median {dq[1]:.4f}  q10 {dq[0]:.4f}  q90 {dq[2]:.4f}")
+    print(f"  DP k-means (T={args.iterations}, pure eps={eps:.3f}) median {dq[1]:.4f}  q10 {dq[0]:.4f}  "
+          f"q90 {dq[2]:.4f}")
     print(f"  DP k-means, same runs with eps=1e9    median {zq[1]:.4f}  q10 {zq[0]:.4f}  q90 {zq[2]:.4f}  "
           f"(data-independent initial centroids + T Lloyd steps)")
     print(f"RESULT median_normalized_cost={fq[1]:.6g} q10={fq[0]:.6g} q90={fq[2]:.6g}")

@@ -85,7 +85,8 @@ def default_run(args):
         for t in (2, 4):
             print(f"  {f'CoinPress t={t}, add/remove, n public':36s} median L2 {np.median(ar[f'cp{t}']):9.4g}")
     print(f"  FriendlyCore 'no friendly core' releases: {none}/{args.runs}")
-    print(f"RESULT friendlycore_l2={np.median(res['fc']):.6g} coinpress_l2={np.median(res[f'cp{args.coinpress_t}']):.6g} "
+    print(f"RESULT friendlycore_l2={np.median(res['fc']):.6g} "
+          f"coinpress_l2={np.median(res[f'cp{args.coinpress_t}']):.6g} "
           f"coinpress_t2_l2={np.median(res['cp2']):.6g} coinpress_t4_l2={np.median(res['cp4']):.6g} "
           f"friendlycore_plain_l2={np.median(res['fc_plain']):.6g} rho={args.rho:g}")
 

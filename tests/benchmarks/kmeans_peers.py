@@ -4,9 +4,9 @@
 scaled points' one mean, non-private).
 
 `ours` is what the `kmeans` kind releases: DP k-means (T rounds, the first seeding as the kind's default, the
-default domain of the dimension or --domain), then Lee & Kifer's refinement where `leekifer.refinement_expected_to_help` says so. Noise is
-simulated (seeded numpy, as every benchmark; the privacy facts are the plan's). diffprivlib gets the same
-scaled points with bounds [-1, 1] and the same epsilon (its own iteration count and budget split); it runs in
+default domain of the dimension or --domain), then Lee & Kifer's refinement where `leekifer.refinement_expected_to_help`
+says so. Noise is simulated (seeded numpy, as every benchmark; the privacy facts are the plan's). diffprivlib gets the
+same scaled points with bounds [-1, 1] and the same epsilon (its own iteration count and budget split); it runs in
 its own venv (diffprivlib 0.6.6 with scikit-learn 1.6.1: 0.6.6 fails to import with scikit-learn 1.9 and runs
 with 1.6-1.8, measured), created on first use in the benchmarks' cache folder (tests/benchmarks/_peer_venv.py;
 --peer-python names another interpreter), the points and centroids exchanged through temporary .npy files. A .npy --data
@@ -18,7 +18,8 @@ positive beyond noise):
     python tests/benchmarks/kmeans_peers.py --data ../shared/data/kmeans/s1.txt --k 15 --runs 10
     python tests/benchmarks/kmeans_peers.py --data ../shared/data/kmeans/adult_numeric.csv --k 5 --runs 10
     python tests/benchmarks/kmeans_peers.py --data ../shared/data/spatial/checkin_256_256.npy --k 5 --runs 10
-    python tests/benchmarks/kmeans_peers.py --data sklearn:wine --k 3 --runs 10     # also iris 3, breast_cancer 2, digits 10
+    # also iris 3, breast_cancer 2, digits 10
+    python tests/benchmarks/kmeans_peers.py --data sklearn:wine --k 3 --runs 10
 """
 
 from __future__ import annotations
@@ -44,7 +45,8 @@ def diffprivlib_centroids(points: str, out: str, k: int, epsilons: list[float], 
     warnings.filterwarnings("ignore")
     B = np.load(points)
     bounds = (-np.ones(B.shape[1]), np.ones(B.shape[1]))
-    C = np.array([[KMeans(n_clusters=k, epsilon=e, bounds=bounds, random_state=seed + 1000 * i + r).fit(B).cluster_centers_
+    C = np.array([[KMeans(n_clusters=k, epsilon=e, bounds=bounds,
+                          random_state=seed + 1000 * i + r).fit(B).cluster_centers_
                    for r in range(runs)] for i, e in enumerate(epsilons)])
     np.save(out, C)
 

@@ -39,7 +39,8 @@ def main() -> None:
           f"{time.perf_counter() - t0:.0f}s")
     fmt = lambda v: f"{v:.3f}"
     print("WCSS / k-means++ in the projected space:")
-    print(table.groupby(["method", "epsilon"])["ratio_projected"].mean().unstack("epsilon").dropna().to_string(float_format=fmt))
+    print(table.groupby(["method", "epsilon"])["ratio_projected"].mean().unstack("epsilon").dropna()
+          .to_string(float_format=fmt))
     means = table.groupby(["method", "epsilon"])["ratio"].mean()
     print("WCSS / k-means++ on the [-1, 1]-scaled data:")
     print(means.unstack("epsilon").to_string(float_format=fmt))

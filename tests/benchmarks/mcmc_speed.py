@@ -39,7 +39,8 @@ def main() -> None:
     rng = np.random.default_rng(0)
     P = normalise(points(args.n, rng))
     C0, _ = dpkmeans.data_independent_centroids(5, 2, rng)
-    traj = dpkmeans.dp_kmeans(dpkmeans.array_stats(P), C0, iterations=5, measure=simulated(dpkmeans.plan(epsilon=0.5, iterations=5), rng))
+    traj = dpkmeans.dp_kmeans(dpkmeans.array_stats(P), C0, iterations=5,
+                              measure=simulated(dpkmeans.plan(epsilon=0.5, iterations=5), rng))
     stats = leekifer.consistent_statistics(traj)
     leekifer.DatasetChain(traj, stats, seed=0).run(1000)  # compile
     chain = leekifer.DatasetChain(traj, stats, seed=1)
@@ -49,7 +50,8 @@ def main() -> None:
     rate = 10 * chain.size / seconds
     print(f"simulated dataset: {chain.size} points; 10N = {10 * chain.size} steps in {seconds:.2f}s, {cpu:.2f}s CPU "
           f"({rate:.3g} proposals/s, acceptance {chain.accepted / chain.steps:.3f})")
-    print(f"RESULT proposals_per_s={rate:.0f} cpu_proposals_per_s={10 * chain.size / cpu:.0f} chain_10N_s={seconds:.2f}")
+    print(f"RESULT proposals_per_s={rate:.0f} cpu_proposals_per_s={10 * chain.size / cpu:.0f} "
+          f"chain_10N_s={seconds:.2f}")
 
 
 if __name__ == "__main__":
