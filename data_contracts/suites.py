@@ -162,7 +162,7 @@ def kmeans_release(k: int, columns: Sequence[str], intervals: bool = False) -> C
                     + _intervals(gxe, checked),
                     table=[gxe.ExpectTableRowCountToEqual(value=k),
                            gxe.ExpectColumnDistinctValuesToEqualSet(column="cluster", value_set=list(range(k)))],
-                    derive=compose(_add_l1_norm(cols), interval_check(checked)))
+                    derive=compose(_add_l1_norm(cols), interval_check(checked, nullable=True)))
 
 
 def encoded(index: str, size: int, weight: str | None = None) -> Contract:
@@ -195,7 +195,8 @@ def indexed_table(stage: str, index: str, size: int, values: Sequence[str], *, n
             + _finite(gxe, values)
             + [gxe.ExpectColumnValuesToBeBetween(column=c, min_value=0) for c in nonnegative]
             + _intervals(gxe, intervals))
-    return Contract(stage, rows=rows, table=table, partitioned=False, derive=interval_check(intervals))
+    return Contract(stage, rows=rows, table=table, partitioned=False,
+                    derive=interval_check(intervals, nullable=True))
 
 
 #: The uncertainty columns that follow a published value column v: v_std (the noise's or the replicates'
@@ -220,8 +221,9 @@ def _with_intervals(values: Sequence[str]) -> list[str]:
 
 def interval_check(values: Sequence[str], nullable: bool = False) -> Callable[[pd.DataFrame], pd.DataFrame] | None:
     """Derive INTERVAL_VIOLATIONS: a value column breaks its rules in a row unless its std is finite and >= 0 and its
-    interval ends finite with lo <= hi, or (`nullable`: a value not released, "no friendly core") all three are
-    null. A missing column breaks them in every row. None without values."""
+    interval ends finite with lo <= hi, or (`nullable`: a value not released, "no friendly core", or a default
+    bootstrap skipped for its cost) all three are null. A missing column breaks them in every row. None without
+    values."""
     cols = list(values)
     if not cols:
         return None
@@ -317,7 +319,7 @@ def feature_centres(k: int, features: int, intervals: bool = False) -> Contract:
                     rows=[gxe.ExpectTableColumnsToMatchOrderedList(column_list=["cluster", "noisy_size"] + feats
                                                                    + _with_intervals(values))]
                     + _finite(gxe, feats) + [gxe.ExpectColumnValuesToBeBetween(column="noisy_size", min_value=0)]
-                    + _intervals(gxe, values), derive=interval_check(values),
+                    + _intervals(gxe, values), derive=interval_check(values, nullable=True),
                     table=[gxe.ExpectTableRowCountToEqual(value=k)])
 
 

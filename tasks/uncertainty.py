@@ -30,8 +30,16 @@ from threadpoolctl import threadpool_limits
 
 from data_contracts import suites
 from data_contracts.suites import Contract
-from dpalgos.intervals import percentile_interval
-from tasks.kinds.uncertainty import Bootstrap, Direct, Product, replicates_of
+from dpalgos.intervals import min_replicates, percentile_interval
+from tasks.kinds.uncertainty import (
+    MAX_DEFAULT_BOOTSTRAP_SECONDS,
+    Bootstrap,
+    Direct,
+    Product,
+    bootstrap_planned,
+    replicates_of,
+    skipped_seconds,
+)
 from tasks.run import committed_plan
 
 UNCERTAINTY = "uncertainty.json"
@@ -78,13 +86,23 @@ def add_uncertainty(kind, spec, measurements: Path, staging: Path, log) -> Made:
     made = Made([], {})
     direct = _annotate(kind.direct_values(spec, measurements, plan), measurements, staging, confidence, made)
     count = replicates_of(kind, spec, measurements)
-    boot = kind.bootstrap(spec, measurements, staging, plan) if count else None
+    planned = bootstrap_planned(kind, spec)
+    boot = kind.bootstrap(spec, measurements, staging, plan) if planned else None
     seed = seed_of(measurements)
-    if boot is not None:
+    skipped = None
+    if boot is not None and count:
         log.info("bootstrap of the postprocessed products: %d replicates (post-processing; seed from the "
                  "measurements)", count)
         _replicate(boot, count, seed, staging, confidence, made)
-    summary = _summary(direct, boot, count, seed, confidence)
+    elif boot is not None:
+        seconds = skipped_seconds(kind, spec, measurements)
+        skipped = (f"skipped by default: its fewest replicates at this confidence would take about {seconds:.0f} s "
+                   f"(more than {MAX_DEFAULT_BOOTSTRAP_SECONDS:.0f} s); the intervals of these products are null. "
+                   f"Set the spec's replicates (at least {min_replicates(confidence)}) to run it")
+        log.info("bootstrap of the postprocessed products %s", skipped)
+        _write_null_intervals(boot, staging, made)
+        boot = None
+    summary = _summary(direct, boot, count, seed, confidence, skipped)
     (staging / UNCERTAINTY).write_text(json.dumps(summary, indent=2))
     made.files.append(UNCERTAINTY)
     return made
@@ -151,6 +169,22 @@ def _replicate(boot: Bootstrap, count: int, seed: int, staging: Path, confidence
             _write_replicates(product, values, staging, made)
 
 
+def _write_null_intervals(boot: Bootstrap, staging: Path, made: Made) -> None:
+    """The products' interval columns, null: the columns their contracts expect, with nothing computed."""
+    for product in boot.products:
+        if product.intervals != "bootstrap":
+            continue
+        table = original = pq.read_table(staging / product.file)
+        for name in suites.interval_columns(product.columns):
+            table = table.append_column(name, pa.nulls(original.num_rows, pa.float64()))
+        pq.write_table(table, staging / product.file)
+        if product.file not in made.files:
+            made.files.append(product.file)
+        made.contracts[product.file] = suites.uncertainty_columns(f"uncertainty_{Path(product.file).stem}",
+                                                                  original.column_names, product.columns,
+                                                                  nullable=True)
+
+
 def _simulated(boot: Bootstrap, rng: np.random.Generator) -> dict[str, np.ndarray]:
     return {c.mechanism: c.values + c.law.sample(rng, np.shape(c.values)) for c in boot.centers}
 
@@ -185,7 +219,8 @@ def _write_replicates(product: Product, values: np.ndarray, staging: Path, made:
                                              count)
 
 
-def _summary(direct: dict, boot: Bootstrap | None, count: int, seed: int, confidence: float) -> dict:
+def _summary(direct: dict, boot: Bootstrap | None, count: int, seed: int, confidence: float,
+             skipped: str | None = None) -> dict:
     out = {"confidence": confidence, "privacy": PRIVACY,
            "columns": "each value column v of a file below is followed by v_std (standard deviation), v_lo and "
                       "v_hi (two-sided interval at the confidence)",
@@ -193,7 +228,7 @@ def _summary(direct: dict, boot: Bootstrap | None, count: int, seed: int, confid
                                 "for integer laws the interval's coverage is the attained one, >= confidence",
                       "files": direct}}
     if boot is None:
-        reason = "no postprocessed product, or nothing released" if count else "replicates: 0"
+        reason = skipped or ("no postprocessed product, or nothing released" if count else "replicates: 0")
         out["bootstrap"] = {"replicates": 0, "reason": reason}
         return out
     out["bootstrap"] = {

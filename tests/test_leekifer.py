@@ -88,7 +88,7 @@ def test_metropolis_hastings_samples_the_target_on_a_tiny_case():
 def test_refinement_reads_only_measurements_and_public_parameters():
     params = set(inspect.signature(leekifer.refine).parameters)
     assert params == {"traj", "consistency", "mcmc", "steps", "delta", "temperature", "n_init", "seed",
-                      "trace_points", "progress"}
+                      "trace_points", "progress", "phase"}
     traj, P = _trajectory(0.1)
     r = leekifer.refine(traj, seed=4, steps=20_000)
     assert r.centroids.shape == traj.final_centroids.shape

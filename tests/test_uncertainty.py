@@ -115,6 +115,32 @@ def test_default_replicates_follow_the_public_cost(tmp_path):
     assert replicates_of(REGISTRY["matrix_mechanism"], big) == 39  # 0.47 s a reconstruction: the fewest at 0.95
 
 
+
+def test_a_default_bootstrap_too_costly_is_skipped_with_null_intervals_and_a_reason(tmp_path, monkeypatch):
+    """A refinement's replicates grow with the noisy record count: at 1 s each the fewest (39) would take 39 s, past
+    MAX_DEFAULT_BOOTSTRAP_SECONDS, so the default skips it (null interval columns that still pass the release
+    contract, the reason in uncertainty.json); a spec that asks for replicates gets them whatever they cost."""
+    from data_contracts.validate import validate_parquet
+    from tasks.kinds.uncertainty import MAX_DEFAULT_BOOTSTRAP_SECONDS
+
+    hist = REGISTRY["histogram"]
+    monkeypatch.setattr(type(hist), "replicate_seconds", lambda self, spec, measurements=None: 1.0)
+    assert 39 * 1.0 > MAX_DEFAULT_BOOTSTRAP_SECONDS
+    spec = _spec(tmp_path)
+    made = []
+    release = _release(spec, tmp_path / "r", np.random.default_rng(3), made)
+    leaves = pq.read_table(release / "histogram.parquet")
+    assert all(leaves[c].null_count == 16 for c in ("count_std", "count_lo", "count_hi"))
+    assert not (release / "histogram_replicates.parquet").exists()
+    reason = json.loads((release / "uncertainty.json").read_text())["bootstrap"]["reason"]
+    assert "skipped by default" in reason and "about 39 s" in reason
+    name, contract = hist.release_contract(spec)
+    validate_parquet(release / name, contract)
+    for file, c in made[0].contracts.items():
+        validate_parquet(release / file, c)
+    asked = _release(_spec(tmp_path, replicates=39), tmp_path / "asked", np.random.default_rng(3))
+    assert pq.read_table(asked / "histogram.parquet")["count_lo"].null_count == 0
+
 TRUTH = np.array([0, 0, 1, 3, 40, 80, 120, 60, 30, 10, 5, 2, 0, 150, 200, 90], dtype=float)
 
 

@@ -7,6 +7,8 @@ from __future__ import annotations
 from tasks.kinds import contingency, friendlycore, histogram, kernel_kmeans, kmeans, matrix_mechanism, synthetic
 from tasks.kinds.base import ReleaseKind
 
+__all__ = ["REGISTRY", "ReleaseKind", "kind_of"]
+
 REGISTRY: dict[str, ReleaseKind] = {k.name: k for k in (
     kmeans.KIND,
     histogram.KIND,

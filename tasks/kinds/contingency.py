@@ -22,8 +22,8 @@ from tasks.kinds.uncertainty import (
     Predicted,
     Product,
     UncertaintyParams,
+    bootstrap_planned,
     exact,
-    replicates_of,
 )
 from tasks.ledger import PrivacyLedger, configured_ledger, public_copy
 from tasks.params import ConsistencyBase
@@ -195,7 +195,7 @@ class ContingencyKind(ReleaseKind):
         t = table_of(spec)
         return TABLE, suites.indexed_table("release", "cell", t.size, ["count"], nonnegative=["count"],
                                            other_columns=t.names,
-                                           intervals=["count"] if replicates_of(self, spec) else [])
+                                           intervals=["count"] if bootstrap_planned(self, spec) else [])
 
     def direct_values(self, spec, measurements, plan):
         return [Direct(NOISY, "noisy_count", "cells", NoiseLaw.of(plan["cells"]))]

@@ -21,7 +21,7 @@ from dpalgos.intervals import NoiseLaw
 from dpalgos.lazy import module
 from tasks.kinds import planning
 from tasks.kinds.base import Draw, Footprint, ReleaseKind, noise_footprint
-from tasks.kinds.uncertainty import Bootstrap, Center, Direct, Product, UncertaintyParams, exact, replicates_of
+from tasks.kinds.uncertainty import Bootstrap, Center, Direct, Product, UncertaintyParams, bootstrap_planned, exact
 from tasks.params import ConsistencyBase, is_power
 from tasks.run import committed_plan
 
@@ -159,7 +159,7 @@ class HistogramKind(ReleaseKind):
     def release_contract(self, spec):
         return HISTOGRAM, suites.indexed_table("release", "bin", spec.release.bins, ["count"], nonnegative=["count"],
                                                other_columns=["lower", "upper"],
-                                               intervals=["count"] if replicates_of(self, spec) else [])
+                                               intervals=["count"] if bootstrap_planned(self, spec) else [])
 
     def direct_values(self, spec, measurements, plan):
         return [Direct(NOISY, "noisy_count", "tree", NoiseLaw.of(plan["tree"]))]

@@ -32,8 +32,8 @@ from tasks.kinds.uncertainty import (
     Predicted,
     Product,
     UncertaintyParams,
+    bootstrap_planned,
     exact,
-    replicates_of,
 )
 from tasks.ledger import configured_ledger, public_copy
 from tasks.params import ReleaseBase
@@ -249,7 +249,7 @@ class KernelKMeansKind(ReleaseKind):
 
     def release_contract(self, spec):
         return CENTRES, suites.feature_centres(spec.release.k, spec.release.features,
-                                               intervals=replicates_of(self, spec) > 0)
+                                               intervals=bootstrap_planned(self, spec))
 
     def direct_values(self, spec, measurements, plan):
         return noisy_sizes(plan)

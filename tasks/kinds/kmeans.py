@@ -28,9 +28,9 @@ from tasks.kinds.uncertainty import (
     Predicted,
     Product,
     UncertaintyParams,
+    bootstrap_planned,
     exact,
     matched,
-    replicates_of,
 )
 from tasks.params import ReleaseBase
 from tasks.partitions import Partitioned, current_client, read_points, write_points
@@ -334,7 +334,7 @@ class KMeansKind(ReleaseKind):
         pq.write_table(pa.table({"cluster": cluster, **{c: C[:, j] for j, c in enumerate(cols)}}), path)
 
     def release_contract(self, spec):
-        intervals = replicates_of(self, spec) > 0
+        intervals = bootstrap_planned(self, spec)
         return CENTROIDS, _in_domain(suites.kmeans_release(spec.release.k, spec.dataset.columns, intervals=intervals),
                                      domain_of(spec), spec.dataset.columns, intervals)
 

@@ -14,7 +14,7 @@ from dpalgos.intervals import NoiseLaw
 from dpalgos.lazy import module
 from tasks.kinds import planning
 from tasks.kinds.base import Draw, ReleaseKind, dense_footprint, noise_footprint
-from tasks.kinds.uncertainty import Bootstrap, Center, Direct, Product, UncertaintyParams, exact, replicates_of
+from tasks.kinds.uncertainty import Bootstrap, Center, Direct, Product, UncertaintyParams, bootstrap_planned, exact
 from tasks.params import ConsistencyBase, is_power
 from tasks.run import committed_plan
 
@@ -141,7 +141,7 @@ class MatrixMechanismKind(ReleaseKind):
     def release_contract(self, spec):
         return ESTIMATE, suites.indexed_table("release", "bin", spec.release.bins, ["count"], nonnegative=["count"],
                                               other_columns=["lower", "upper"],
-                                              intervals=["count"] if replicates_of(self, spec) else [])
+                                              intervals=["count"] if bootstrap_planned(self, spec) else [])
 
     def direct_values(self, spec, measurements, plan):
         return [Direct(NOISY, "noisy_answer", "strategy", NoiseLaw.of(plan["strategy"]))]

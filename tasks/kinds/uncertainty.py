@@ -33,6 +33,10 @@ optimize = module("scipy.optimize")
 #: `replicate_seconds`), between the fewest the confidence allows and MAX_DEFAULT_REPLICATES.
 BOOTSTRAP_SECONDS = 8.0
 MAX_DEFAULT_REPLICATES = 199
+#: A default bootstrap whose fewest replicates would take longer than this (at the kind's public cost estimate: a
+#: refinement's MCMC grows with the noisy record count) is skipped, its interval columns null and uncertainty.json
+#: saying so: a release must not become many times slower unasked. A spec's `replicates` runs it anyway.
+MAX_DEFAULT_BOOTSTRAP_SECONDS = 30.0
 #: The most replicates a spec may ask for (each is one rerun of the kind's postprocessing).
 MAX_REPLICATES = 10_000
 
@@ -139,11 +143,17 @@ def matched(released: np.ndarray, replicate: np.ndarray) -> np.ndarray:
     return out
 
 
+def bootstrap_planned(kind, spec) -> bool:
+    """Whether the release's postprocessed products carry bootstrap interval columns: from the spec alone (their
+    contracts are built from it). The columns are null where the default bootstrap was skipped (`replicates_of`)."""
+    return kind.bootstraps(spec) and spec.release.replicates != 0
+
+
 def replicates_of(kind, spec, measurements: Path | None = None) -> int:
     """B: the spec's `replicates`, else as many as fit BOOTSTRAP_SECONDS at the kind's public cost estimate (from
     the spec, and the measurements when given), rounded down to a count whose interval ends are exact order
     statistics ((B + 1)(1 - c) / 2 an integer: 199, 159, ..., 39 at 0.95), never below the fewest the confidence
-    allows. Whether B > 0 depends on the spec alone (the products' contracts are built from it)."""
+    allows; 0 when even the fewest would take longer than MAX_DEFAULT_BOOTSTRAP_SECONDS."""
     p = spec.release
     if p.replicates is not None:
         return p.replicates
@@ -151,6 +161,13 @@ def replicates_of(kind, spec, measurements: Path | None = None) -> int:
         return 0
     fewest = min_replicates(p.confidence)
     cost = kind.replicate_seconds(spec, measurements)
+    if fewest * cost > MAX_DEFAULT_BOOTSTRAP_SECONDS:
+        return 0
     fit = MAX_DEFAULT_REPLICATES if cost <= 0 else int(min(BOOTSTRAP_SECONDS / cost, MAX_DEFAULT_REPLICATES))
     step = fewest + 1 if (fewest + 1) * (1.0 - p.confidence) / 2.0 > 1.0 - 1e-9 else 1
     return max(fewest, (fit + 1) // step * step - 1)
+
+
+def skipped_seconds(kind, spec, measurements: Path) -> float:
+    """The estimated seconds of the fewest replicates of a default bootstrap that `replicates_of` skipped."""
+    return min_replicates(spec.release.confidence) * kind.replicate_seconds(spec, measurements)
