@@ -158,7 +158,7 @@ def _in_domain(contract: suites.Contract, domain_name: str, columns, intervals: 
     def derive(frame):
         present = [c for c in cols if c in frame.columns]
         return frame.assign(**{suites.L1_NORM: domain.gauge(frame[present].to_numpy(dtype=np.float64), domain_name)})
-    checked = suites.interval_check(cols if intervals else [])
+    checked = suites.interval_check(cols if intervals else [], nullable=True)  # null: a bootstrap skipped
     return dataclasses.replace(contract, derive=suites.compose(derive, checked))
 
 
