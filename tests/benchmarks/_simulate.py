@@ -32,17 +32,22 @@ class Recorded(NoiseSource):
     private = True
 
     def __init__(self):
-        self.inner, self.calls = ExactNoise(), []
+        self.inner, self.calls, self.drawn = ExactNoise(), [], []
 
     def add(self, mechanism, values, scale):
         self.calls.append((mechanism.name, np.array(values, dtype=np.float64, copy=True)))
-        return self.inner.add(mechanism, values, scale)
+        out = self.inner.add(mechanism, values, scale)
+        self.drawn.append((mechanism.name, np.array(out, dtype=np.float64, copy=True)))
+        return out
 
     def step_generator(self):
         return self.inner.step_generator()
 
     def exact(self, name: str) -> list[np.ndarray]:
         return [v for n, v in self.calls if n == name]
+
+    def noisy(self, name: str) -> list[np.ndarray]:
+        return [v for n, v in self.drawn if n == name]
 
 
 @dataclass

@@ -200,11 +200,22 @@ class Mean(Case):
         return {"id": "coverage", "path": str(folder / "points.parquet"), "numeric": ["a", "b"]}
 
     def direct(self, sim):
-        m = sim.noise.exact("fc_mean")[0]
+        m = self._truth(sim)
         return {("result.parquet", "a"): m[:1], ("result.parquet", "b"): m[1:]}
 
     def query_truth(self, sim):
-        return sim.noise.exact("fc_mean")[0][None, :]
+        return self._truth(sim)[None, :]
+
+    @staticmethod
+    def _truth(sim) -> np.ndarray:
+        """What the published mean's noise was added to: the friendly mean, or for the refined mean (the default)
+        c1 + S / D with S the exact clipped sum: the published value less the clipped sum's noise over D."""
+        info = json.loads((sim.release / "friendlycore.json").read_text())
+        if not info.get("refined"):
+            return sim.noise.exact("fc_mean")[0]
+        released = sim.table("result.parquet")[["a", "b"]].to_numpy()[0]
+        noise = sim.noise.noisy("fc_refine")[0] - sim.noise.exact("fc_refine")[0]
+        return released - noise / max(info["noisy_count"], info["weight_lower_bound"])
 
     def queries(self, rng, shape, count):
         return [rng.normal(size=shape) for _ in range(count)]
