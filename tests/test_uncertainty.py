@@ -1,6 +1,6 @@
 """Every published value with its uncertainty (tasks/uncertainty.py, dpalgos/intervals.py): exact noise laws,
 the bootstrap's coverage and reproducibility, the replicates' queries, the spec's fields, the planner and its
-commands. Each test is seconds; the figures over hundreds of releases are tests/benchmarks/coverage.py's."""
+commands. Each test is seconds; the figures over hundreds of releases are tests/benchmarks/interval_coverage.py's."""
 
 from __future__ import annotations
 

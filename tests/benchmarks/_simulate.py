@@ -69,7 +69,7 @@ class Simulator:
         self.kind = kind_of(self.spec)
         run = RunPaths(folder / "prepared")
         run.internal.mkdir(parents=True, exist_ok=True)
-        ingested = ingest_dataset(self.spec.dataset, run.internal / "ingested", LOG)
+        ingested = ingest_dataset(self.spec.dataset, run.stage("ingested"), run.internal, LOG)
         self.prepared = self.kind.prepare(self.spec, ingested, run, LOG)
 
     def release(self, folder: Path) -> Simulated:

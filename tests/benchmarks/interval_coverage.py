@@ -1,10 +1,11 @@
-"""Empirical coverage of the published intervals: simulate many releases of one kind on a fixed dataset whose
+"""Empirical coverage of the published intervals (not named coverage.py: a script's folder is first on sys.path, and
+numba imports the `coverage` package if it finds one): simulate many releases of one kind on a fixed dataset whose
 truth is known (the exact statistic of every noise call is recorded), each through the kind's own draw with the
 production samplers, its postprocessing and the uncertainty step, and count how often each published interval
 holds the truth: direct measurements (analytic), postprocessed values (bootstrap), and random range or linear
 queries answered through the published replicates (`tasks.replicates`).
 
-    python tests/benchmarks/coverage.py --kind histogram [--runs 500] [--queries 100] [--set epsilon=0.5 ...]
+    python tests/benchmarks/interval_coverage.py --kind histogram [--runs 500] [--queries 100] [--set epsilon=0.5 ...]
 
 Kinds: histogram, contingency, matrix_mechanism, kmeans, mean. Last line:
 RESULT kind=K nominal=0.95 direct=... postprocessed=... queries=... runs=N B=B. Detail lines give, per published
