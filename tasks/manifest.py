@@ -27,14 +27,6 @@ _PACKAGES = ("dprelease", "numpy", "scipy", "dp-accounting", "opendp", "prefect"
              "great-expectations", "scikit-learn", "numba", "llvmlite", "pyarrow", "polars", "pandas", "threadpoolctl")
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def _versions() -> dict:
     out = {}
     for name in _PACKAGES:
@@ -117,7 +109,7 @@ def publish_release(spec: ReleaseSpec, release_id: str, run: RunPaths, staging: 
     }
     digest = manifest_digest(manifest)
     describe(staging, manifest, digest)
-    manifest["files"] = {str(p.relative_to(staging)): {"sha256": _sha256(p), "bytes": p.stat().st_size}
+    manifest["files"] = {str(p.relative_to(staging)): {"sha256": storage.file_sha256(p), "bytes": p.stat().st_size}
                          for p in sorted(staging.rglob("*")) if p.is_file()}
     manifest["manifest_sha256"] = {"sha256": digest, "over": DIGEST_COVERS}
     publish(run, staging, manifest)

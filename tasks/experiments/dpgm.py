@@ -8,6 +8,7 @@ The noise of the three parts (clustering, per-cluster marginals, DP-SGD) is cali
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 import scipy.sparse as sp
@@ -47,19 +48,20 @@ def cluster(X: sp.csr_matrix, settings: DPGMSettings, measure, rng: np.random.Ge
 
 def measured_table(X: sp.csr_matrix, settings: DPGMSettings, rng: np.random.Generator) -> np.ndarray:
     """The noisy marginals table of a run (clustering and the table's measurement only, as `run` draws them)."""
-    cfg, min_length = settings.sgd, 0 if settings.empty_records else 1
-    noise = dpgm.calibrate(epsilon=settings.epsilon, delta=settings.delta,
-                           kmeans_iterations=settings.kmeans_iterations, q=cfg.q, steps=cfg.steps,
-                           max_items=settings.max_items, shares=settings.shares)
-    plan = dpgm.plan(noise, kmeans_iterations=settings.kmeans_iterations, q=cfg.q, steps=cfg.steps,
-                     max_items=settings.max_items, min_length=min_length)
-    measure = simulated(plan, rng)
-    _, labels = cluster(X, settings, measure, rng)
-    return measure("marginals", dpgm.cluster_counts(X, labels, settings.k, settings.max_items, min_length))
+    return _clustered(X, settings, rng).table
 
 
-def run(X: sp.csr_matrix, settings: DPGMSettings, rng: np.random.Generator):
-    """Train the mixture; returns (synthetic records, guarantee, diagnostics)."""
+class _Clustered(NamedTuple):
+    noise: object
+    plan: object
+    measure: object
+    labels: np.ndarray
+    table: np.ndarray
+
+
+def _clustered(X: sp.csr_matrix, settings: DPGMSettings, rng: np.random.Generator) -> _Clustered:
+    """A run's calibration and plan, its simulated measure, the clustering's labels and the noisy marginals table
+    (the draws `run` makes before training, in its order)."""
     cfg, min_length = settings.sgd, 0 if settings.empty_records else 1
     noise = dpgm.calibrate(epsilon=settings.epsilon, delta=settings.delta,
                            kmeans_iterations=settings.kmeans_iterations, q=cfg.q, steps=cfg.steps,
@@ -69,6 +71,13 @@ def run(X: sp.csr_matrix, settings: DPGMSettings, rng: np.random.Generator):
     measure = simulated(plan, rng)
     _, labels = cluster(X, settings, measure, rng)
     table = measure("marginals", dpgm.cluster_counts(X, labels, settings.k, settings.max_items, min_length))
+    return _Clustered(noise, plan, measure, labels, table)
+
+
+def run(X: sp.csr_matrix, settings: DPGMSettings, rng: np.random.Generator):
+    """Train the mixture; returns (synthetic records, guarantee, diagnostics)."""
+    cfg, min_length = settings.sgd, 0 if settings.empty_records else 1
+    noise, plan, measure, labels, table = _clustered(X, settings, rng)
     marg, sizes = dpgm.marginals_and_sizes(table, X.shape[1])
     lengths = dpgm.length_distributions(table, X.shape[1], min_length)
     members = [np.flatnonzero(labels == c) for c in range(settings.k)]

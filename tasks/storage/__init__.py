@@ -15,6 +15,7 @@ from tasks.storage.io import (
                               digest,
                               download,
                               exists,
+                              file_sha256,
                               files,
                               filesystem,
                               identity,
@@ -40,6 +41,6 @@ from tasks.storage.locations import (
                               within,
 )
 
-__all__ = ["EXTRAS", "SCHEMES", "canonical", "check_supported", "copy_into", "digest", "download", "exists", "files",
-           "filesystem", "identity", "is_dir", "is_url", "join", "makedirs", "name", "parent", "read_bytes",
-           "read_table", "relative", "remove", "upload", "within", "write_bytes", "write_table"]
+__all__ = ["EXTRAS", "SCHEMES", "canonical", "check_supported", "copy_into", "digest", "download", "exists",
+           "file_sha256", "files", "filesystem", "identity", "is_dir", "is_url", "join", "makedirs", "name", "parent",
+           "read_bytes", "read_table", "relative", "remove", "upload", "within", "write_bytes", "write_table"]
