@@ -13,7 +13,15 @@ and the run waits for its whole boot. Measured 2026-11-26 on the 2-core machine 
 --example --no-evaluate` alternating (tests/benchmarks/api_server.py): 16.9 s median with this launcher, 21.3 s
 with Prefect's ephemeral server. The command line is the one Prefect's ephemeral server runs
 (`prefect.server.api.server:create_app` under uvicorn, the same environment flags); it is the part of Prefect this
-project depends on most closely, checked on every Prefect minor the project allows (docs/reference/pins.md)."""
+project depends on most closely, checked on every Prefect minor the project allows (docs/reference/pins.md).
+
+Two things keep the server off the run's critical path. A thread of the CLI sends the server its first requests
+(`WARM_UP`: reads only) as soon as it answers, while the CLI is still importing: a new server's first answers are
+slow (0.4 s for the first, 0.3 s for the first write, measured), and the flow's own first requests would wait for
+them. And a finished run does not wait for the server's shutdown (0.4-0.6 s): it sends the signal and leaves, the
+server finishes shutting down on its own, and the guard (flows/guard.py), re-parented, stops it if it hangs. The
+server's output goes to a temporary file, not the CLI's streams, so that a caller reading the CLI's pipes to their
+end does not wait for the server either; its last line is in the error when it fails to start."""
 
 from __future__ import annotations
 
@@ -24,6 +32,8 @@ import os
 import socket
 import subprocess
 import sys
+import tempfile
+import threading
 import time
 import urllib.request
 from contextlib import contextmanager
@@ -32,6 +42,10 @@ from typing import Iterator
 
 #: Exit code of uvicorn when its port is taken (Prefect's ephemeral server retries on another port too).
 PORT_TAKEN = 3
+#: The first requests of a run's flow, made read-only (GET, or POST to a filter endpoint), sent to a new server as
+#: soon as it is healthy: the version check every client starts with, then the flow and flow-run tables.
+WARM_UP = (("GET", "/admin/version", None), ("POST", "/flows/filter", b'{"limit": 1}'),
+           ("POST", "/flow_runs/filter", b'{"limit": 1}'))
 
 
 def _free_port() -> int:
@@ -59,11 +73,32 @@ class TemporaryServer:
         self.api_url = f"http://127.0.0.1:{self.port}/api"
         prefect_dir = Path(importlib.util.find_spec("prefect").submodule_search_locations[0])
         env = {**os.environ, "PREFECT_UI_ENABLED": "0", "PREFECT__SERVER_EPHEMERAL": "1", "PREFECT__SERVER_FINAL": "1"}
+        self.output = tempfile.TemporaryFile()
         self.process = subprocess.Popen(
             [sys.executable, "-m", "uvicorn", "--app-dir", str(prefect_dir.parent), "--factory",
              "prefect.server.api.server:create_app", "--host", "127.0.0.1", "--port", str(self.port),
-             "--log-level", "error", "--lifespan", "on"], env=env)
-        self.guard = subprocess.Popen([sys.executable, "-m", "flows.guard", str(os.getpid()), str(self.process.pid)])
+             "--log-level", "error", "--lifespan", "on"], env=env, stdin=subprocess.DEVNULL,
+            stdout=self.output, stderr=subprocess.STDOUT)
+        self.guard = subprocess.Popen([sys.executable, "-m", "flows.guard", str(os.getpid()), str(self.process.pid)],
+                                      stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        threading.Thread(target=self._warm_up, args=(self.process, self.api_url), daemon=True,
+                         name="prefect-server-warm-up").start()
+
+    @staticmethod
+    def _warm_up(process: subprocess.Popen, api_url: str, timeout: float = 60.0) -> None:
+        """`WARM_UP` once the server answers; gives up when the process has exited or after `timeout`."""
+        deadline = time.monotonic() + timeout
+        while process.poll() is None and time.monotonic() < deadline:
+            if _healthy(api_url):
+                for method, path, body in WARM_UP:
+                    request = urllib.request.Request(api_url + path, data=body, method=method,
+                                                     headers={"Content-Type": "application/json"})
+                    try:
+                        urllib.request.urlopen(request, timeout=10).close()
+                    except OSError:
+                        return
+                return
+            time.sleep(0.1)
 
     def wait_healthy(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout
@@ -73,30 +108,48 @@ class TemporaryServer:
                 self.stop()
                 self._start()
             elif code is not None:
-                raise RuntimeError(f"the temporary Prefect API server exited with code {code} while starting")
-            try:
-                with urllib.request.urlopen(f"{self.api_url}/health", timeout=2) as response:
-                    if response.status == 200:
-                        return
-            except OSError:
-                pass
+                raise RuntimeError(f"the temporary Prefect API server exited with code {code} while starting"
+                                   f"{self._last_output()}")
+            if _healthy(self.api_url):
+                return
             time.sleep(0.1)
         self.stop()
         raise RuntimeError(f"the temporary Prefect API server did not start within {timeout:g} s "
                            f"(PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS)")
 
-    def stop(self) -> None:
+    def output_lines(self) -> list[str]:
+        """What the server has printed (its log records at level error and above, uvicorn's start-up errors)."""
+        if self.process is None:
+            return []
+        self.output.seek(0)
+        return [line.strip() for line in self.output.read().decode(errors="replace").splitlines() if line.strip()]
+
+    def _last_output(self) -> str:
+        lines = self.output_lines()
+        return f": {lines[-1]}" if lines else ""
+
+    def stop(self, wait: bool = True) -> None:
+        """Stop the server; with `wait=False` (the end of a finished run) send the signal and leave its shutdown to
+        the server and the guard."""
         if self.process is not None:
             self.process.terminate()
-            try:
-                self.process.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-            self.process = None
-        if self.guard is not None:
-            self.guard.wait(10)  # it exits when the server is gone
-            self.guard = None
+            if wait:
+                try:
+                    self.process.wait(timeout=5)
+                except subprocess.TimeoutExpired:
+                    self.process.kill()
+                    self.process.wait()
+                self.guard.wait(10)  # it exits when the server is gone
+            self.process = self.guard = None
+            self.output.close()
+
+
+def _healthy(api_url: str) -> bool:
+    try:
+        with urllib.request.urlopen(f"{api_url}/health", timeout=2) as response:
+            return response.status == 200
+    except OSError:
+        return False
 
 
 @contextmanager
@@ -104,7 +157,14 @@ def prefect_api(server: TemporaryServer | None) -> Iterator[str]:
     """The API URL for the run: the operator's, or the launched server's once healthy; stopped on exit."""
     from prefect.events.worker import EventsWorker
     from prefect.logging.handlers import APILogWorker
-    from prefect.settings import PREFECT_API_URL, PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS, temporary_settings
+    from prefect.settings import (
+        PREFECT_API_URL,
+        PREFECT_FLOWS_HEARTBEAT_FREQUENCY,
+        PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS,
+        temporary_settings,
+    )
+
+    from tasks.retry import INTERNAL_LOG
 
     if PREFECT_API_URL.value():
         if server is not None:
@@ -115,7 +175,10 @@ def prefect_api(server: TemporaryServer | None) -> Iterator[str]:
     server.wait_healthy(PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS.value())
     logging.getLogger("dprelease").info("temporary Prefect API server at %s", server.api_url)
     try:
-        with temporary_settings(updates={PREFECT_API_URL: server.api_url}):
+        # No flow-run heartbeats to a temporary server: they let a server mark a run whose process died as
+        # crashed, and this server dies with the process; their thread sleeps in 1 s steps, so the end of every
+        # flow waited for it (0 to 1 s, 0.7 s measured).
+        with temporary_settings(updates={PREFECT_API_URL: server.api_url, PREFECT_FLOWS_HEARTBEAT_FREQUENCY: None}):
             try:
                 yield server.api_url
             finally:
@@ -124,4 +187,6 @@ def prefect_api(server: TemporaryServer | None) -> Iterator[str]:
                 EventsWorker.drain_all(timeout=30, at_exit=False)
                 APILogWorker.drain_all(timeout=30, at_exit=False)
     finally:
-        server.stop()
+        for line in server.output_lines():  # to the run's log file, as the terminal showed them before
+            INTERNAL_LOG.warning("prefect server: %s", line)
+        server.stop(wait=False)

@@ -18,7 +18,7 @@ from prefect.runtime import flow_run
 from prefect.states import Failed, State
 
 from data_contracts import suites
-from data_contracts.project import GxRun
+from data_contracts.project import GxRun, build_docs
 from flows.logs import api_without_tracebacks, in_run_logging, log_path, run_logging
 from tasks import admission, settings
 from tasks.artifacts import (
@@ -251,6 +251,8 @@ def _release(spec: ReleaseSpec, release_id: str, log, period: str | None = None,
     except BaseException:
         log.error("release %s failed: %s", release_id, discard_failed(run, created))
         raise
+    finally:
+        _data_docs(gx, log)
     (run.internal / "timings.json").write_text(json.dumps(timer.seconds, indent=2))
     summary = _summary(spec, release_id, run, manifest, timer.seconds, "already published" if published else
                        TEST_RUN if spec.test_mode else "published")
@@ -270,7 +272,9 @@ def _cluster(spec: ReleaseSpec, run: RunPaths, log):
     try:
         with dask_client(spec.dask, scratch=scratch) as client:
             # The address to the internal log only: the Prefect API is readable by whoever can open the UI.
-            INTERNAL_LOG.info("dask scheduler %s, dashboard %s", client.scheduler.address, client.dashboard_link)
+            operator = settings.current()
+            dashboard = client.dashboard_link if operator.dask_address or operator.dask_dashboard else "off"
+            INTERNAL_LOG.info("dask scheduler %s, dashboard %s", client.scheduler.address, dashboard)
             if not settings.current().performance_report:
                 yield client
                 return
@@ -284,6 +288,16 @@ def _cluster(spec: ReleaseSpec, run: RunPaths, log):
                 log.info("dask performance report: %s (internal)", report)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _data_docs(gx: GxRun, log) -> None:
+    """The Data Docs of the release's contract results, passed or failed; a failure to build them fails no release
+    (the results are stored: the next build shows them)."""
+    try:
+        build_docs(gx)
+    except Exception as exc:  # great-expectations' text may quote a stored value: the type only, to the UI
+        INTERNAL_LOG.warning("data docs not built", exc_info=True)
+        log.warning("the Data Docs were not updated (%s; see the run's log)", type(exc).__name__)
 
 
 def _announce(spec, summary, manifest, run, evaluation, published: bool) -> None:

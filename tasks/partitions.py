@@ -236,7 +236,7 @@ def dask_client(spec: DaskSpec, scratch: Path | None = None) -> Iterator:
         scratch.mkdir(mode=0o700, parents=True, exist_ok=True)
     with LocalCluster(n_workers=spec.n_workers, threads_per_worker=spec.threads_per_worker,
                       processes=spec.processes, host="127.0.0.1", security=True,
-                      dashboard_address="127.0.0.1:0",
+                      dashboard_address="127.0.0.1:0" if settings.current().dask_dashboard else None,
                       local_directory=str(scratch) if scratch is not None else None) as cluster, \
             Client(cluster, set_as_default=True) as client:
         limit_threads(client)

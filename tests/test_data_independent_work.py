@@ -53,8 +53,7 @@ def test_the_kmeans_reference_does_the_same_passes_whatever_the_values(monkeypat
     shapes = [_work(passes, lambda: metrics.kmeans_reference(data, 4, init=variant(data)))
               for data in (X, np.vstack([X[:-1], [[0.99, 0.99, 0.99]]]), rng.uniform(-1, 1, size=X.shape))]
     assert shapes[0] == shapes[1] == shapes[2]
-    assert len(shapes[0]) == 2 * metrics.REFERENCE_ITERATIONS + metrics.REFERENCE_ITERATIONS + \
-        metrics.REFERENCE_ITERATIONS
+    assert len(shapes[0]) == 2 * metrics.REFERENCE_ITERATIONS + 2 * metrics.POLISH_ITERATIONS
     assert [s[0][0] for s in shapes[0]].count(500) == 2 * metrics.REFERENCE_ITERATIONS
     monkeypatch.undo()
     ours, _ = metrics.kmeans_reference(X, 4, n_init=3, seed=0)

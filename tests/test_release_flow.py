@@ -303,6 +303,10 @@ def test_bad_input_fails_clearly_and_leaves_nothing(tmp_path, case):
     runs = tmp_path / "runs"
     assert not (runs / "bad").exists()
     assert ledger().releases("blobs") == []
+    if error is ContractViolation:  # the failed contract has its Data Docs, built as the failed release ended
+        site = runs / ".gx" / "blobs" / "gx" / "uncommitted" / "data_docs" / "local_site"
+        assert "bad" in (site / "index.html").read_text()
+        assert [p for p in (site / "validations").rglob("*.html") if "bad" in p.parts]
 
 
 def test_test_mode_is_not_a_release(tmp_path, csv_data):

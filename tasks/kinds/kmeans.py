@@ -196,6 +196,13 @@ def read_trajectory(folder: str | Path, noise_scale: float, sum_noise_scale: flo
     return traj, meta
 
 
+def _reference_text(rows: int) -> str:
+    starts = f"k-means++, best of 10 starts of {metrics.REFERENCE_ITERATIONS} Lloyd passes"
+    if rows <= REFERENCE_START_ROWS:
+        return starts
+    return f"{starts} on a sample of {REFERENCE_START_ROWS:,} rows, then {metrics.POLISH_ITERATIONS} on all"
+
+
 def _box_wcss(X: np.ndarray, C: np.ndarray, lower, upper) -> float:
     return metrics.wcss(domain.scale_to_unit_box(X, lower, upper)[0], C)
 
@@ -437,7 +444,7 @@ class KMeansKind(ReleaseKind):
         s = min(n, REFERENCE_MAX_ROWS)
         # Progress in rows gone over: the passes over the partitions, the sample, then the references' passes.
         bar = progress.Progress(log, "evaluation", (T + 5) * n + (metrics.REFERENCE_ITERATIONS + 1) * (
-            10 * min(s, REFERENCE_START_ROWS)) + 2 * metrics.REFERENCE_ITERATIONS * s)
+            10 * min(s, REFERENCE_START_ROWS)) + 2 * metrics.POLISH_ITERATIONS * s)
         points = Partitioned.points(current_client(), parquet_files(run.stage("ingested")), cols)
         per_part = _Units(bar, n / max(points.n_partitions, 1))
         try:
@@ -467,8 +474,7 @@ class KMeansKind(ReleaseKind):
         beats = bool(scaled["wcss"] < scaled["single_centroid_wcss"])
         bar.update(bar.total)
         return {"rows": prepared.rows, "domain": dom, **scaled, **projected,
-                "reference": "k-means++, best of 10 starts (chosen on a sample of "
-                             f"{REFERENCE_START_ROWS:,} rows), {metrics.REFERENCE_ITERATIONS} Lloyd passes",
+                "reference": _reference_text(s),
                 "beats_single_centroid": beats, "headline": _headline(scaled, projected, dom, beats)}
 
 
