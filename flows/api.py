@@ -1,32 +1,31 @@
 """The Prefect API of one `dprelease run`: the operator's server when PREFECT_API_URL names one, else a
 temporary local server started here, as Prefect's ephemeral mode runs one (uvicorn serving Prefect's server
-app on loopback, UI off), and guarded by flows/guard.py from the moment its process exists, so that no
-server outlives the run, however the run ends.
+app on loopback, UI off; flows/api_server.py), and guarded by flows/guard.py from the moment its process exists,
+so that no server outlives the run, however the run ends.
 
-The CLI launches the server before it loads the spec (`TemporaryServer.launch`, which imports nothing of
-Prefect): its process boots (3-4 s of CPU) on the other core while the CLI imports the release kinds and the
-flow (Prefect, dask, great-expectations: about as long), and the run waits for it only then
-(`prefect_api`). A run refused before that stops it on the way out (an exit handler, and the guard).
+The CLI launches the server once the admission has passed the run (`TemporaryServer.launch`, which imports nothing
+of Prefect): its process boots (2-3 s of CPU) on the other core while the CLI imports the flow (Prefect, dask,
+great-expectations: about as long), and the run waits for it only then (`prefect_api`).
 
 Why not Prefect's own ephemeral server: Prefect starts it when the flow first needs the API, after those imports,
 and the run waits for its whole boot. Measured 2026-11-26 on the 2-core machine (load 3 to 4), `dprelease run
 --example --no-evaluate` alternating (tests/benchmarks/api_server.py): 16.9 s median with this launcher, 21.3 s
-with Prefect's ephemeral server. The command line is the one Prefect's ephemeral server runs
+with Prefect's ephemeral server. The server is the one Prefect's ephemeral server runs
 (`prefect.server.api.server:create_app` under uvicorn, the same environment flags); it is the part of Prefect this
 project depends on most closely, checked on every Prefect minor the project allows (docs/reference/pins.md).
 
-Two things keep the server off the run's critical path. A thread of the CLI sends the server its first requests
-(`WARM_UP`: reads only) as soon as it answers, while the CLI is still importing: a new server's first answers are
-slow (0.4 s for the first, 0.3 s for the first write, measured), and the flow's own first requests would wait for
-them. And a finished run does not wait for the server's shutdown (0.4-0.6 s): it sends the signal and leaves, the
-server finishes shutting down on its own, and the guard (flows/guard.py), re-parented, stops it if it hangs. The
-server's output goes to a temporary file, not the CLI's streams, so that a caller reading the CLI's pipes to their
-end does not wait for the server either; its last line is in the error when it fails to start."""
+Three things keep the server off the run's critical path. Its process loads Prefect with the garbage collector
+paused (flows/api_server.py). A thread of the CLI sends the server its first requests (`WARM_UP`: reads only) as
+soon as it answers, while the CLI is still importing: a new server's first answers are slow (0.4 s for the first,
+0.3 s for the first write, measured), and the flow's own first requests would wait for them. And a finished run
+does not wait for the server's shutdown (0.4-0.6 s): it sends the signal and leaves, the server finishes shutting
+down on its own, and the guard (flows/guard.py), re-parented, stops it if it hangs. The server's output goes to a
+temporary file, not the CLI's streams, so that a caller reading the CLI's pipes to their end does not wait for the
+server either; its last line is in the error when it fails to start, the rest in the run's log."""
 
 from __future__ import annotations
 
 import atexit
-import importlib.util
 import logging
 import os
 import socket
@@ -37,7 +36,6 @@ import threading
 import time
 import urllib.request
 from contextlib import contextmanager
-from pathlib import Path
 from typing import Iterator
 
 #: Exit code of uvicorn when its port is taken (Prefect's ephemeral server retries on another port too).
@@ -71,14 +69,10 @@ class TemporaryServer:
     def _start(self) -> None:
         self.port = _free_port()
         self.api_url = f"http://127.0.0.1:{self.port}/api"
-        prefect_dir = Path(importlib.util.find_spec("prefect").submodule_search_locations[0])
         env = {**os.environ, "PREFECT_UI_ENABLED": "0", "PREFECT__SERVER_EPHEMERAL": "1", "PREFECT__SERVER_FINAL": "1"}
         self.output = tempfile.TemporaryFile()
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "uvicorn", "--app-dir", str(prefect_dir.parent), "--factory",
-             "prefect.server.api.server:create_app", "--host", "127.0.0.1", "--port", str(self.port),
-             "--log-level", "error", "--lifespan", "on"], env=env, stdin=subprocess.DEVNULL,
-            stdout=self.output, stderr=subprocess.STDOUT)
+        self.process = subprocess.Popen([sys.executable, "-m", "flows.api_server", str(self.port)], env=env,
+                                        stdin=subprocess.DEVNULL, stdout=self.output, stderr=subprocess.STDOUT)
         self.guard = subprocess.Popen([sys.executable, "-m", "flows.guard", str(os.getpid()), str(self.process.pid)],
                                       stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         threading.Thread(target=self._warm_up, args=(self.process, self.api_url), daemon=True,

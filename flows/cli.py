@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import atexit
+import gc
 import json
 import logging
 import math
@@ -59,21 +60,30 @@ def admitted_run(args):
 
 
 def cmd_run(args) -> int:
-    spec = admitted_run(args)
-    from flows.api import TemporaryServer, prefect_api
+    # The cyclic garbage collector paused while the run's libraries load, then told to leave what they made alone:
+    # they make millions of objects and few cycles, and collecting them took 1.4 s of a 12 s example (1.7 s in 1,600
+    # collections, 0.37 s with the pause; measured 2026-11-26).
+    gc.disable()
+    try:
+        spec = admitted_run(args)
+        from flows.api import TemporaryServer, prefect_api
 
-    server = TemporaryServer.launch()  # boots on the other core while the flow's modules load
-    if not args.json:
-        print(f"release id: {spec.release_id}  (to resume after a failure: --release-id {spec.release_id})",
-              flush=True)
-    from flows.logs import log_path, run_logging
+        server = TemporaryServer.launch()  # boots on the other core while the flow's modules load
+        if not args.json:
+            print(f"release id: {spec.release_id}  (to resume after a failure: --release-id {spec.release_id})",
+                  flush=True)
+        from flows.logs import log_path, run_logging
 
-    with run_logging(log_path(spec.output_dir, spec.release_id), debug=args.debug) as log_file:
-        from flows.release import import_stage_libraries
+        with run_logging(log_path(spec.output_dir, spec.release_id), debug=args.debug) as log_file:
+            from flows.release import import_stage_libraries
 
-        import_stage_libraries()
-        with prefect_api(server):
-            return _run_release(spec, args, log_file)
+            import_stage_libraries()
+            gc.freeze()
+            gc.enable()
+            with prefect_api(server):
+                return _run_release(spec, args, log_file)
+    finally:
+        gc.enable()
 
 
 def _run_release(spec, args, log_file: Path) -> int:
