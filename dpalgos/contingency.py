@@ -304,7 +304,9 @@ def _tilt(terms: np.ndarray, k: np.ndarray, Ad: np.ndarray, b: np.ndarray, tol: 
 def _log_event(terms: np.ndarray, k: np.ndarray, Ad: np.ndarray, b: np.ndarray) -> float:
     """log sum_x prod_i exp(terms_i(x_i)) [Ad x = b], Ad of full row rank, by the saddle-point approximation
     (Daniels 1954): K(lambda) - lambda' b - 1/2 log det K''(lambda) at the dual's minimum (`_tilt`), without the
-    constant -r/2 log(2 pi) plus the lattice's log volume, the same for every candidate's prior and posterior."""
+    constant -r/2 log(2 pi) plus the lattice's log volume, which a candidate's prior and posterior share (their
+    difference is what the weights use). With the gamma's continuous support it approximates the density of Ad x
+    at b, and the difference is again the log ratio."""
     value, _, hessian = _tilt(terms, k, Ad, b)
     with threadpool_limits(1):
         return float(value - 0.5 * np.linalg.slogdet(hessian)[1])
