@@ -1,6 +1,7 @@
-"""The empirical-Bayes table's candidate priors: the gamma family's moments, comparable likelihoods, and the
-Akaike-weighted average between the max-entropy table (prior only) and the noisy cells' fit."""
+"""The empirical-Bayes table's candidate priors: the gamma family's moments, comparable likelihoods (given the public
+marginals), and the Akaike-weighted average between the max-entropy table (prior only) and the noisy cells' fit."""
 
+import itertools
 import math
 
 import numpy as np
@@ -160,3 +161,70 @@ def test_strong_interactions_are_kept_weak_evidence_shrinks_them_and_the_public_
     assert s.parameters > kept * 11
     assert np.mean((s.means - x) ** 2) < 0.05 * np.mean((public - x) ** 2)
     assert s.means.min() >= 0.0 and np.abs(A @ s.means - A @ x).max() < 1e-6 * x.sum()
+
+
+def _log_sum_given_margins(terms: np.ndarray, b: np.ndarray, columns: int) -> float:
+    """Exactly, log sum_x prod_i exp(terms_i(x_i)) over the 2 x `columns` tables x with the row and column sums b
+    (rows first): each column's top cell fixes its bottom one, and the top row's sum is a convolution."""
+    acc = np.array([0.0])
+    for j in range(columns):
+        c = int(b[2 + j])
+        column = np.array([terms[j][u] + terms[columns + j][c - u] for u in range(c + 1)])
+        new = np.full(acc.size + c, -np.inf)
+        for u in range(c + 1):
+            new[u:u + acc.size] = np.logaddexp(new[u:u + acc.size], acc + column[u])
+        acc = new
+    return float(acc[int(b[0])])
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_the_likelihood_given_the_public_marginals_is_the_exact_one_within_the_saddle_point_error(seed):
+    """A 2 x 8 table of 400 records with its 1-way marginals public (9 independent constraints): the saddle-point
+    log p(noisy | A x = b) is within 1.5 of the exact sum over the tables with those marginals, while the
+    unconditional likelihood (the weights' before) is several times further off."""
+    t = contingency.Table(("a", "b"), (("0", "1"), tuple(str(j) for j in range(8))))
+    rng = np.random.default_rng(seed)
+    x = rng.multinomial(400, rng.dirichlet(np.full(t.size, 2.0))).astype(float)
+    A = t.constraint_matrix(t.marginals(1))
+    b, noisy = A @ x, x + rng.laplace(0.0, 2.0, x.size)
+    upper = contingency.cell_upper_bounds(A, b)
+    post = contingency._Posterior(noisy, contingency.max_entropy(A, b), 2.0, int(upper.max()),
+                                  contingency.NegativeBinomial, upper)
+    lik = post._lik()
+    prior = post.terms - np.where(np.isneginf(lik), 0.0, lik)
+    exact = _log_sum_given_margins(post.terms, b, 8) - _log_sum_given_margins(prior, b, 8)
+    error = abs(post.conditional_loglik(A, b) - exact)
+    assert error < 1.5 and 2.0 * error < abs(post.loglik - exact)
+
+
+def _pairwise_table(seed: int, d: int = 6, records: int = 500):
+    """d binary attributes with every pairwise interaction (log scale, N(0, 0.7^2)): the 2-way max-entropy table is
+    the sampling model, so a count is Poisson around it conditionally on the 2-way marginals."""
+    rng = np.random.default_rng(seed)
+    cells = np.array(list(itertools.product((0, 1), repeat=d)), dtype=float)
+    logit = cells @ rng.normal(-0.5, 1.0, d)
+    for j, k in itertools.combinations(range(d), 2):
+        logit += rng.normal(0.0, 0.7) * cells[:, j] * cells[:, k]
+    p = np.exp(logit - logit.max())
+    t = contingency.Table(tuple(f"a{j}" for j in range(d)), (("0", "1"),) * d)
+    return t, rng.multinomial(records, p / p.sum()).astype(float)
+
+
+def test_weights_given_the_public_marginals_lower_the_error_on_tables_of_that_order(monkeypatch):
+    """12 generated 6-attribute tables of 500 records, their 2-way marginals public, Laplace 2 on the cells
+    (epsilon 0.5): weighting the candidates by the noisy cells' likelihood given the public marginals gives a
+    lower mean MSE than the unconditional likelihood, beyond two standard errors of the paired difference."""
+    mse = {True: [], False: []}
+    for seed in range(12):
+        t, x = _pairwise_table(seed)
+        marginals = t.marginals(2)
+        b = t.constraint_matrix(marginals) @ x
+        noisy = x + np.random.default_rng(100 + seed).laplace(0.0, 2.0, x.size)
+        for conditional in (True, False):
+            with monkeypatch.context() as m:
+                if not conditional:
+                    m.setattr(contingency._Posterior, "conditional_loglik", lambda self, A, b: self.loglik)
+                est = contingency.empirical_bayes_table(noisy, t, marginals, b, noise_scale=2.0)
+            mse[conditional].append(np.mean((est.x - x) ** 2))
+    diff = np.array(mse[True]) - np.array(mse[False])
+    assert diff.mean() < -2.0 * diff.std(ddof=1) / math.sqrt(diff.size)
