@@ -247,7 +247,8 @@ class SyntheticKind(ReleaseKind):
         storage.remove(parts)
         storage.makedirs(parts)
         done = write_synthetic(parts, spec.dataset.items_column, models, marginals,
-                               dpgm.record_plan(weights, lengths, MIN_LENGTH, meta["records"], rng), rng, log)
+                               dpgm.record_plan(weights, lengths, MIN_LENGTH, meta["records"], rng,
+                                                                RECORDS_PER_PART), rng, log)
         if parts != str(out):
             storage.download(parts, out)
         pq.write_table(pq.read_table(measurements / MIXTURE), staging / MIXTURE)
