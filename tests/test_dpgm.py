@@ -370,6 +370,39 @@ def test_every_part_of_a_synthesis_holds_its_share_of_an_item_nearly_every_recor
     assert abs(S[:, 0].sum() - 0.997 * n) < 10
 
 
+def test_synthesis_holds_the_item_totals_where_a_clusters_lengths_cannot_hold_its_marginals():
+    """Cluster 0's DP marginals put items 0 and 1 in every record, but half its records have length 1: it can
+    hold 1.5 of its 2 per record, and half an occurrence of item 2 per record is left over. The slice's other
+    cluster takes the rest, so the item totals (all that linear queries see) are the DP ones (BMS1 on 16 items,
+    seed 3: one item 29 high, another 17 short, when every cluster was raked on its own)."""
+    rng = np.random.default_rng(47)
+    m, n = 5, 4_000
+    marginals = np.array([[1.0, 1.0, 0.0, 0.0, 0.0], [0.0, 0.0, 1.0, 1.0, 1.0]])
+    clusters = np.repeat([0, 1], n // 2)
+    lengths = np.r_[np.tile([1, 3], n // 4), np.full(n // 2, 3)]
+    models = [VAE(m, rng, hidden=(8,)) for _ in range(2)]
+    S = dpgm.synthesize_part(models, marginals, clusters, lengths, rng)
+    np.testing.assert_array_equal(np.diff(S.indptr), lengths)
+    assert S.max() == 1.0
+    np.testing.assert_array_equal(np.asarray(S.sum(axis=0)).ravel(), [n // 2, n // 2, n // 2, n // 2, n // 2])
+
+
+def test_an_item_a_cluster_does_not_hold_gets_no_occurrences_in_its_records():
+    """Rates kept off 0 for the models' logits were also the raking targets: 1e-4 of a cluster of 50,000
+    records is 5 occurrences of an item it does not hold, in every release (BMS1 on 16 items)."""
+    m, n = 6, 50_000
+    X = sp.csr_matrix(np.c_[_records(n, m - 1, 0.3, 48).toarray(), np.zeros(n)])
+    table = dpgm.cluster_counts(X, np.zeros(n, dtype=np.int64), 1, max_items=30, min_length=0)
+    marginals, sizes = dpgm.marginals_and_sizes(table, m)
+    assert marginals[0, m - 1] == 0.0
+    rng = np.random.default_rng(49)
+    lengths = np.diff(X.indptr)
+    S = dpgm.synthesize_part([dpgm.make_model(dpgm.SGDConfig(hidden=(8,)), m, rng, marginals[0])], marginals,
+                             np.zeros(n, dtype=np.int64), lengths, rng)
+    assert S[:, m - 1].nnz == 0
+    np.testing.assert_allclose(np.asarray(S.sum(axis=0)).ravel(), counting.item_counts(X), atol=1)
+
+
 def test_training_improves_the_fit_and_synthesis_is_reproducible_from_the_stored_models():
     rng = np.random.default_rng(11)
     # Two clusters with different popular items; models start from flat marginals and must learn them.
