@@ -546,7 +546,12 @@ def rake_items(S: sp.csr_matrix, p: np.ndarray, rng: np.random.Generator, rounds
     (those stay; `rounds` passes), then `_fill_deficits` moves what those passes could not. Post-processing: p
     are DP marginals; it removes the sampling noise of the item counts (as MST's synthesis rounds its
     marginals)."""
-    return raked(S, rounded(p, S.nnz) if S.nnz else np.zeros(S.shape[1], np.int64), rng, rounds)
+    return raked(S, _targets(S, p), rng, rounds)
+
+
+def _targets(S: sp.csr_matrix, p: np.ndarray) -> np.ndarray:
+    """Integer item counts of the records S in proportion to p (`rounded`)."""
+    return rounded(p, S.nnz) if S.nnz else np.zeros(S.shape[1], np.int64)
 
 
 def raked(S: sp.csr_matrix, target: np.ndarray, rng: np.random.Generator, rounds: int = 5) -> sp.csr_matrix:
@@ -655,7 +660,7 @@ def synthesize_part(models: list, marginals: np.ndarray, clusters: np.ndarray, l
     rows = [np.flatnonzero(clusters == s) for s in range(len(models))]
     drawn = [generative.records_of_lengths(model.logits(r.size, rng), lengths[r], rng)
              for model, r in zip(models, rows)]
-    targets = [rounded(p, S.nnz) if S.nnz else np.zeros(S.shape[1], np.int64) for S, p in zip(drawn, marginals)]
+    targets = [_targets(S, p) for S, p in zip(drawn, marginals)]
     parts = [raked(S, t, rng) for S, t in zip(drawn, targets)]
     return raked(sp.vstack(parts).tocsr(), np.sum(targets, axis=0), rng)[np.argsort(np.concatenate(rows),
                                                                                       kind="stable")]
