@@ -100,6 +100,17 @@ def check_marginals(A: sp.csr_matrix, b: np.ndarray) -> None:
                          f"max violation {gap:.3g})")
 
 
+def least_squares_table(A: sp.csr_matrix, b: np.ndarray):
+    """The signed least-squares table consistent with the public marginals, as a function of the noisy cells:
+    argmin ||x - y||_2 s.t. A x = b, that is y - A^+ (A y - b) (one pseudo-inverse of the marginal rows). Affine in
+    the noise with A x = b holding at the truth, so every cell and every sum of cells is unbiased (when the public
+    marginals are the data's own); without marginals it is the noisy table itself."""
+    if A.shape[0] == 0:
+        return lambda y: np.asarray(y, dtype=np.float64)
+    pinv = np.linalg.pinv(A.toarray())
+    return lambda y: np.asarray(y, dtype=np.float64) - pinv @ (A @ y - b)
+
+
 def consistent_table(noisy: np.ndarray, A: sp.csr_matrix, b: np.ndarray, *, noise_scale: float,
                      penalty: admm.Penalty = "elastic", alpha: float = admm.ALPHA,
                      rho: float = admm.RHO) -> admm.AdmmResult:

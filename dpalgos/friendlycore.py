@@ -425,9 +425,11 @@ _MEAN_SPLIT_GRID = {"count": 0.02, "radius": 0.08, "weight": 0.10, "mean": 0.80}
 _MEAN_SPLIT_FIXED = {"weight": 0.10, "mean": 0.90}
 #: With the refinement (§13) the friendly mean only has to locate the data: most of rho goes to the clipped sum,
 #: whose add/remove sensitivity is the clip radius C (about the data's spread around its centre), not 4r / W.
+#: `outside` counts the records beyond the clip ball, so that a release says how many were pulled onto it.
 _MEAN_SPLIT_GRID_REFINED = {"count": 0.01, "radius": 0.05, "weight": 0.04, "mean": 0.15, "clip": 0.03,
-                            "refine": 0.72}
-_MEAN_SPLIT_FIXED_REFINED = {"count": 0.01, "weight": 0.04, "mean": 0.17, "clip": 0.03, "refine": 0.75}
+                            "outside": 0.02, "refine": 0.70}
+_MEAN_SPLIT_FIXED_REFINED = {"count": 0.01, "weight": 0.04, "mean": 0.17, "clip": 0.03, "outside": 0.02,
+                             "refine": 0.73}
 
 
 @dataclass(frozen=True)
@@ -445,7 +447,8 @@ class MeanParams:
     grid_q     cells per radius of the grid predicate.
     refine     after the friendly mean c1, release c1 + (noisy sum of the points clipped to the ball B(c1, C)) /
                noisy n instead (§13, ours); C is the smallest radius of a public grid around c1 whose noisy count
-               of points reaches `clip_target` * noisy n. Split keys then add count (always), clip and refine.
+               of points reaches `clip_target` * noisy n, and a noisy count of the points beyond C says how many
+               were pulled onto the ball. Split keys then add count (always), clip, outside and refine.
     clip_target, clip_ratio, clip_span  the clip grid: C_j = hi / clip_span * clip_ratio^j up to
                hi = 2 r + sigma_M (sqrt(d) + 4) (every core point is within 2r of the friendly mean, §5(i)).
     """
@@ -555,6 +558,12 @@ def mean_plan(params: MeanParams) -> Plan:
                      "noisy outputs, adding or removing one record changes the count of records within C_j of "
                      "c1 by at most 1"))
         mech.append(Mechanism(
+            name="fc_outside", query="number of records farther than the clip radius C from the friendly mean c1",
+            distribution="gaussian", sensitivity=COUNT_SENSITIVITY, integer=True,
+            noise_multiplier=_nm(s["outside"]),
+            argument="docs/friendlycore.md §13: c1 and C are functions of earlier noisy outputs; adding or removing "
+                     "one record changes the count of records beyond C by at most 1"))
+        mech.append(Mechanism(
             name="fc_refine", query="sum over all records of (x - c1) clipped to norm C (refinement)",
             distribution="gaussian", sensitivity=None, bound_multiple=1.0, noise_multiplier=_nm(s["refine"]),
             argument="docs/friendlycore.md §13, Lemma 13.1: every clipped vector has norm at most C (c1 and C are "
@@ -573,7 +582,8 @@ def ptr_delta(params: MeanParams | KMeansParams) -> float:
 @dataclass(frozen=True)
 class MeanRelease:
     """What `friendly_mean` releases (all of it is DP output): mean is None for "no friendly core". With the
-    refinement, `friendly` is the first-stage friendly mean c1, `clip_radius` the C of the clipped sum."""
+    refinement, `friendly` is the first-stage friendly mean c1, `clip_radius` the C of the clipped sum, `outside`
+    the noisy count of records farther than C from c1 (pulled onto the ball by the clip)."""
     mean: np.ndarray | None
     radius: float
     noisy_weight: float
@@ -583,6 +593,7 @@ class MeanRelease:
     friendly: np.ndarray | None = None
     clip_radius: float | None = None
     clip_probes: tuple = field(default=())
+    outside: float | None = None
 
     @property
     def released(self) -> bool:
@@ -636,8 +647,9 @@ def friendly_mean(X, params: MeanParams, measure: Measure, *, friends: FriendCou
         return MeanRelease(noisy, r, noisy_weight, L, noisy_count, probes)
     hi = 2.0 * r + plan["fc_mean"].scale_for(r / L) * (math.sqrt(X.shape[1]) + 4.0)
     threshold = search_threshold(params.clip_target, noisy_count, plan["fc_clip"].scale)
-    C, clip_probes, refined = refine_mean(X, noisy, clip_radii(hi, params), threshold, max(noisy_count, L), measure)
-    return MeanRelease(refined, r, noisy_weight, L, noisy_count, probes, noisy, C, tuple(clip_probes))
+    C, clip_probes, outside, refined = refine_mean(X, noisy, clip_radii(hi, params), threshold, max(noisy_count, L),
+                                                   measure)
+    return MeanRelease(refined, r, noisy_weight, L, noisy_count, probes, noisy, C, tuple(clip_probes), outside)
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -676,8 +688,9 @@ def clipped_sum(X: np.ndarray, c: np.ndarray, C: float) -> np.ndarray:
 
 def refine_mean(X, c1: np.ndarray, radii: np.ndarray, threshold: float, divisor: float, measure: Measure):
     """§13: C = the smallest radius of `radii` whose noisy count of rows within it of c1 reaches `threshold` (the
-    largest if none; a binary search, one `fc_clip` draw per probe), then c1 + (noisy clipped sum) / divisor.
-    Returns (C, [(C_j, noisy count), ...], refined mean)."""
+    largest if none; a binary search, one `fc_clip` draw per probe), the noisy count of rows beyond C (`fc_outside`),
+    then c1 + (noisy clipped sum) / divisor. Returns (C, [(C_j, noisy count), ...], noisy count beyond C, refined
+    mean)."""
     d = distances_to(X, c1)
     lo, hi = 0, radii.size - 1
     probes = []
@@ -691,9 +704,11 @@ def refine_mean(X, c1: np.ndarray, radii: np.ndarray, threshold: float, divisor:
         else:
             lo = mid + 1
     C = float(radii[lo])
+    # Sensitivity 1: one record is beyond C of c1 or not (c1, C: earlier outputs and public values).
+    outside = float(measure("fc_outside", np.array([float(np.count_nonzero(~(d <= C)))]))[0])
     # Sensitivity C: every clipped term has norm <= C, one record adds or removes one term (Lemma 13.1).
     S = np.asarray(measure("fc_refine", clipped_sum(X, c1, C), bound=C), dtype=np.float64)
-    return C, probes, c1 + S / divisor
+    return C, probes, outside, c1 + S / divisor
 
 
 # --------------------------------------------------------------------------------------------------------------

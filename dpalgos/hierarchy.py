@@ -135,6 +135,14 @@ def tree_plan(tree: Tree, *, epsilon: float, unit_weight: int = 1) -> Plan:
         values=tree.size),))
 
 
+def bins_plan(bins: int, *, epsilon: float, unit_weight: int = 1) -> Plan:
+    """The Laplace mechanism on every bin of a flat histogram (LM, the identity strategy): the tree of one level."""
+    return Plan((Mechanism(
+        "bins", f"every bin count of the histogram over {bins} bins", "laplace", float(unit_weight),
+        f"one privacy unit falls in one bin and adds at most {unit_weight} (its capped weight) to it: L1 "
+        f"sensitivity {unit_weight}", 1.0 / epsilon, integer=True, values=bins),))
+
+
 #: Parents per run of the fused pass: their children's projections (a few kB) stay in L1 cache.
 CHUNK_NODES = 512
 

@@ -115,6 +115,13 @@ def reconstruct_l2(A, r_tilde: np.ndarray) -> np.ndarray:
         return np.linalg.lstsq(Ad, r_tilde, rcond=None)[0]
 
 
+def pseudo_inverse(A) -> np.ndarray:
+    """A^+ (n, m), so that the least-squares estimate of any r~ is A^+ r~ (one SVD, one BLAS thread)."""
+    Ad = A.toarray() if sp.issparse(A) else np.asarray(A, dtype=np.float64)
+    with threadpool_limits(1):
+        return np.linalg.pinv(Ad)
+
+
 def reconstruct_l1(A, r_tilde: np.ndarray, *, noise_scale: float, penalty: admm.Penalty = "elastic",
                    alpha: float = admm.ALPHA, rho: float = admm.RHO) -> admm.AdmmResult:
     """MM(l1): Algorithm 4, the non-negative (elastic-net) maximum-likelihood estimate."""

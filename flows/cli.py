@@ -137,6 +137,7 @@ def format_summary(s: dict) -> str:
         f"  budget     dataset spent epsilon={budget['spent_epsilon']:.4g} of {budget['epsilon']:.4g}, "
         f"remaining {budget['remaining_epsilon']:.4g}" if budget else "  budget     not charged (test mode)",
     ]
+    lines += [f"  caveat     {c}" for c in s.get("caveats", [])]
     if s.get("evaluation") and Path(s["evaluation"]).exists():
         # Its figures are computed on the raw data (with the published values they can single out a record):
         # the terminal, like the UI, gets only where they are.

@@ -379,5 +379,6 @@ def _summary(spec, release_id, run, manifest, timings, status) -> dict:
             release_location(spec.output_dir, spec.dataset.id, spec.release.kind, release_id),
             "epsilon": privacy["epsilon"], "delta": privacy["delta"], "accounting": privacy["accounting"],
             "private": privacy["private"], "dataset_budget": privacy.get("dataset_budget"),
+            "caveats": manifest.get("caveats", []),
             "evaluation": str(run.internal / "evaluation" / "evaluation.json") if spec.evaluate else None,
             "timings": timings}

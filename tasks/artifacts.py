@@ -92,7 +92,8 @@ def report_markdown(summary: dict, manifest: dict, contracts: list[dict], evalua
 def _uncertainty(summary: dict, manifest: dict) -> list[str]:
     """The published values' intervals (release/ only: published, so fit for the UI)."""
     uncertainty = manifest.get("uncertainty")
-    lines = ["", "## Uncertainty of the published values", "", *intervals_report.summary_lines(uncertainty)]
+    lines = ["", "## Uncertainty of the published values", "", *intervals_report.summary_lines(uncertainty),
+             *intervals_report.caveat_lines(manifest)]
     header, rows = intervals_report.table(Path(summary["release_dir"]), uncertainty)
     return lines + (["", *markdown_table(header, rows)] if rows else [])
 

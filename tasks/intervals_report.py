@@ -14,11 +14,12 @@ PLOT_COLUMNS = 4
 
 
 def main_product(uncertainty: dict) -> tuple[str, list[str]] | None:
-    """The file and value columns whose intervals are shown: the first bootstrap product, else the first file of
-    direct measurements published at the top level (the FriendlyCore result)."""
+    """The file and value columns whose intervals are shown: the first bootstrap product (its bounded counts, then
+    its replicated columns), else the first file of direct measurements published at the top level (the
+    FriendlyCore result)."""
     for name, product in (uncertainty.get("bootstrap", {}).get("products") or {}).items():
-        if product["intervals"] == "bootstrap":
-            return name, product["columns"]
+        if product["intervals"] == "bootstrap":  # a count product: its non-negative counts first
+            return name, list(product.get("bounded", {})) + product["columns"]
     for name, columns in uncertainty["direct"]["files"].items():
         return name, list(columns)
     return None
@@ -37,6 +38,11 @@ def summary_lines(uncertainty: dict | None) -> list[str]:
     else:
         lines.append(f"No bootstrap ({boot['reason']}).")
     return lines + [uncertainty["privacy"].capitalize() + "."]
+
+
+def caveat_lines(manifest: dict) -> list[str]:
+    """The release's caveats (`ReleaseKind.caveats`): how far its numbers reach."""
+    return [f"**Caveat:** {c}" for c in manifest.get("caveats") or []]
 
 
 def table(release: Path, uncertainty: dict | None) -> tuple[list[str], list[list]]:

@@ -12,6 +12,7 @@ from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
 from tasks import storage
+from tasks.kinds import kind_of
 from tasks.ledger import configured_ledger
 from tasks.retry import SAFE, sanitised
 from tasks.run import RunPaths, publish, read_meta
@@ -103,6 +104,7 @@ def publish_release(spec: ReleaseSpec, release_id: str, run: RunPaths, staging: 
                        "max_weight": spec.dataset.max_weight,
                        "weights_count_records": spec.dataset.weights_count_records},
         "period": period,
+        "caveats": kind_of(spec).caveats(spec, staging),
         "uncertainty": _uncertainty(staging),
         "software": _versions(),
         "provenance": _provenance(),

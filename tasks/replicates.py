@@ -9,6 +9,12 @@ take the replicates' percentile interval. Reads release/ only: what an analyst h
     hist.answer(lambda v: v[10:20, 0].sum() / v[:, 0].sum())   # any function of the (rows, columns) values
 
 `dprelease query RELEASE --range 10 20` answers the same from the command line (flows/query.py).
+
+The count kinds (histogram, matrix mechanism, contingency table) publish every count twice: `estimate`, signed, whose
+sums are unbiased, and `count`, non-negative per row. Sums are answered from `estimate` (its replicates are the
+ones published), and a sum of counts with non-negative weights is cut at zero, estimate and interval alike: the
+truth is >= 0, so the cut only brings the answer closer and keeps an interval that held the truth holding it
+(`sum_answer`). `published(release, product)` reads a product for the same answers without replicates.
 """
 
 from __future__ import annotations
@@ -43,13 +49,45 @@ class Answer:
                 f"{self.hi:.6g}] from {self.replicates} replicates)")
 
 
+#: A count product's column that sums are answered from (signed, unbiased); `count` is its non-negative twin.
+SUMS_COLUMN = "estimate"
+
+
+def sum_answer(values, nonnegative: bool):
+    """A sum (or a linear query with non-negative weights) as published: cut at zero when the truth is a count."""
+    return np.maximum(values, 0.0) if nonnegative else values
+
+
+class Published:
+    """A released product as an analyst reads it, replicates or not: its columns, and the answers to range sums
+    from the column sums are answered from (`SUMS_COLUMN` where the product has one)."""
+
+    def __init__(self, product: str, frame, sums: str, nonnegative: bool):
+        self.product, self.frame, self.sums, self.nonnegative = product, frame, sums, nonnegative
+
+    def column(self, name: str) -> np.ndarray:
+        return self.frame[name].to_numpy(dtype=np.float64)
+
+    def range_sums(self, starts, stops) -> np.ndarray:
+        """The published answers to the ranges [starts[i], stops[i]) of rows (vectorised)."""
+        cs = np.concatenate([[0.0], np.cumsum(self.column(self.sums))])
+        return sum_answer(cs[np.asarray(stops)] - cs[np.asarray(starts)], self.nonnegative)
+
+
+def published(release: str | Path, product: str) -> Published:
+    frame = pq.read_table(Path(release) / product).to_pandas()
+    counts = SUMS_COLUMN in frame.columns and "count" in frame.columns
+    return Published(product, frame, SUMS_COLUMN if counts else frame.columns[-1], counts)
+
+
 class Replicates:
-    """One released product's values (rows, columns) and its replicates (B, rows, columns)."""
+    """One released product's values (rows, columns) and its replicates (B, rows, columns); `nonnegative`: every
+    row's truth is a count, so sums with non-negative weights are cut at zero (`sum_answer`)."""
 
     def __init__(self, product: str, columns: list[str], values: np.ndarray, replicates: np.ndarray,
-                 confidence: float):
+                 confidence: float, nonnegative: bool = False):
         self.product, self.columns, self.values = product, columns, values
-        self.replicates, self.confidence = replicates, confidence
+        self.replicates, self.confidence, self.nonnegative = replicates, confidence, nonnegative
 
     @classmethod
     def open(cls, release: str | Path, product: str | None = None) -> Replicates:
@@ -68,15 +106,17 @@ class Replicates:
         count = int(reps["replicate"].max()) + 1
         stacked = reps[p["columns"]].to_numpy(dtype=np.float64).reshape(count, values.shape[0], len(p["columns"]))
         return cls(name, list(p["columns"]), values, stacked, float(json.loads(
-            (release / UNCERTAINTY).read_text())["confidence"]))
+            (release / UNCERTAINTY).read_text())["confidence"]), bool(p.get("nonnegative")))
 
-    def answer(self, query: Callable[[np.ndarray], float], confidence: float | None = None) -> Answer:
-        """`query` of the (rows, columns) values, on the release and on every replicate."""
+    def answer(self, query: Callable[[np.ndarray], float], confidence: float | None = None,
+               nonnegative: bool = False) -> Answer:
+        """`query` of the (rows, columns) values, on the release and on every replicate; `nonnegative`: the
+        query's truth is >= 0 (a sum of counts), and the answer and its interval are cut at zero."""
         confidence = self.confidence if confidence is None else confidence
         on_replicates = np.array([float(query(r)) for r in self.replicates])
-        lo, hi = percentile_interval(on_replicates, confidence)
-        return Answer(float(query(self.values)), float(on_replicates.std(ddof=1)), float(lo), float(hi), confidence,
-                      on_replicates.size)
+        lo, hi = sum_answer(np.array(percentile_interval(on_replicates, confidence)), nonnegative)
+        return Answer(float(sum_answer(float(query(self.values)), nonnegative)), float(on_replicates.std(ddof=1)),
+                      float(lo), float(hi), confidence, on_replicates.size)
 
     def linear(self, weights: dict[int, float] | np.ndarray, column: str | None = None,
                confidence: float | None = None) -> Answer:
@@ -92,14 +132,26 @@ class Replicates:
             w = np.asarray(weights, dtype=np.float64)
             if w.shape != (self.values.shape[0],):
                 raise ValueError(f"need {self.values.shape[0]} weights, got {w.shape}")
-        return self.answer(lambda v: float(v[:, j] @ w), confidence)
+        return self.answer(lambda v: float(v[:, j] @ w), confidence, self.nonnegative and bool(np.all(w >= 0)))
 
     def range_sum(self, start: int, stop: int, column: str | None = None, confidence: float | None = None) -> Answer:
         """The sum of rows start..stop-1 (a range of bins) of one column (default the first)."""
         if not 0 <= start < stop <= self.values.shape[0]:
             raise ValueError(f"need 0 <= start < stop <= {self.values.shape[0]}, got [{start}, {stop})")
         j = self._column(column)
-        return self.answer(lambda v: float(v[start:stop, j].sum()), confidence)
+        return self.answer(lambda v: float(v[start:stop, j].sum()), confidence, self.nonnegative)
+
+    def range_sums(self, starts, stops, column: str | None = None, confidence: float | None = None
+                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(estimates, lo, hi) of the ranges [starts[i], stops[i]) of one column, vectorised: `range_sum` of each."""
+        j, confidence = self._column(column), self.confidence if confidence is None else confidence
+        starts, stops = np.asarray(starts), np.asarray(stops)
+        cs = np.concatenate([np.zeros((self.replicates.shape[0], 1)), np.cumsum(self.replicates[:, :, j], axis=1)],
+                            axis=1)
+        lo, hi = percentile_interval(cs[:, stops] - cs[:, starts], confidence)
+        values = np.concatenate([[0.0], np.cumsum(self.values[:, j])])
+        cut = lambda v: sum_answer(v, self.nonnegative)
+        return cut(values[stops] - values[starts]), cut(lo), cut(hi)
 
     def _column(self, column: str | None) -> int:
         if column is None:

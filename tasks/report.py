@@ -32,7 +32,8 @@ def _uncertainty(run: RunPaths, manifest: dict) -> list[str]:
     """How wrong the published values may be: the method, the main product's first rows with their intervals, and
     its plot with error bars (from release/ only)."""
     uncertainty = manifest.get("uncertainty")
-    lines = ["", "## Uncertainty of the published values", "", *intervals_report.summary_lines(uncertainty)]
+    lines = ["", "## Uncertainty of the published values", "", *intervals_report.summary_lines(uncertainty),
+             *intervals_report.caveat_lines(manifest)]
     header, rows = intervals_report.table(run.release, uncertainty)
     if rows:
         lines += ["", *markdown_table(header, rows)]

@@ -37,12 +37,15 @@ from tasks.kinds.uncertainty import (
     Direct,
     Product,
     bootstrap_planned,
+    bounded_interval,
     replicates_of,
     skipped_seconds,
 )
 from tasks.run import committed_plan
 
 UNCERTAINTY = "uncertainty.json"
+BOUNDED = ("the interval of the signed estimate (whose sums are unbiased) cut at zero, where every true count lies, "
+           "and widened to hold this non-negative value: it holds the truth whenever the signed one does")
 PRIVACY = ("post-processing only: computed from the released measurements, the noise laws of the plan committed "
            "with them, the spec's public parameters and public randomness seeded from the measurements' values; "
            "no noise source, no raw data and nothing in internal/ is read, and nothing is charged")
@@ -175,13 +178,13 @@ def _write_null_intervals(boot: Bootstrap, staging: Path, made: Made) -> None:
         if product.intervals != "bootstrap":
             continue
         table = original = pq.read_table(staging / product.file)
-        for name in suites.interval_columns(product.columns):
+        for name in suites.interval_columns(product.interval_columns):
             table = table.append_column(name, pa.nulls(original.num_rows, pa.float64()))
         pq.write_table(table, staging / product.file)
         if product.file not in made.files:
             made.files.append(product.file)
         made.contracts[product.file] = suites.uncertainty_columns(f"uncertainty_{Path(product.file).stem}",
-                                                                  original.column_names, product.columns,
+                                                                  original.column_names, product.interval_columns,
                                                                   nullable=True)
 
 
@@ -190,17 +193,22 @@ def _simulated(boot: Bootstrap, rng: np.random.Generator) -> dict[str, np.ndarra
 
 
 def _write_intervals(product: Product, values: np.ndarray, staging: Path, confidence: float, made: Made) -> None:
+    """The replicated columns' percentile intervals, then each bounded column's (`bounded_interval`)."""
     table = pq.read_table(staging / product.file)
     lo, hi = percentile_interval(values, confidence)
     std = values.std(axis=0, ddof=1)
     extra = {}
     for j, column in enumerate(product.columns):
         extra.update({f"{column}_std": std[:, j], f"{column}_lo": lo[:, j], f"{column}_hi": hi[:, j]})
+    for column, of in product.bounded:
+        j = product.columns.index(of)
+        c_lo, c_hi = bounded_interval(table.column(column).to_numpy().astype(np.float64), lo[:, j], hi[:, j])
+        extra.update({f"{column}_std": std[:, j], f"{column}_lo": c_lo, f"{column}_hi": c_hi})
     pq.write_table(_appended(table, extra), staging / product.file)
     if product.file not in made.files:
         made.files.append(product.file)
     made.contracts[product.file] = suites.uncertainty_columns(f"uncertainty_{Path(product.file).stem}",
-                                                              table.column_names, product.columns)
+                                                              table.column_names, product.interval_columns)
 
 
 def replicates_file(product: str) -> str:
@@ -217,6 +225,15 @@ def _write_replicates(product: Product, values: np.ndarray, staging: Path, made:
     made.files.append(name)
     made.contracts[name] = suites.replicates(f"uncertainty_{Path(name).stem}", product.index, rows, product.columns,
                                              count)
+
+
+def _product_json(p: Product) -> dict:
+    out = {"columns": list(p.columns), "index": p.index, "intervals": p.intervals,
+           "replicates_file": replicates_file(p.file) if p.replicates else None}
+    if p.bounded:
+        out["bounded"] = {c: {"of": of, "interval": BOUNDED} for c, of in p.bounded}
+        out["nonnegative"] = True
+    return out
 
 
 def _summary(direct: dict, boot: Bootstrap | None, count: int, seed: int, confidence: float,
@@ -241,7 +258,5 @@ def _summary(direct: dict, boot: Bootstrap | None, count: int, seed: int, confid
         "centers": {c.mechanism: {"distribution": ("discrete " if c.law.integer else "") + c.law.distribution,
                                   "scale": c.law.scale, "values": int(np.size(c.values))} for c in boot.centers},
         "notes": list(boot.notes),
-        "products": {p.file: {"columns": list(p.columns), "index": p.index, "intervals": p.intervals,
-                              "replicates_file": replicates_file(p.file) if p.replicates else None}
-                     for p in boot.products}}
+        "products": {p.file: _product_json(p) for p in boot.products}}
     return out

@@ -132,11 +132,11 @@ def test_a_halved_sensitivity_is_caught(name, tmp_path, client):
     assert estimate > claimed, f"the audit missed the halved sensitivity of {entry}"
 
 
-@pytest.mark.parametrize("entry", ["fc_clip", "fc_refine"])
+@pytest.mark.parametrize("entry", ["fc_clip", "fc_outside", "fc_refine"])
 def test_the_mean_refinements_halved_sensitivity_is_caught(entry, tmp_path, client):
-    """The refinement of `mean` (docs/friendlycore.md §13): halving the claim of its clip-radius counts or of its
-    clipped sum is caught on the worst-case neighbours (the far record is clipped onto the sphere: the sum moves
-    by exactly C, the tightest case of Lemma 13.1)."""
+    """The refinement of `mean` (docs/friendlycore.md §13): halving the claim of its clip-radius counts, of its count
+    of records beyond the clip radius or of its clipped sum is caught on the worst-case neighbours (the far record
+    is clipped onto the sphere: the sum moves by exactly C, the tightest case of Lemma 13.1)."""
     kind = REGISTRY["mean"]
     assert kind.Params.model_fields["refine"].default is True
     worst = _neighbour_worst(kind, tmp_path, client, plan_of=lambda spec: kind.plan(spec).scaled(entry, 0.5))

@@ -673,7 +673,8 @@ def test_refined_plan_states_the_sensitivities_and_spends_rho():
     for p in (fc.MeanParams(rho=0.7, grid=grid, refine=True), fc.MeanParams(rho=0.7, r=2.0, refine=True)):
         plan = fc.mean_plan(p)
         names = [m.name for m in plan]
-        assert names[0] == "fc_count" and names[-2:] == ["fc_clip", "fc_refine"]
+        assert names[0] == "fc_count" and names[-3:] == ["fc_clip", "fc_outside", "fc_refine"]
+        assert plan["fc_outside"].sensitivity == 1 and plan["fc_outside"].integer
         assert plan["fc_clip"].sensitivity == 1 and plan["fc_clip"].integer
         J = fc.clip_radii(1.0, p).size
         assert plan["fc_clip"].repetitions == p.clip_probes == math.ceil(math.log2(J))
@@ -746,7 +747,7 @@ def test_refined_mean_with_zero_noise_is_the_mean_and_the_smallest_clip_radius_r
     rec = _Recorder()
     rel = fc.friendly_mean(X, p, Measure(plan, rec))
     names = [nm for nm, _ in rec.draws]
-    assert names[-1] == "fc_refine" and 1 <= names.count("fc_clip") <= p.clip_probes
+    assert names[-2:] == ["fc_outside", "fc_refine"] and 1 <= names.count("fc_clip") <= p.clip_probes
     assert dict(rec.draws)["fc_refine"] == pytest.approx(plan["fc_refine"].noise_multiplier * rel.clip_radius)
     hi = 2 * rel.radius + plan["fc_mean"].scale_for(rel.radius / rel.weight_lower_bound) * (math.sqrt(30) + 4)
     radii = fc.clip_radii(hi, p)
@@ -758,9 +759,9 @@ def test_refined_mean_with_zero_noise_is_the_mean_and_the_smallest_clip_radius_r
     expected = rel.friendly + fc.clipped_sum(X, rel.friendly, rel.clip_radius) / len(X)
     np.testing.assert_allclose(rel.mean, expected, rtol=1e-12)
     far_c1 = rel.friendly + 3.0
-    C, probes, exact = fc.refine_mean(X, far_c1, np.array([1e3]), 0.0, float(len(X)),
-                                      Measure(plan, _Recorder()))
-    assert C == 1e3 and probes == []
+    C, probes, outside, exact = fc.refine_mean(X, far_c1, np.array([1e3]), 0.0, float(len(X)),
+                                               Measure(plan, _Recorder()))
+    assert C == 1e3 and probes == [] and outside == 0
     np.testing.assert_allclose(exact, X.mean(axis=0), rtol=1e-12)
 
 

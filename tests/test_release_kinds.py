@@ -36,36 +36,66 @@ def _sparse_histogram(n=256, seed=0) -> np.ndarray:
     return np.where(rng.random(n) < 0.1, rng.integers(50, 400, n), 0)
 
 
-def test_histogram_release_is_consistent_nonnegative_and_beats_the_noisy_leaves(tmp_path):
+def test_histogram_release_is_consistent_nonnegative_with_a_signed_estimate_for_sums(tmp_path):
+    """The tree strategy (ranges): non-negative counts whose tree is exactly consistent, the signed least-squares
+    estimate beside them, the internal evaluation scoring what is published."""
     truth = _sparse_histogram()
     data = write_parquet(tmp_path / "h.parquet", {"value": np.arange(256) + 0.5, "n": truth.astype(float)})
     s = _run(_base(tmp_path, {"id": "h", "path": str(data), "bounds": {"value": [0, 256]}, "weight_column": "n",
                     "weights_count_records": True},
-                   {"kind": "histogram", "bins": 256, "branching": 4, "epsilon": 1.0, "workload": "unit"}))
+                   {"kind": "histogram", "bins": 256, "branching": 4, "epsilon": 1.0}))
     rel = Path(s["release_dir"])
     hist = pq.read_table(rel / "histogram.parquet").to_pandas()
-    tree_counts = pq.read_table(rel / "tree.parquet").column("count").to_numpy()
+    tree = pq.read_table(rel / "tree.parquet").to_pandas()
     t = Tree(256, 4)
     assert hist["count"].min() >= 0 and len(hist) == 256
-    assert np.abs(t.consistency_matrix() @ tree_counts).max() < 1e-9      # every parent = sum of children
-    assert np.allclose(t.leaves_of(tree_counts), hist["count"])
+    for column in ("count", "estimate"):  # every parent = sum of children
+        assert np.abs(t.consistency_matrix() @ tree[column].to_numpy()).max() < 1e-6
+        assert np.allclose(t.leaves_of(tree[column].to_numpy()), hist[column])
+    assert hist["estimate"].min() < 0  # signed: the noise of empty bins is kept, so sums stay unbiased
     manifest = json.loads((rel / "manifest.json").read_text())
     assert manifest["privacy"]["mechanisms"][0]["sensitivity"] == t.levels
     ev = json.loads(Path(s["evaluation"]).read_text())
-    assert ev["records"] == truth.sum()
-    assert ev["unit_query_mse"] < ev["unit_query_mse_noisy_leaves"]
+    assert ev["records"] == truth.sum() and ev["strategy"] == "tree" and ev["range_query_mse"]
     assert json.loads((rel / "consistency.json").read_text())["converged"]
 
 
-def test_histogram_default_consistency_follows_the_public_workload():
-    """The rule of CONSISTENCY_FOR_WORKLOAD: ranges (the default workload) -> HTree, unit queries -> ADMM; an
-    explicit consistency wins."""
+def test_histogram_for_single_bins_measures_every_bin_once(tmp_path):
+    """The identity strategy (workload unit): the noisy bins at sensitivity 1, no tree; the counts are the noisy
+    bins cut at zero, the estimate the noisy bins."""
+    truth = _sparse_histogram()
+    data = write_parquet(tmp_path / "h.parquet", {"value": np.arange(256) + 0.5, "n": truth.astype(float)})
+    s = _run(_base(tmp_path, {"id": "h", "path": str(data), "bounds": {"value": [0, 256]}, "weight_column": "n",
+                    "weights_count_records": True},
+                   {"kind": "histogram", "bins": 256, "epsilon": 1.0, "workload": "unit"}))
+    rel = Path(s["release_dir"])
+    hist = pq.read_table(rel / "histogram.parquet").to_pandas()
+    noisy = pq.read_table(rel / "noisy_bins.parquet").column("noisy_count").to_numpy()
+    assert not (rel / "tree.parquet").exists() and np.array_equal(hist["estimate"], noisy)
+    assert np.array_equal(hist["count"], np.maximum(noisy, 0))
+    (mechanism,) = json.loads((rel / "manifest.json").read_text())["privacy"]["mechanisms"]
+    assert mechanism["name"] == "bins" and mechanism["sensitivity"] == 1.0
+    assert json.loads(Path(s["evaluation"]).read_text())["strategy"] == "identity"
+
+
+def test_histogram_default_strategy_follows_the_public_workload():
+    """The rule of STRATEGY_FOR_WORKLOAD: ranges (the default workload) -> the tree, unit queries -> identity; a
+    consistency implies the tree; an explicit strategy wins; a consistency with the identity is refused."""
+    from pydantic import ValidationError
+
     from tasks.kinds.histogram import HistogramParams
 
     base = {"kind": "histogram", "bins": 16, "branching": 4, "epsilon": 1.0}
-    assert HistogramParams(**base).consistency_method == "htree"
-    assert HistogramParams(**base, workload="unit").consistency_method == "admm"
-    assert HistogramParams(**base, workload="unit", consistency="none").consistency_method == "none"
+    assert HistogramParams(**base).strategy_used == "tree"
+    assert HistogramParams(**base).consistency_method == "admm"
+    assert HistogramParams(**base, workload="unit").strategy_used == "identity"
+    assert HistogramParams(**base, workload="unit", consistency="none").strategy_used == "tree"
+    assert HistogramParams(**base, workload="unit", strategy="tree").consistency_method == "admm"
+    assert HistogramParams(**{**base, "bins": 10}, workload="unit").strategy_used == "identity"
+    with pytest.raises(ValidationError, match="consistency applies to the tree strategy only"):
+        HistogramParams(**base, strategy="identity", consistency="htree")
+    with pytest.raises(ValidationError, match="power of the branching factor"):
+        HistogramParams(**{**base, "bins": 10})
 
 
 def test_contingency_release_honours_the_public_marginals(tmp_path):

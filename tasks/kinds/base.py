@@ -162,6 +162,13 @@ class ReleaseKind(ABC):
         contracts of the replicates). Default: no."""
         return False
 
+    def caveats(self, spec, staging: Path) -> list[str]:
+        """What a reader of the release must know about how far its numbers reach, one sentence each, from the
+        staged products only (published values and public parameters: post-processing): nothing released, records
+        left out of what was measured. The manifest, the run's summary (`--json` too) and the report carry them.
+        Default: none."""
+        return []
+
     def replicate_seconds(self, spec, measurements: Path | None = None) -> float:
         """A public estimate of one bootstrap replicate's cost (one rerun of the postprocessing) from the spec's
         sizes, and from the measurements when given (noisy values, public): it sets the default number of

@@ -61,9 +61,9 @@ class ContingencyParams(ConsistencyBase, UncertaintyParams):
 NOISY = "noisy_cells.parquet"
 TABLE = "table.parquet"
 CONSISTENCY = "consistency.json"
-#: Seconds of one postprocessing (measured on 2 shared cores, a 2^6 table: ADMM 1-15 ms, empirical Bayes
-#: 60-110 ms) per cell: the bootstrap's default B comes from them.
-SECONDS_PER_CELL = {"admm": 2e-4, "empirical_bayes": 2e-3}
+#: Seconds of one least-squares estimate per cell (a product with the marginals' pseudo-inverse): the bootstrap's
+#: default B comes from it.
+SECONDS_PER_LS_CELL = 1e-7
 
 
 def table_of(spec) -> contingency.Table:
@@ -120,7 +120,8 @@ class ContingencyKind(ReleaseKind):
     shape = "categories"
     prepared_stage = "encoded"
     summary = ("Laplace on every cell of the table of the categorical columns, made non-negative and consistent "
-               "with PUBLIC marginal counts (a CSV) by ADMM (Lee, Wang & Kifer Algorithm 2)")
+               "with PUBLIC marginal counts (a CSV) by ADMM (Lee, Wang & Kifer Algorithm 2) or empirical Bayes; sums "
+               "of cells from the signed least-squares table consistent with them")
 
     def example(self):
         """The conformance suite's release: the empirical-Bayes estimator (the ADMM one is the default, run by the
@@ -180,22 +181,26 @@ class ContingencyKind(ReleaseKind):
         return NOISY, suites.indexed_table("measurements", "cell", t.size, ["noisy_count"], other_columns=t.names)
 
     def postprocess(self, spec, measurements, staging, internal, log):
+        """The table twice: the estimator's non-negative cells (`count`) and the signed least-squares table
+        consistent with the public marginals (`estimate`, whose sums are unbiased: queries are answered from it)."""
         table = table_of(spec)
         noisy = counts.read_column(measurements / NOISY, "noisy_count")
         marginals, values, A = self._marginals(spec)
         x, info = _estimate(spec.release, table, noisy, marginals, values, A,
                             committed_plan(measurements)["cells"].scale)
-        counts.write_vector(staging / TABLE, "cell", {"count": x}, **_level_columns(table))
+        estimate = contingency.least_squares_table(A, values)(noisy)
+        counts.write_vector(staging / TABLE, "cell", {"count": x, "estimate": estimate}, **_level_columns(table))
         info.update({"public_marginal_cells": len(marginals),
-                     "max_constraint_violation": float(np.abs(A @ x - values).max()) if len(values) else 0.0})
+                     "max_constraint_violation": float(np.abs(A @ x - values).max()) if len(values) else 0.0,
+                     "estimate": "least squares consistent with the public marginals, signed"})
         (staging / CONSISTENCY).write_text(json.dumps(info, indent=2))
         return [TABLE, CONSISTENCY]
 
     def release_contract(self, spec):
         t = table_of(spec)
-        return TABLE, suites.indexed_table("release", "cell", t.size, ["count"], nonnegative=["count"],
-                                           other_columns=t.names,
-                                           intervals=["count"] if bootstrap_planned(self, spec) else [])
+        intervals = ["estimate", "count"] if bootstrap_planned(self, spec) else []
+        return TABLE, suites.indexed_table("release", "cell", t.size, ["count", "estimate"], nonnegative=["count"],
+                                           other_columns=t.names, intervals=intervals)
 
     def direct_values(self, spec, measurements, plan):
         return [Direct(NOISY, "noisy_count", "cells", NoiseLaw.of(plan["cells"]))]
@@ -204,19 +209,21 @@ class ContingencyKind(ReleaseKind):
         return True
 
     def replicate_seconds(self, spec, measurements=None):
-        return 1e-3 + SECONDS_PER_CELL[spec.release.estimator] * table_of(spec).size
+        return 1e-4 + SECONDS_PER_LS_CELL * table_of(spec).size
 
     def bootstrap(self, spec, measurements, staging, plan):
-        """Around the released table: a cell's noiseless measurement is the released cell."""
-        table, scale = table_of(spec), plan["cells"].scale
-        marginals, values, A = self._marginals(spec)
-        released = counts.read_column(staging / TABLE, "count")
-
-        def rerun(noisy, rng):
-            return {TABLE: _estimate(spec.release, table, noisy["cells"], marginals, values, A, scale)[0][:, None]}
-        return Bootstrap(products=(Product(TABLE, "cell", ("count",)),),
-                         centers=(Center("cells", released, NoiseLaw.of(plan["cells"])),), rerun=rerun,
-                         notes=("the public marginals are the same in every replicate",))
+        """Around the released signed estimate: a cell's noiseless measurement is its estimated cell (consistent
+        with the marginals). The estimate is affine in the noise, so each replicate's error has the release's law."""
+        _marginals, values, A = self._marginals(spec)
+        ls = contingency.least_squares_table(A, values)
+        estimate = counts.read_column(staging / TABLE, "estimate")
+        return Bootstrap(products=(Product(TABLE, "cell", ("estimate",), bounded=(("count", "estimate"),)),),
+                         centers=(Center("cells", estimate, NoiseLaw.of(plan["cells"])),),
+                         rerun=lambda noisy, rng: {TABLE: ls(noisy["cells"])[:, None]},
+                         notes=("the public marginals are the same in every replicate",
+                                "queries are answered from `estimate` (signed least squares); `count` (the "
+                                "estimator's non-negative cells) gets the estimate's interval cut at zero and "
+                                "widened to hold it"))
 
     def accuracy(self, spec, records=None):
         """A noisy cell (exact); the released cell by ADMM without public marginals is the noisy cell clipped at

@@ -116,6 +116,69 @@ def _points(spec, prepared) -> np.ndarray:
         data.close()
 
 
+def mean_draw(spec, res: fc.MeanRelease, plan: Plan) -> Draw:
+    """The files of a mean release (all DP outputs): the mean, and what the release found (radius, noisy core weight
+    and count, the friendly mean and clip radius of a refinement, how many records lay beyond it)."""
+    info = {"released": res.released, "radius": res.radius, "noisy_core_weight": res.noisy_weight,
+            "weight_lower_bound": res.weight_lower_bound, "noisy_count": res.noisy_count,
+            "radius_probes": [list(p) for p in res.probes], "refined": res.clip_radius is not None,
+            "clip_radius": res.clip_radius, "clip_probes": [list(p) for p in res.clip_probes]}
+    if res.clip_radius is not None:
+        info.update({"friendly_mean": res.friendly.tolist(), "outside_clip": res.outside,
+                     "outside_clip_law": ["gaussian", True, plan["fc_outside"].scale]})
+    rows = None if res.mean is None else res.mean[None, :]
+    return Draw(write=lambda folder: _write(folder, spec.dataset.columns, rows, 1, info), meta={})
+
+
+def _refined(measurements) -> bool:
+    info = json.loads((measurements / INFO).read_text())
+    return bool(info["released"] and info.get("refined"))
+
+
+def _refined_bootstrap(info: dict, released: np.ndarray, cols: tuple, plan) -> Bootstrap:
+    """The parametric bootstrap of m = c1 + S / max(n, L) around the released mean (see `bootstrap`)."""
+    c1, L = np.asarray(info["friendly_mean"], dtype=np.float64), info["weight_lower_bound"]
+    divisor = max(info["noisy_count"], L)
+    refine, count = plan["fc_refine"], plan["fc_count"]
+
+    def rerun(noisy, rng):
+        return {RESULT: (c1 + noisy["fc_refine"] / max(float(noisy["fc_count"][0]), L))[None, :]}
+    return Bootstrap((Product(RESULT, "row", cols),),
+                     (Center("fc_refine", divisor * (released[0] - c1), NoiseLaw.of(refine, refine.scale_for(
+                         info["clip_radius"]))), Center("fc_count", np.array([divisor]), NoiseLaw.of(count))),
+                     rerun, notes=(REFINED_ESTIMAND,))
+
+
+#: What a refined mean's interval is for (docs/friendlycore.md §13, docs/uncertainty.md).
+REFINED_ESTIMAND = ("the intervals are for the mean of the records with each one farther than the clip radius C "
+                    "from the friendly mean c1 pulled onto that ball (both in friendlycore.json): the data's mean "
+                    "when no record lies beyond C. How many did is published (outside_clip, noisy); how far is not "
+                    "measured, and no interval for the plain mean of unbounded data can hold under DP (a record "
+                    "placed far enough moves the mean anywhere while the release barely changes)")
+
+
+def _left_out(info: dict, confidence: float) -> list[str]:
+    """The records a mean release left out of what it measured, as noisy counts: beyond the clip ball (refined),
+    or outside the friendly core."""
+    if info.get("refined"):
+        law, k = NoiseLaw(*info["outside_clip_law"]), info["outside_clip"]
+        h = law.half_width(confidence)
+        if k - h <= 0:
+            return []
+        return [f"about {k:.0f} records (noisy; {confidence:g} interval [{k - h:.0f}, {k + h:.0f}]) lay farther than "
+                f"the clip radius {info['clip_radius']:.4g} from the friendly mean: the released mean and its "
+                f"interval are for the records pulled onto that ball, and the data's own mean may lie outside the "
+                f"interval by their distance beyond it, which is not measured"]
+    if info.get("noisy_count") is None:
+        return [f"the released mean is the friendly core's weighted mean (noisy core weight "
+                f"{info['noisy_core_weight']:.0f}); records outside the core are left out, their number is not "
+                f"measured (a radius grid or refine: true also counts the records)"]
+    shortfall = info["noisy_count"] - info["noisy_core_weight"]
+    return [f"the released mean is the friendly core's weighted mean: about {max(shortfall, 0):.0f} of the noisy "
+            f"{info['noisy_count']:.0f} records' weight lies outside the core and is left out (noisy counts)"] \
+        if shortfall > 0 else []
+
+
 def _write(folder, columns, rows: np.ndarray | None, k: int, info: dict) -> None:
     values = np.full((k, len(columns)), np.nan) if rows is None else rows
     pq.write_table(pa.table({"released": np.full(k, rows is not None),
@@ -153,21 +216,20 @@ class _FriendlyKind(ReleaseKind):
     result_entry: str
 
     def _result_law(self, measurements, plan) -> tuple[str, NoiseLaw | None]:
-        """The plan entry whose noise the released values carry, and its law; None if nothing was released. The
-        friendly mean / centres: Gaussian of standard deviation noise multiplier x bound multiple x r / L, r and L
-        (the PTR test's lower bound) published in friendlycore.json. A refined mean c1 + S / D (§13): the noise of
-        the clipped sum S at the clip radius C, divided by D = max(noisy n, L), all three published there too."""
+        """The plan entry whose noise the released friendly mean / centres carry, and its law (None if nothing was
+        released): Gaussian of standard deviation noise multiplier x bound multiple x r / L, r and L (the PTR test's
+        lower bound) published in friendlycore.json."""
         info = json.loads((measurements / INFO).read_text())
         if not info["released"]:
             return self.result_entry, None
-        if info.get("refined"):
-            entry = plan["fc_refine"]
-            divisor = max(info["noisy_count"], info["weight_lower_bound"])
-            return entry.name, NoiseLaw.of(entry, entry.scale_for(info["clip_radius"]) / divisor)
         entry = plan[self.result_entry]
         return entry.name, NoiseLaw.of(entry, entry.scale_for(info["radius"] / info["weight_lower_bound"]))
 
     def direct_values(self, spec, measurements, plan):
+        """The friendly mean / centres are direct measurements; a refined mean (a ratio of two of them) is not:
+        its interval is the bootstrap's."""
+        if _refined(measurements):
+            return []
         name, law = self._result_law(measurements, plan)  # None: "no friendly core", null intervals
         return [Direct(RESULT, c, name, law) for c in spec.dataset.columns]
 
@@ -175,20 +237,30 @@ class _FriendlyKind(ReleaseKind):
         return True
 
     def bootstrap(self, spec, measurements, staging, plan):
-        """The released values are direct measurements (analytic intervals): the replicates, the plan's noise
-        redrawn around them, serve derived queries (a distance between centres, a ratio of coordinates)."""
+        """A refined mean c1 + S / D (§13), D = max(noisy n, L): the noise of the clipped sum S (at the clip radius
+        C) and of the count n redrawn around S = D (m - c1) and n = D, the division rerun; c1, C and L are kept
+        (published in friendlycore.json). Otherwise the released values are direct measurements (analytic
+        intervals) and the replicates, the plan's noise redrawn around them, serve derived queries (a distance
+        between centres, a ratio of coordinates)."""
+        cols = tuple(spec.dataset.columns)
+        released = pq.read_table(measurements / RESULT).to_pandas()[list(cols)].to_numpy()
+        if _refined(measurements):
+            return _refined_bootstrap(json.loads((measurements / INFO).read_text()), released, cols, plan)
         name, law = self._result_law(measurements, plan)
         if law is None:
             return None
-        cols = tuple(spec.dataset.columns)
-        released = pq.read_table(measurements / RESULT).to_pandas()[list(cols)].to_numpy()
         return Bootstrap((Product(RESULT, "row", cols, intervals="analytic"),),
                          (Center(name, released, law),),
                          lambda noisy, rng: {RESULT: noisy[name]},
-                         notes=(("the intervals are for what the noise was added to: the soft core's weighted "
-                                 "mean (centres), or for a refined mean c1 + (clipped sum) / D, which is the "
-                                 "data's mean when no record is clipped and D = n; not for the plain mean of "
-                                 "the data"),))
+                         notes=(("the intervals are for what the noise was added to, the soft core's weighted "
+                                 "mean (of the tuples' centres for k-means), not for the plain mean of the data"),))
+
+    def caveats(self, spec, staging):
+        info = json.loads((staging / INFO).read_text())
+        if not info["released"]:
+            return ["no friendly core: nothing was released (the test of the core's noisy weight failed; the budget "
+                    "is spent). A larger radius (r, or r_max) or more records let a core pass"]
+        return _left_out(info, spec.release.confidence) if self.name == "mean" else []
 
     def accuracy(self, spec, records=None):
         """The noisy core weight (exact) and a released coordinate: noise multiplier x bound multiple x r / L, with
@@ -234,13 +306,7 @@ class MeanKind(_FriendlyKind):
 
     def draw(self, spec, prepared, measure, public_rng, log):
         X = _points(spec, prepared)
-        res = fc.friendly_mean(X, _math_params(spec.release), measure)
-        info = {"released": res.released, "radius": res.radius, "noisy_core_weight": res.noisy_weight,
-                "weight_lower_bound": res.weight_lower_bound, "noisy_count": res.noisy_count,
-                "radius_probes": [list(p) for p in res.probes], "refined": res.clip_radius is not None,
-                "clip_radius": res.clip_radius, "clip_probes": [list(p) for p in res.clip_probes]}
-        rows = None if res.mean is None else res.mean[None, :]
-        return Draw(write=lambda folder: _write(folder, spec.dataset.columns, rows, 1, info), meta={})
+        return mean_draw(spec, fc.friendly_mean(X, _math_params(spec.release), measure), measure.plan)
 
     def evaluate(self, spec, run, prepared, log):
         """L2 error of the released mean against the exact mean (internal)."""

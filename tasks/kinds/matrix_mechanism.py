@@ -18,8 +18,10 @@ from tasks.kinds.uncertainty import Bootstrap, Center, Direct, Product, Uncertai
 from tasks.params import ConsistencyBase, is_power
 from tasks.run import committed_plan
 
+hierarchy = module("dpalgos.hierarchy")
 mm = module("dpalgos.matrix_mechanism")
 counts = module("tasks.kinds.counts")
+replicates = module("tasks.replicates")
 
 class MatrixMechanismParams(ConsistencyBase, UncertaintyParams):
     """Matrix mechanism (Algorithm 4): Laplace answers to a strategy matrix over a histogram of the column,
@@ -54,11 +56,14 @@ NOISY = "noisy_answers.parquet"
 ESTIMATE = "estimate.parquet"
 ANSWERS = "workload_answers.parquet"
 RECONSTRUCTION = "reconstruction.json"
-#: Seconds of one reconstruction (measured on 2 shared cores, hierarchical strategy: L1 by ADMM 11 ms at 128
-#: bins, 0.47 s at 1,024, about 0.2 us per strategy entry and 10 ms per call; least squares by a dense SVD): the
-#: bootstrap's default B comes from them.
-SECONDS_PER_ENTRY = {"l1": 2.2e-7, "l2": 2e-8}
-SECONDS_PER_CALL = 1e-2
+#: Seconds of one L1 reconstruction (measured on 2 shared cores, hierarchical strategy: ADMM 11 ms at 128 bins,
+#: 0.47 s at 1,024, about 0.2 us per strategy entry and 10 ms per call) and of one least-squares estimate applied
+#: to a replicate (a matrix-vector product with the strategy's pseudo-inverse, or the tree inference): the
+#: accuracy planner's simulations and the bootstrap's default B come from them.
+SECONDS_PER_L1_ENTRY, SECONDS_PER_L1_CALL = 2.2e-7, 1e-2
+SECONDS_PER_LS_ENTRY, SECONDS_PER_LS_CALL = 2e-9, 1e-4
+#: Workloads of counting queries (non-negative weights): their answers are sums of counts, cut at zero.
+COUNTING = ("identity", "predicate", "all_range")
 
 
 def workload_of(spec) -> mm.Workload:
@@ -70,21 +75,38 @@ def strategy_of(spec):
     return mm.strategy(spec.release.strategy, workload_of(spec))
 
 
+def least_squares(spec):
+    """The signed least-squares estimate x = A^+ r~ as a function of the noisy answers r~ (linear: every sum of bins
+    it answers is unbiased when the sum's weights lie in the row space of the strategy, which they always do for
+    the identity and hierarchical strategies); the tree inference for the hierarchical strategy (the projection
+    onto consistent binary trees, which least squares on its indicator rows is), one pseudo-inverse otherwise."""
+    p = spec.release
+    if p.strategy == "identity":
+        return lambda r: np.asarray(r, dtype=np.float64)
+    if p.strategy == "hierarchical":
+        tree = hierarchy.Tree(p.bins, 2)
+        return lambda r: tree.leaves_of(tree.htree(r))
+    pinv = mm.pseudo_inverse(strategy_of(spec))
+    return lambda r: pinv @ r
+
+
 class MatrixMechanismKind(ReleaseKind):
     name = "matrix_mechanism"
     Params = MatrixMechanismParams
     shape = "values"
     prepared_stage = "encoded"
     summary = ("Laplace answers to a strategy matrix (hierarchical, identity, or the workload); the histogram "
-               "reconstructed by L1 (ADMM, Lee, Wang & Kifer Algorithm 4) or least squares; workload answers")
+               "reconstructed by L1 (ADMM, Lee, Wang & Kifer Algorithm 4) or least squares; workload answers from "
+               "the signed least-squares estimate")
 
     def example(self):
         return {"kind": "matrix_mechanism", "bins": 16, "workload": "all_range", "epsilon": 1.0}
 
     def footprint(self, spec):
         """The workload matrix (built whole: the identity as a dense n x n), the noisy strategy answers, and the
-        reconstruction: least squares on the dense strategy, or ADMM's factorisation of A'A, which fills in to a
-        dense n x n for every strategy but the identity."""
+        estimates: least squares on the dense strategy (its pseudo-inverse) unless the strategy is the identity or
+        the tree, and the L1 reconstruction, whose ADMM factorises A'A, dense n x n for every strategy but the
+        identity."""
         p = spec.release
         n, q = p.bins, p.workload_queries
         workload_rows = {"identity": n, "predicate": q, "plus_minus_one": q, "all_range": 0}[p.workload]
@@ -92,10 +114,10 @@ class MatrixMechanismKind(ReleaseKind):
         fp = dense_footprint(workload_rows, n, 2.0 * workload_rows * n,
                              f"the {p.workload} workload matrix ({workload_rows:,} x {n:,})")
         fp += noise_footprint(rows, "laplace", True, f"the {rows:,} noisy strategy answers")
-        if p.reconstruction == "l2":
-            return fp + dense_footprint(rows, n, 2.0 * rows * n * n,
-                                        f"least squares on the dense {rows:,} x {n:,} strategy matrix")
-        if p.strategy == "identity":
+        if p.strategy == "workload":
+            fp += dense_footprint(rows, n, 2.0 * rows * n * n,
+                                  f"the pseudo-inverse of the dense {rows:,} x {n:,} strategy matrix")
+        if p.reconstruction == "l2" or p.strategy == "identity":
             return fp
         return fp + dense_footprint(n, n, n ** 3 / 3.0, f"the factorisation of the {n:,} x {n:,} normal matrix A'A")
 
@@ -120,28 +142,30 @@ class MatrixMechanismKind(ReleaseKind):
         return NOISY, suites.indexed_table("measurements", "query", strategy_of(spec).shape[0], ["noisy_answer"])
 
     def postprocess(self, spec, measurements, staging, internal, log):
-        """The histogram estimate from the noisy strategy answers, then the workload's answers (all_range
-        answers are prefix-sum differences of the estimate and are not written out)."""
+        """The histogram twice (the reconstruction's non-negative counts, the signed least-squares estimate),
+        then the workload's answers from the estimate (all_range answers are prefix-sum differences of the
+        estimate and are not written out)."""
         p = spec.release
         noisy = counts.read_column(measurements / NOISY, "noisy_answer")
-        x, info = _reconstruct(spec, noisy, committed_plan(measurements)["strategy"].scale)
+        estimate = least_squares(spec)(noisy)
+        x, info = _reconstruct(spec, noisy, committed_plan(measurements)["strategy"].scale, estimate)
         (column, (lo, hi)), = spec.dataset.bounds.items()
         edges = lo + (hi - lo) * np.arange(p.bins + 1) / p.bins
-        # Counts are never negative: negative cells of the least-squares estimate are set to 0 (as the paper).
-        counts.write_vector(staging / ESTIMATE, "bin", {"count": np.maximum(x, 0.0)}, lower=edges[:-1],
+        counts.write_vector(staging / ESTIMATE, "bin", {"count": x, "estimate": estimate}, lower=edges[:-1],
                             upper=edges[1:])
         files = [ESTIMATE, RECONSTRUCTION]
         if p.workload != "all_range":
-            counts.write_vector(staging / ANSWERS, "query", {"answer": _answers(spec, x)})
+            counts.write_vector(staging / ANSWERS, "query", {"answer": _answers(spec, estimate)})
             files.append(ANSWERS)
         (staging / RECONSTRUCTION).write_text(json.dumps({**info, "workload": p.workload,
                                                           "workload_queries": workload_of(spec).queries}, indent=2))
         return files
 
     def release_contract(self, spec):
-        return ESTIMATE, suites.indexed_table("release", "bin", spec.release.bins, ["count"], nonnegative=["count"],
-                                              other_columns=["lower", "upper"],
-                                              intervals=["count"] if bootstrap_planned(self, spec) else [])
+        intervals = ["estimate", "count"] if bootstrap_planned(self, spec) else []
+        return ESTIMATE, suites.indexed_table("release", "bin", spec.release.bins, ["count", "estimate"],
+                                              nonnegative=["count"], other_columns=["lower", "upper"],
+                                              intervals=intervals)
 
     def direct_values(self, spec, measurements, plan):
         return [Direct(NOISY, "noisy_answer", "strategy", NoiseLaw.of(plan["strategy"]))]
@@ -151,64 +175,90 @@ class MatrixMechanismKind(ReleaseKind):
 
     def replicate_seconds(self, spec, measurements=None):
         A = strategy_of(spec)
-        return SECONDS_PER_CALL + SECONDS_PER_ENTRY[spec.release.reconstruction] * A.shape[0] * A.shape[1]
+        return SECONDS_PER_LS_CALL + SECONDS_PER_LS_ENTRY * A.shape[0] * A.shape[1]
 
     def bootstrap(self, spec, measurements, staging, plan):
-        """Around the released estimate: the strategy's answers on it are the noiseless measurement it implies."""
-        A, scale = strategy_of(spec), plan["strategy"].scale
-        released = counts.read_column(staging / ESTIMATE, "count")
+        """Around the released signed estimate: the strategy's answers on it are the noiseless measurement it implies.
+        The estimate is linear, so each replicate's error has the release's law."""
+        A, ls = strategy_of(spec), least_squares(spec)
+        estimate = counts.read_column(staging / ESTIMATE, "estimate")
         answered = spec.release.workload != "all_range"
 
         def rerun(noisy, rng):
-            x = _reconstruct(spec, noisy["strategy"], scale)[0]
-            out = {ESTIMATE: np.maximum(x, 0.0)[:, None]}
+            x = ls(noisy["strategy"])
+            out = {ESTIMATE: x[:, None]}
             return {**out, ANSWERS: _answers(spec, x)[:, None]} if answered else out
-        products = (Product(ESTIMATE, "bin", ("count",)),) + \
+        products = (Product(ESTIMATE, "bin", ("estimate",), bounded=(("count", "estimate"),)),) + \
             ((Product(ANSWERS, "query", ("answer",), replicates=False),) if answered else ())
-        return Bootstrap(products=products, centers=(Center("strategy", A @ released, NoiseLaw.of(plan["strategy"])),),
-                         rerun=rerun, notes=("the workload answers' intervals come from the estimate's replicates",))
+        return Bootstrap(products=products, centers=(Center("strategy", A @ estimate, NoiseLaw.of(plan["strategy"])),),
+                         rerun=rerun, notes=("queries are answered from `estimate` (signed least squares); `count` "
+                                             "(the reconstruction, non-negative) gets the estimate's interval cut "
+                                             "at zero and widened to hold it",
+                                             "the workload answers' intervals come from the estimate's replicates"))
 
     def accuracy(self, spec, records=None):
-        """A noisy strategy answer (exact); the released bin, range sums of several lengths and the workload's
-        queries, for counts far from zero: exact for least squares, simulated for L1 (ADMM)."""
+        """A noisy strategy answer (exact); range sums and the workload's queries from the signed least-squares
+        estimate (exact); the released per-bin count for counts far from zero: exact for least squares,
+        simulated for L1."""
         p = spec.release
         A, law = strategy_of(spec), NoiseLaw.of(self.plan(spec)["strategy"])
         rows = [exact("noisy strategy answer (measurements)", law, p.confidence)]
         families = planning.range_families(p.bins)
         W = workload_of(spec).matrix if p.workload != "all_range" else None
-        if p.reconstruction == "l1":
-            return rows + planning.simulated_rows(lambda y: _reconstruct(spec, y, law.scale)[0], lambda x: A @ x,
-                                                  p.bins, law, planning.runs_for(self.replicate_seconds(spec)),
-                                                  families, p.confidence, W)
         pinv_t = np.linalg.pinv(A.toarray() if hasattr(A, "toarray") else np.asarray(A)).T
-        return rows + planning.linear_rows(lambda q: pinv_t @ q, p.bins, law, families, p.confidence,
-                                           "least squares", W)
+        sums = planning.linear_rows(lambda q: pinv_t @ q, p.bins, law, families[1:], p.confidence,
+                                    "least squares: the signed estimate", W)
+        if p.reconstruction == "l1":
+            seconds = SECONDS_PER_L1_CALL + SECONDS_PER_L1_ENTRY * A.shape[0] * A.shape[1]
+            unit = planning.simulated_rows(lambda y: _reconstruct(spec, y, law.scale)[0], lambda x: A @ x, p.bins,
+                                           law, planning.runs_for(seconds), families[:1], p.confidence)
+        else:
+            unit = planning.linear_rows(lambda q: pinv_t @ q, p.bins, law, families[:1], p.confidence,
+                                        "least squares")
+        return rows + unit + sums
 
     def evaluate(self, spec, run, prepared, log):
+        """Internal: the workload MSE of the published answers (from the signed estimate, cut at zero for counting
+        queries) and of the reconstruction's counts, and the counts' per-bin MSE."""
         W = workload_of(spec)
         exact = counts.count(spec, prepared, "bin", spec.release.bins)
-        estimate = counts.read_column(run.release / ESTIMATE, "count")
-        mse = W.mse(estimate, exact)
-        return {"records": float(exact.sum()), "workload": spec.release.workload, "workload_mse": mse,
-                "headline": f"{spec.release.workload} workload MSE {mse:.4g}"}
+        table = replicates.published(run.release, ESTIMATE)
+        count, estimate = table.column("count"), table.column("estimate")
+        published = _published_mse(spec, W, estimate, exact)
+        counted = W.mse(count, exact)
+        return {"records": float(exact.sum()), "workload": spec.release.workload, "workload_mse": published,
+                "workload_mse_of_counts": counted, "unit_mse_of_counts": float(np.mean((count - exact) ** 2)),
+                "headline": f"{spec.release.workload} workload MSE {published:.4g} (from the reconstruction's "
+                            f"counts: {counted:.4g})"}
 
 
-def _reconstruct(spec, noisy: np.ndarray, scale: float) -> tuple[np.ndarray, dict]:
-    """The histogram estimate (before the clip at zero) from the noisy answers, the committed plan's scale and
-    the spec's public parameters."""
+def _published_mse(spec, W, estimate: np.ndarray, exact: np.ndarray) -> float:
+    """The workload MSE of the answers as published: W @ estimate, cut at zero for counting queries (all_range:
+    every range, from prefix sums)."""
+    if W.kind != "all_range":
+        return float(np.mean((_answers(spec, estimate) - W.answer(exact)) ** 2))
+    lo, hi = np.triu_indices(W.n + 1, 1)
+    cs_e, cs_t = (np.concatenate([[0.0], np.cumsum(v)]) for v in (estimate, exact))
+    return float(np.mean((replicates.sum_answer(cs_e[hi] - cs_e[lo], True) - (cs_t[hi] - cs_t[lo])) ** 2))
+
+
+def _reconstruct(spec, noisy: np.ndarray, scale: float, estimate: np.ndarray | None = None) -> tuple[np.ndarray, dict]:
+    """The non-negative histogram from the noisy answers, the committed plan's scale and the spec's public
+    parameters: L1 (Algorithm 4), or the least-squares estimate (given, or computed) cut at zero."""
     p = spec.release
-    A = strategy_of(spec)
     if p.reconstruction == "l1":
-        res = mm.reconstruct_l1(A, noisy, noise_scale=scale, penalty=p.penalty, alpha=p.alpha, rho=p.rho)
-        return res.x, {"method": "MM(l1): Lee, Wang & Kifer Algorithm 4", "iterations": res.iterations,
-                       "converged": res.converged, "penalty": p.penalty, "alpha": p.alpha, "rho": p.rho}
-    return mm.reconstruct_l2(A, noisy), {"method": "MM(l2): least squares"}
+        res = mm.reconstruct_l1(strategy_of(spec), noisy, noise_scale=scale, penalty=p.penalty, alpha=p.alpha,
+                                rho=p.rho)
+        return np.maximum(res.x, 0.0), {"method": "MM(l1): Lee, Wang & Kifer Algorithm 4", "iterations":
+                                        res.iterations, "converged": res.converged, "penalty": p.penalty,
+                                        "alpha": p.alpha, "rho": p.rho}
+    x = least_squares(spec)(noisy) if estimate is None else estimate
+    return np.maximum(x, 0.0), {"method": "MM(l2): least squares, negatives set to 0"}
 
 
 def _answers(spec, x: np.ndarray) -> np.ndarray:
-    """The workload's answers from the estimate; counting queries' negative answers are replaced by 0."""
-    answers = workload_of(spec).answer(x)
-    return answers if spec.release.workload == "plus_minus_one" else np.maximum(answers, 0.0)
+    """The workload's answers from the signed estimate, as published: counting queries' answers cut at zero."""
+    return replicates.sum_answer(workload_of(spec).answer(x), spec.release.workload in COUNTING)
 
 
 KIND = MatrixMechanismKind()

@@ -79,12 +79,36 @@ class Product:
     """A released Parquet file with one row per `index` value and the value `columns` the bootstrap replicates.
     intervals: "bootstrap" (the columns get the replicates' intervals) or "analytic" (they are direct measurements,
     annotated by `Direct`; the replicates only serve derived queries). replicates: whether the replicate values
-    are published as <stem>_replicates.parquet (a product derived from another's replicates needs none)."""
+    are published as <stem>_replicates.parquet (a product derived from another's replicates needs none).
+
+    bounded: {published column: replicated column} for counts published twice, as a signed estimate whose sums are
+    unbiased (replicated: queries and sums are answered from it) and as a non-negative value per row (clipped,
+    or fitted under non-negativity: biased near zero). The non-negative column's interval is the signed one's cut
+    at zero, where every true count lies, and widened to hold the published value (`bounded_interval`): valid
+    whenever the signed one is, whatever the non-negative estimator's bias. Its `_std` is the signed column's."""
     file: str
     index: str
     columns: tuple[str, ...]
     intervals: Literal["bootstrap", "analytic"] = "bootstrap"
     replicates: bool = True
+    bounded: tuple[tuple[str, str], ...] = ()
+
+    @property
+    def interval_columns(self) -> tuple[str, ...]:
+        """The value columns that get uncertainty columns, in the order they are appended to the file."""
+        return self.columns + tuple(c for c, _ in self.bounded)
+
+    @property
+    def nonnegative(self) -> bool:
+        """Every row's truth is a count (>= 0): a sum of rows with non-negative weights is one too."""
+        return bool(self.bounded)
+
+
+def bounded_interval(value: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """[min(max(lo, 0), value), max(max(hi, 0), value)]: an interval [lo, hi] for a truth known to be >= 0, cut at
+    zero and widened to hold a published value. If [lo, hi] holds the truth t >= 0, so does [max(lo, 0), max(hi, 0)]
+    (t >= 0 and t >= lo; t <= hi <= max(hi, 0)), and so does any interval containing that one."""
+    return np.minimum(np.maximum(lo, 0.0), value), np.maximum(np.maximum(hi, 0.0), value)
 
 
 @dataclass(frozen=True)

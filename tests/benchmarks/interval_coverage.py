@@ -1,16 +1,26 @@
 """Empirical coverage of the published intervals (not named coverage.py: a script's folder is first on sys.path, and
-numba imports the `coverage` package if it finds one): simulate many releases of one kind on a fixed dataset whose
-truth is known (the exact statistic of every noise call is recorded), each through the kind's own draw with the
-production samplers, its postprocessing and the uncertainty step, and count how often each published interval
-holds the truth: direct measurements (analytic), postprocessed values (bootstrap), and random range or linear
-queries answered through the published replicates (`tasks.replicates`).
+numba imports the `coverage` package if it finds one): simulate many releases of one kind on a dataset whose truth
+is known (the exact statistic of every noise call is recorded), each through the kind's own draw with the production
+samplers, its postprocessing and the uncertainty step (`_simulate.py`: what the postprocess stage runs), and count how
+often each published interval holds the truth: direct measurements (analytic), postprocessed values (bootstrap, or
+derived from it), and random range or linear queries answered through the published replicates (`tasks.replicates`,
+what `dprelease query` answers). An interval published as null (a skipped bootstrap, nothing released) is counted
+in the null share, not in the coverage.
 
-    python tests/benchmarks/interval_coverage.py --kind histogram [--runs 500] [--queries 100] [--set epsilon=0.5 ...]
+    python tests/benchmarks/interval_coverage.py --kind histogram [--runs 500] [--set epsilon=0.5 ...]
+    python tests/benchmarks/interval_coverage.py --corpus [--kinds histogram,mean] [--eps 0.1,1] [--runs 200]
+        [--datasets gamma,pareto] [--results coverage.json]
 
-Kinds: histogram, contingency, matrix_mechanism, kmeans, mean. Last line:
-RESULT kind=K nominal=0.95 direct=... postprocessed=... queries=... runs=N B=B. Detail lines give, per published
-column, the pooled coverage, the worst and best single value, and the coverage of the values whose truth is within
-two standard deviations of zero (where non-negativity biases the postprocessed counts) and of the others.
+--kind runs one kind on its default dataset; --corpus runs every kind over the corpus of shapes of its data
+(`_corpus.py`: the shipped reference data and generated sparse, skewed, heavy-tailed, multimodal and tiny sets) at
+each epsilon, one line per cell (dataset, kind, epsilon), its results kept in --results (a finished cell is not run
+again) and a last line
+
+    RESULT cells=<n> direct_min=... postprocessed_min=... queries_min=... null_share=...
+
+For `mean` the postprocessed truth is what the interval states it is for (the refined mean: the records' mean with
+those beyond the clip ball pulled onto it); each mean cell also says how often the interval held the data's own
+mean and how often the release said records were left out (its caveat).
 """
 
 from __future__ import annotations
@@ -21,137 +31,187 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import ClassVar
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.parquet as pq
 import yaml
 from scipy.optimize import linear_sum_assignment
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _corpus import Dataset, corpus  # noqa: E402
 from _simulate import Simulated, Simulator, local_client  # noqa: E402
 
+from dpalgos import friendlycore as fc  # noqa: E402
+from tasks.kinds import REGISTRY  # noqa: E402
 from tasks.replicates import Replicates  # noqa: E402
+
+NOMINAL = 0.95
 
 
 class Case:
-    """A kind's fixed dataset and release, and where each published interval's truth comes from."""
-    release: ClassVar[dict]
-    product: ClassVar[str]  # the product whose replicates answer the queries
+    """A kind's release on one dataset, and where each published interval's truth comes from."""
+    kind: str
+    shape: str  # the corpus shape of its data
+    base: dict  # release fields beyond the dataset's own
+    product: str  # the product whose replicates answer the queries
 
-    def data(self, folder: Path) -> dict:
-        raise NotImplementedError
+    def __init__(self, dataset: Dataset, epsilon: float | None = None, extra: dict | None = None):
+        self.dataset = dataset
+        self.release = {"kind": self.kind, **self.base, **self.fields(dataset), **(extra or {})}
+        if epsilon is not None:
+            self.release["epsilon"] = epsilon
+
+    def fields(self, dataset: Dataset) -> dict:
+        return dict(dataset.release)
+
+    def dataset_section(self, folder: Path) -> dict:
+        return self.dataset.write(folder)
 
     def direct(self, sim: Simulated) -> dict:
         """{(file, column): truth per row} of the direct measurements."""
-        raise NotImplementedError
+        return {}
 
     def post(self, sim: Simulated) -> dict:
         """{(file, column): truth per row} of the postprocessed values, rows as released."""
         return {}
 
-    def query_truth(self, sim: Simulated) -> np.ndarray:
-        """The truth of the queries' product, (rows, columns) as released."""
+    def query_truth(self, sim: Simulated) -> np.ndarray | None:
+        """The truth of the queries' product, (rows, columns) as released (None: nothing to query)."""
+        return None
+
+    def query_hits(self, sim: Simulated, rng: np.random.Generator, count: int) -> np.ndarray:
+        """Random linear queries through the replicates (other cases: ranges, sums of cells)."""
+        truth = self.query_truth(sim)
+        replicates = _replicates(sim, self.product)
+        if truth is None or replicates is None:
+            return np.zeros(0, dtype=bool)
+        hits = []
+        for _ in range(count):
+            w = rng.normal(size=truth.shape)
+            answer = replicates.answer(lambda v, w=w: float((v * w).sum()))
+            hits.append(answer.lo <= float((truth * w).sum()) <= answer.hi)
+        return np.array(hits)
+
+    def extra(self, sim: Simulated) -> dict:
+        """Other per-release figures of the kind (the mean's coverage of the data's own mean)."""
+        return {}
+
+
+def _replicates(sim: Simulated, product: str) -> Replicates | None:
+    try:
+        return Replicates.open(sim.release, product)
+    except ValueError:  # no replicates published (nothing released, or the bootstrap skipped)
+        return None
+
+
+class _Counts(Case):
+    """The count kinds: a product of non-negative `count` and signed `estimate` per row; queries are random
+    ranges of rows (ordered bins) answered as `dprelease query --range` answers them."""
+
+    def truth_rows(self, sim: Simulated) -> np.ndarray:
         raise NotImplementedError
 
-    def queries(self, rng: np.random.Generator, shape: tuple, count: int) -> list[np.ndarray]:
-        """Random range sums of the first column (ordered bins); other cases override."""
-        out = []
-        for _ in range(count):
-            lo, hi = np.sort(rng.choice(shape[0] + 1, 2, replace=False))
-            w = np.zeros(shape)
-            w[lo:hi, 0] = 1.0
-            out.append(w)
+    def post(self, sim):
+        truth = self.truth_rows(sim)
+        return {(self.product, "count"): truth, (self.product, "estimate"): truth}
+
+    def query_truth(self, sim):
+        return self.truth_rows(sim)[:, None]
+
+    def query_hits(self, sim, rng, count):
+        replicates = _replicates(sim, self.product)
+        if replicates is None:
+            return np.zeros(0, dtype=bool)
+        truth = self.truth_rows(sim)
+        pairs = np.sort(rng.choice(truth.size + 1, size=(count, 2)), axis=1)
+        pairs = pairs[pairs[:, 0] < pairs[:, 1]]
+        _, lo, hi = replicates.range_sums(pairs[:, 0], pairs[:, 1])
+        cs = np.concatenate([[0.0], np.cumsum(truth)])
+        t = cs[pairs[:, 1]] - cs[pairs[:, 0]]
+        return (lo <= t) & (t <= hi)
+
+
+class Histogram(_Counts):
+    kind, shape, base, product = "histogram", "values", {"epsilon": 1.0}, "histogram.parquet"
+
+    def tree(self, sim) -> bool:
+        return "tree" in {n for n, _ in sim.noise.calls}
+
+    def truth_rows(self, sim):
+        exact = sim.noise.exact("tree" if self.tree(sim) else "bins")[0]
+        return exact[-self.release["bins"]:]
+
+    def direct(self, sim):
+        if self.tree(sim):
+            return {("noisy_tree.parquet", "noisy_count"): sim.noise.exact("tree")[0]}
+        return {("noisy_bins.parquet", "noisy_count"): sim.noise.exact("bins")[0]}
+
+    def post(self, sim):
+        out = super().post(sim)
+        if self.tree(sim):
+            tree = sim.noise.exact("tree")[0]
+            out.update({("tree.parquet", "count"): tree, ("tree.parquet", "estimate"): tree})
         return out
 
 
-def _values(folder: Path, n: int, seed: int = 0) -> dict:
-    """One numeric column on [0, 64): a skewed histogram (gamma) whose upper bins are sparse or empty."""
-    v = np.minimum(np.random.default_rng(seed).gamma(2.0, 6.0, n), 63.999)
-    pq.write_table(pa.table({"v": v}), folder / "values.parquet")
-    return {"id": "coverage", "path": str(folder / "values.parquet"), "bounds": {"v": [0, 64]}}
+class HistogramUnit(Histogram):
+    """The histogram for single bins (workload unit: the identity strategy)."""
+    base = {"epsilon": 1.0, "workload": "unit"}
+
+    def fields(self, dataset):
+        return {"bins": dataset.release["bins"]}
 
 
-class Histogram(Case):
-    release: ClassVar = {"kind": "histogram", "bins": 64, "branching": 4, "epsilon": 1.0}
-    product = "histogram.parquet"
+class MatrixMechanism(_Counts):
+    kind, shape, product = "matrix_mechanism", "values", "estimate.parquet"
+    base = {"epsilon": 1.0, "workload": "all_range", "strategy": "hierarchical"}
 
-    def data(self, folder):
-        return _values(folder, 3000)
-
-    def direct(self, sim):
-        return {("noisy_tree.parquet", "noisy_count"): sim.noise.exact("tree")[0]}
-
-    def post(self, sim):
-        tree = sim.noise.exact("tree")[0]
-        return {("histogram.parquet", "count"): tree[-64:], ("tree.parquet", "count"): tree}
-
-    def query_truth(self, sim):
-        return sim.noise.exact("tree")[0][-64:, None]
-
-
-class MatrixMechanism(Case):
-    release: ClassVar = {"kind": "matrix_mechanism", "bins": 32, "workload": "all_range", "strategy": "hierarchical",
-               "epsilon": 1.0}
-    product = "estimate.parquet"
-
-    def data(self, folder):
-        return _values(folder, 3000)
+    def fields(self, dataset):
+        """At most 256 bins (the reconstruction factorises A'A, bins x bins): coarser bins of the same records."""
+        return {"bins": min(dataset.release["bins"], 256)}
 
     def direct(self, sim):
         return {("noisy_answers.parquet", "noisy_answer"): sim.noise.exact("strategy")[0]}
 
-    def _bins(self, sim):
-        return sim.noise.exact("strategy")[0][-32:]  # the hierarchical strategy's last 32 rows are the bins
-
-    def post(self, sim):
-        return {("estimate.parquet", "count"): self._bins(sim)}
-
-    def query_truth(self, sim):
-        return self._bins(sim)[:, None]
+    def truth_rows(self, sim):
+        return sim.noise.exact("strategy")[0][-self.release["bins"]:]  # the hierarchical strategy's last rows: bins
 
 
-class Contingency(Case):
-    release: ClassVar = {"kind": "contingency", "epsilon": 1.0}
-    product = "table.parquet"
-    levels: ClassVar = {"a": ["p", "q"], "b": ["x", "y", "z"], "c": ["1", "2", "3", "4"]}
-
-    def data(self, folder):
-        rng = np.random.default_rng(0)
-        n = 2000
-        cols = {name: rng.choice(lv, n, p=np.array([3.0 ** -i for i in range(len(lv))]) / sum(
-            3.0 ** -i for i in range(len(lv)))) for name, lv in self.levels.items()}
-        pq.write_table(pa.table(cols), folder / "cells.parquet")
-        return {"id": "coverage", "path": str(folder / "cells.parquet"), "categories": self.levels}
+class Contingency(_Counts):
+    kind, shape, base, product = "contingency", "categories", {"epsilon": 1.0}, "table.parquet"
 
     def direct(self, sim):
         return {("noisy_cells.parquet", "noisy_count"): sim.noise.exact("cells")[0]}
 
-    def post(self, sim):
-        return {("table.parquet", "count"): sim.noise.exact("cells")[0]}
+    def truth_rows(self, sim):
+        return sim.noise.exact("cells")[0]
 
-    def query_truth(self, sim):
-        return sim.noise.exact("cells")[0][:, None]
-
-    def queries(self, rng, shape, count):
+    def query_hits(self, sim, rng, count):
         """Random sums of cells (each cell in with probability 1/2): marginal-like counting queries."""
-        return [(rng.random(shape) < 0.5).astype(np.float64) for _ in range(count)]
+        replicates = _replicates(sim, self.product)
+        if replicates is None:
+            return np.zeros(0, dtype=bool)
+        truth, hits = self.truth_rows(sim), []
+        for _ in range(count):
+            w = (rng.random(truth.size) < 0.5).astype(np.float64)
+            answer = replicates.linear(w)
+            hits.append(answer.lo <= float(truth @ w) <= answer.hi)
+        return np.array(hits)
+
+
+class ContingencyBayes(Contingency):
+    """The empirical-Bayes estimator's counts (shrunk toward log-linear fits of the noisy table)."""
+    base = {"epsilon": 1.0, "estimator": "empirical_bayes"}
 
 
 class KMeans(Case):
-    """Three separated blobs of 2,000 points in [0, 100]^2, k = 3, T = 3 (one seeding round), the default domain
-    (the unit L2 ball) and postprocessing (the refinement where the noisy trajectory says it helps)."""
-    release: ClassVar = {"kind": "kmeans", "k": 3, "iterations": 3, "epsilon": 1.0}
-    product = "centroids.parquet"
-    columns: ClassVar = ["x", "y"]
+    """The default domain (the unit L2 ball) and postprocessing (Lee & Kifer's refinement where the noisy trajectory
+    says it helps); T = 5 (the first round a seeding). The truth is the means of the clusters the last iteration's
+    assignment defines, in the normalised, projected space the centroids are released in."""
+    kind, shape, base, product = "kmeans", "points", {"iterations": 5, "epsilon": 1.0}, "centroids.parquet"
 
-    def data(self, folder):
-        rng = np.random.default_rng(0)
-        centres = np.array([[25.0, 25.0], [75.0, 30.0], [45.0, 75.0]])
-        X = np.clip(centres[np.repeat(np.arange(3), 2000)] + rng.normal(0, 6, (6000, 2)), 0, 100)
-        pq.write_table(pa.table({"x": X[:, 0], "y": X[:, 1]}), folder / "points.parquet")
-        return {"id": "coverage", "path": str(folder / "points.parquet"), "bounds": {"x": [0, 100], "y": [0, 100]}}
+    def columns(self, sim) -> list[str]:
+        return [c for c in sim.table("centroids.parquet").columns if not c.endswith(("_std", "_lo", "_hi"))
+                and c not in ("cluster",)]
 
     def direct(self, sim):
         iteration = sim.table("trajectory.parquet")["iteration"].to_numpy()
@@ -159,164 +219,307 @@ class KMeans(Case):
         sums = np.concatenate(sim.noise.exact("seed_sums") + sim.noise.exact("sums"))
         assert counts.size == iteration.size
         out = {("trajectory.parquet", "noisy_count"): counts}
-        out.update({("trajectory.parquet", f"noisy_sum_{j}"): sums[:, j] for j in range(2)})
+        out.update({("trajectory.parquet", f"noisy_sum_{j}"): sums[:, j] for j in range(sums.shape[1])})
         return out
 
     def _means(self, sim) -> np.ndarray:
-        """The means of the clusters the last iteration's assignment defines (what its centroids measure)."""
         return sim.noise.exact("sums")[-1] / np.maximum(sim.noise.exact("counts")[-1], 1.0)[:, None]
 
     def _aligned(self, sim) -> np.ndarray:
         """The truth in the released centroids' rows: the same clusters for the last iterate, matched (minimum
         squared distance) for a refinement, whose labels are arbitrary."""
-        truth = self._means(sim)
-        released = sim.table("centroids.parquet")[self.columns].to_numpy()
-        if not (released == sim.table("dpkm_centroids.parquet")[self.columns].to_numpy()).all():
-            rows, cols = linear_sum_assignment(((released[:, None] - truth[None]) ** 2).sum(-1))
-            truth = truth[cols[np.argsort(rows)]]
+        truth, cols = self._means(sim), self.columns(sim)
+        released = sim.table("centroids.parquet")[cols].to_numpy()
+        if not (released == sim.table("dpkm_centroids.parquet")[cols].to_numpy()).all():
+            rows, match = linear_sum_assignment(((released[:, None] - truth[None]) ** 2).sum(-1))
+            truth = truth[match[np.argsort(rows)]]
         return truth
 
     def post(self, sim):
-        truth, aligned = self._means(sim), self._aligned(sim)
-        out = {("dpkm_centroids.parquet", c): truth[:, j] for j, c in enumerate(self.columns)}
-        out.update({("centroids.parquet", c): aligned[:, j] for j, c in enumerate(self.columns)})
+        truth, aligned, cols = self._means(sim), self._aligned(sim), self.columns(sim)
+        out = {("dpkm_centroids.parquet", c): truth[:, j] for j, c in enumerate(cols)}
+        out.update({("centroids.parquet", c): aligned[:, j] for j, c in enumerate(cols)})
         return out
 
     def query_truth(self, sim):
         return self._aligned(sim)
 
-    def queries(self, rng, shape, count):
-        """Random linear combinations of the centroids' coordinates (a contrast between clusters, a sum)."""
-        return [rng.normal(size=shape) for _ in range(count)]
-
 
 class Mean(Case):
-    """500 points around (3, -2) (standard deviation 1), public radius 10: every point is a friend of every other."""
-    release: ClassVar = {"kind": "mean", "epsilon": 1.0, "delta": 1e-6, "r": 10.0}
-    product = "result.parquet"
+    """The refined mean (the default), the radius chosen on the corpus set's public grid."""
+    kind, shape, base, product = "mean", "numeric", {"epsilon": 1.0, "delta": 1e-6}, "result.parquet"
 
-    def data(self, folder):
-        X = np.random.default_rng(0).normal([3.0, -2.0], 1.0, (500, 2))
-        pq.write_table(pa.table({"a": X[:, 0], "b": X[:, 1]}), folder / "points.parquet")
-        return {"id": "coverage", "path": str(folder / "points.parquet"), "numeric": ["a", "b"]}
+    def _columns(self, sim):
+        return [c for c in sim.table("result.parquet").columns if c.startswith("x") and "_" not in c]
 
-    def direct(self, sim):
-        m = self._truth(sim)
-        return {("result.parquet", "a"): m[:1], ("result.parquet", "b"): m[1:]}
+    def _info(self, sim):
+        return json.loads((sim.release / "friendlycore.json").read_text())
 
-    def query_truth(self, sim):
-        return self._truth(sim)[None, :]
-
-    @staticmethod
-    def _truth(sim) -> np.ndarray:
-        """What the published mean's noise was added to: the friendly mean, or for the refined mean (the default)
-        c1 + S / D with S the exact clipped sum: the published value less the clipped sum's noise over D."""
-        info = json.loads((sim.release / "friendlycore.json").read_text())
+    def _claimed(self, sim) -> np.ndarray | None:
+        """What the interval states it is for: the records' mean with those beyond the clip ball pulled onto it
+        (refined), or the friendly core's weighted mean (what the noise was added to)."""
+        info = self._info(sim)
+        if not info["released"]:
+            return None
         if not info.get("refined"):
             return sim.noise.exact("fc_mean")[0]
-        released = sim.table("result.parquet")[["a", "b"]].to_numpy()[0]
-        noise = sim.noise.noisy("fc_refine")[0] - sim.noise.exact("fc_refine")[0]
-        return released - noise / max(info["noisy_count"], info["weight_lower_bound"])
+        X = sim.points()
+        c1 = np.asarray(info["friendly_mean"])
+        return c1 + fc.clipped_sum(X, c1, info["clip_radius"]) / len(X)
 
-    def queries(self, rng, shape, count):
-        return [rng.normal(size=shape) for _ in range(count)]
+    def direct(self, sim):
+        claimed, info = self._claimed(sim), self._info(sim)
+        if claimed is None or info.get("refined"):
+            return {}
+        return {("result.parquet", c): claimed[j:j + 1] for j, c in enumerate(self._columns(sim))}
+
+    def post(self, sim):
+        claimed, info = self._claimed(sim), self._info(sim)
+        cols = self._columns(sim)
+        if claimed is None:  # nothing released: its null intervals are counted as such
+            return {("result.parquet", c): np.zeros(1) for c in cols}
+        return {("result.parquet", c): claimed[j:j + 1] for j, c in enumerate(cols)} if info.get("refined") else {}
+
+    def query_truth(self, sim):
+        claimed = self._claimed(sim)
+        return None if claimed is None else claimed[None, :]
+
+    def extra(self, sim):
+        """The interval against the data's own mean, and whether the release said records were left out."""
+        out = sim.table("result.parquet")
+        if not bool(out["released"].iloc[0]):
+            return {}
+        mean = sim.points().mean(axis=0)
+        cols = self._columns(sim)
+        held = all(out[f"{c}_lo"].iloc[0] <= mean[j] <= out[f"{c}_hi"].iloc[0] for j, c in enumerate(cols))
+        manifest_caveats = REGISTRY["mean"].caveats(sim.spec, sim.release)
+        return {"data_mean_held": held, "said_left_out": bool(manifest_caveats)}
 
 
-CASES = {"histogram": Histogram, "matrix_mechanism": MatrixMechanism, "contingency": Contingency, "kmeans": KMeans,
-         "mean": Mean}
+class FriendlyKMeans(Case):
+    """Friendly k-means (m = 100 subsets); the truth is what the noise was added to, the soft core's weighted mean
+    of the subsets' aligned k-tuples."""
+    kind, shape, product = "friendly_kmeans", "points", "result.parquet"
+    base = {"epsilon": 4.0, "delta": 1e-6, "subsets": 100}
+
+    def fields(self, dataset):
+        lo = min(b[0] for b in dataset.bounds)
+        hi = max(b[1] for b in dataset.bounds)
+        return {"k": dataset.release["k"], "r_min": (hi - lo) * 1e-4, "r_max": (hi - lo) * 2.0}
+
+    def dataset_section(self, folder):
+        section = self.dataset.write(folder)
+        return {"id": section["id"], "path": section["path"], "numeric": list(section.pop("bounds"))}
+
+    def _columns(self, sim):
+        return [c for c in sim.table("result.parquet").columns if c.startswith("x") and "_" not in c]
+
+    def direct(self, sim):
+        cols = self._columns(sim)
+        exact = sim.noise.exact("fck_centres")
+        if not exact:
+            return {("result.parquet", c): np.zeros(self.release["k"]) for c in cols}
+        centres = exact[0].reshape(self.release["k"], len(cols))
+        return {("result.parquet", c): centres[:, j] for j, c in enumerate(cols)}
+
+    def query_truth(self, sim):
+        exact = sim.noise.exact("fck_centres")
+        return exact[0].reshape(self.release["k"], -1) if exact else None
+
+
+CASES = {c.__name__.lower(): c for c in (Histogram, HistogramUnit, MatrixMechanism, Contingency, ContingencyBayes,
+                                         KMeans, Mean, FriendlyKMeans)}
+KIND_OF_CASE = {"histogram": "histogram", "histogramunit": "histogram (unit: identity)",
+                "matrixmechanism": "matrix_mechanism", "contingency": "contingency",
+                "contingencybayes": "contingency (empirical Bayes)", "kmeans": "kmeans", "mean": "mean",
+                "friendlykmeans": "friendly_kmeans"}
+#: The default dataset of each case for --kind (a single cell).
+DEFAULT_DATASET = {"values": "gamma", "numeric": "gaussian", "points": "blobs", "categories": "loglinear-6x3"}
 
 
 class Tally:
-    """Per published column: hits per value over runs, and the truths and standard deviations seen."""
+    """Per published column: hits per value over runs (null intervals counted apart), truths and std seen."""
 
     def __init__(self):
-        self.hits, self.truth, self.std = {}, {}, {}
+        self.hits, self.truth, self.std, self.null, self.total = {}, {}, {}, 0, 0
 
     def add(self, sim: Simulated, truths: dict) -> None:
         for (name, column), truth in truths.items():
             t = sim.table(name)
-            hit = ((t[f"{column}_lo"] <= truth) & (truth <= t[f"{column}_hi"])).to_numpy()
+            lo, hi = t[f"{column}_lo"].to_numpy(dtype=float), t[f"{column}_hi"].to_numpy(dtype=float)
+            null = np.isnan(lo) | np.isnan(hi)
+            self.null += int(null.sum())
+            self.total += int(null.size)
+            truth = np.broadcast_to(np.asarray(truth, dtype=np.float64), lo.shape)
+            hit = (lo <= truth) & (truth <= hi)
             key = f"{name}:{column}"
-            self.hits.setdefault(key, []).append(hit)
-            self.truth.setdefault(key, []).append(np.asarray(truth, dtype=np.float64))
-            self.std.setdefault(key, []).append(t[f"{column}_std"].to_numpy())
+            self.hits.setdefault(key, []).append(np.where(null, np.nan, hit))
+            self.truth.setdefault(key, []).append(truth)
+            self.std.setdefault(key, []).append(t[f"{column}_std"].to_numpy(dtype=float))
 
     def pooled(self) -> float:
-        return float(np.mean(np.concatenate([np.ravel(h) for h in self.hits.values()]))) if self.hits else float("nan")
+        values = [np.ravel(h) for hs in self.hits.values() for h in hs]
+        values = np.concatenate(values) if values else np.zeros(0)
+        values = values[~np.isnan(values)]
+        return float(values.mean()) if values.size else float("nan")
+
+    def null_share(self) -> float:
+        return self.null / self.total if self.total else 0.0
 
     def lines(self) -> list[str]:
         out = []
         for key, hits in self.hits.items():
-            h, truth, std = np.array(hits), np.array(self.truth[key]), np.array(self.std[key])
-            per_value = h.mean(axis=0)
-            near = np.abs(truth) <= 2 * std
-            split = (f"; truth within 2 std of 0: {h[near].mean():.4f} ({near.mean():.0%} of values), others: "
-                     f"{h[~near].mean():.4f}" if near.any() and (~near).any() else "")
-            worst = int(np.argmin(per_value))
-            out.append(f"  {key}: {h.mean():.4f} over {h.size} intervals; per value min {per_value.min():.3f} (row "
-                       f"{worst}, truth {truth[:, worst].mean():.4g}) max {per_value.max():.3f}{split}")
+            if len({np.shape(h) for h in hits}) > 1:  # rows vary between releases: pooled only
+                flat = np.concatenate([np.ravel(h) for h in hits])
+                out.append(f"  {key}: {np.nanmean(flat):.4f} over {np.count_nonzero(~np.isnan(flat))} intervals")
+                continue
+            h, truth, std = np.array(hits, dtype=float), np.array(self.truth[key]), np.array(self.std[key])
+            if np.all(np.isnan(h)):
+                out.append(f"  {key}: every interval null")
+                continue
+            per_value = np.nanmean(h, axis=0)
+            near = np.abs(truth) <= 2 * np.nan_to_num(std, nan=np.inf)
+            split = (f"; truth within 2 std of 0: {np.nanmean(h[near]):.4f} ({near.mean():.0%} of values), others: "
+                     f"{np.nanmean(h[~near]):.4f}" if near.any() and (~near).any() else "")
+            worst = int(np.nanargmin(per_value))
+            out.append(f"  {key}: {np.nanmean(h):.4f} over {np.count_nonzero(~np.isnan(h))} intervals; per value min "
+                       f"{np.nanmin(per_value):.3f} (row {worst}, truth {truth[:, worst].mean():.4g}) max "
+                       f"{np.nanmax(per_value):.3f}{split}")
         return out
 
 
-def attained(sim: Simulated) -> float:
-    """The direct intervals' exact coverage (>= nominal for integer laws), averaged over the published values."""
-    files = json.loads((sim.release / "uncertainty.json").read_text())["direct"]["files"]
-    drawn = [(name, law) for name, columns in files.items() for entries in columns.values() for law in entries
-             if "attained_coverage" in law]
-    laws = [law for _, law in drawn]
-    rows = [sim.table(name).shape[0] if law["rows"] == "all" else law["rows"] for name, law in drawn]
-    return float(np.average([law["attained_coverage"] for law in laws], weights=rows))
+def run_cell(case: Case, folder: Path, runs: int, queries: int, seed: int, progress: bool = True) -> dict:
+    """`runs` simulated releases of one case: the pooled coverage of each kind of interval, its null share, and
+    the per-column lines."""
+    folder.mkdir(parents=True, exist_ok=True)
+    spec = {"dataset": case.dataset_section(folder / "data"), "release": case.release}
+    simulator = Simulator(spec, folder)
+    rng = np.random.default_rng(seed)
+    direct, post, hits, extras, start, B = Tally(), Tally(), [], [], time.perf_counter(), 0
+    for run in range(runs):
+        sim = simulator.release(folder / "run")
+        direct.add(sim, case.direct(sim))
+        post.add(sim, case.post(sim))
+        hits.append(case.query_hits(sim, rng, queries))
+        extras.append(case.extra(sim))
+        replicates = _replicates(sim, case.product)
+        B = max(B, 0 if replicates is None else replicates.replicates.shape[0])
+        if progress and (run + 1) % 50 == 0:
+            print(f"    {run + 1} runs, {time.perf_counter() - start:.0f} s", flush=True)
+    q = np.concatenate(hits) if hits else np.zeros(0)
+    out = {"direct": direct.pooled(), "postprocessed": post.pooled(), "queries": float(q.mean()) if q.size else
+           float("nan"), "null_share": post.null_share(), "runs": runs, "B": B,
+           "seconds": time.perf_counter() - start, "lines": direct.lines() + post.lines()}
+    extras = [e for e in extras if e]
+    if extras:
+        out["data_mean_held"] = float(np.mean([e["data_mean_held"] for e in extras]))
+        out["said_left_out"] = float(np.mean([e["said_left_out"] for e in extras]))
+        out["held_or_said"] = float(np.mean([e["data_mean_held"] or e["said_left_out"] for e in extras]))
+    return out
 
 
-def query_hits(case: Case, sim: Simulated, weights: list[np.ndarray]) -> np.ndarray:
-    replicates = Replicates.open(sim.release, case.product)
-    truth = case.query_truth(sim)
-    hits = []
-    for w in weights:
-        answer = replicates.answer(lambda v, w=w: float((v * w).sum()))
-        hits.append(answer.lo <= float((truth * w).sum()) <= answer.hi)
-    return np.array(hits)
+def _fmt(v) -> str:
+    return "  -   " if v is None or (isinstance(v, float) and np.isnan(v)) else f"{v:.4f}"
+
+
+def cell_line(key: str, r: dict) -> str:
+    line = (f"{key:<52} direct {_fmt(r['direct'])}  post {_fmt(r['postprocessed'])}  queries {_fmt(r['queries'])}  "
+            f"null {r['null_share']:.3f}  runs {r['runs']} B {r['B']} ({r['seconds']:.0f} s)")
+    if "data_mean_held" in r:
+        line += (f"  data's mean held {r['data_mean_held']:.3f}, left-out said {r['said_left_out']:.3f}, "
+                 f"held or said {r['held_or_said']:.3f}")
+    return line
+
+
+def corpus_main(args) -> None:
+    names = list(CASES) if args.kinds is None else [c for c in CASES if KIND_OF_CASE[c].split(" ")[0] in
+                                                    args.kinds.split(",") or c in args.kinds.split(",")]
+    epsilons = [float(e) for e in args.eps.split(",")]
+    results_path = Path(args.results)
+    results = json.loads(results_path.read_text()) if results_path.exists() else {}
+    wanted = args.datasets.split(",") if args.datasets else None
+    root = Path(tempfile.mkdtemp(prefix="coverage-corpus-"))
+    cluster, client = local_client()
+    try:
+        for name in names:
+            for dataset in corpus(CASES[name].shape, wanted):
+                for eps in epsilons:
+                    key = f"{dataset.name} / {KIND_OF_CASE[name]} / eps {eps:g}"
+                    if key in results and results[key]["runs"] >= args.runs:
+                        print(cell_line(key, results[key]), flush=True)
+                        continue
+                    case = CASES[name](dataset, eps)
+                    print(f"{key}: {dataset.describe}, release {case.release}", flush=True)
+                    results[key] = run_cell(case, root / name / dataset.name / f"{eps:g}", args.runs, args.queries,
+                                            args.seed)
+                    results_path.write_text(json.dumps(results, indent=1))
+                    print(cell_line(key, results[key]), *results[key]["lines"], sep="\n", flush=True)
+    finally:
+        client.close()
+        cluster.close()
+    summarise(results, [f"eps {e:g}" for e in epsilons], names)
+
+
+def summarise(results: dict, eps_keys: list[str], names: list[str]) -> None:
+    kinds = {KIND_OF_CASE[n] for n in names}
+    cells = {k: r for k, r in results.items() if k.split(" / ")[1] in kinds and k.split(" / ")[2] in eps_keys}
+    pick = lambda field: [r[field] for r in cells.values() if not np.isnan(r[field])]
+    nulls = [r["null_share"] for r in cells.values()]
+    print(f"\n{len(cells)} cells; nominal {NOMINAL}")
+    for field, bound in (("direct", NOMINAL - 0.015), ("postprocessed", NOMINAL - 0.02), ("queries", NOMINAL - 0.02)):
+        short = [f"{k} ({r[field]:.4f})" for k, r in cells.items() if not np.isnan(r[field]) and r[field] < bound]
+        print(f"{field}: min {min(pick(field), default=float('nan')):.4f}; cells below {bound:.3f}: "
+              f"{len(short)} {short}")
+    over = [f"{k} ({r['direct']:.4f})" for k, r in cells.items() if not np.isnan(r["direct"])
+            and r["direct"] > NOMINAL + 0.015]
+    print(f"direct above {NOMINAL + 0.015:.3f} (integer laws' attained coverage): {len(over)} {over}")
+    mean_cells = {k: r for k, r in cells.items() if "held_or_said" in r}
+    if mean_cells:
+        print("mean: data's mean held or left-out said, worst cell "
+              f"{min(r['held_or_said'] for r in mean_cells.values()):.4f}")
+    print(f"RESULT cells={len(cells)} direct_min={min(pick('direct'), default=float('nan')):.4f} "
+          f"postprocessed_min={min(pick('postprocessed'), default=float('nan')):.4f} "
+          f"queries_min={min(pick('queries'), default=float('nan')):.4f} "
+          f"null_share={np.mean(nulls) if nulls else 0.0:.4f}")
+
+
+def kind_main(args) -> None:
+    case_cls = CASES[args.kind.replace("_", "")]
+    dataset = corpus(case_cls.shape, [args.dataset or DEFAULT_DATASET[case_cls.shape]])[0]
+    case = case_cls(dataset, None, {k: yaml.safe_load(v) for k, v in (s.split("=", 1) for s in args.set)})
+    cluster, client = local_client()
+    try:
+        r = run_cell(case, Path(tempfile.mkdtemp(prefix="coverage-")), args.runs, args.queries, args.seed)
+    finally:
+        client.close()
+        cluster.close()
+    print(f"kind {args.kind} on {dataset.name} ({dataset.describe}), release {case.release}, {args.runs} runs, "
+          f"B = {r['B']}", *r["lines"], cell_line("this cell", r), sep="\n")
+    print(f"RESULT kind={args.kind} nominal={NOMINAL} direct={r['direct']:.4f} postprocessed={r['postprocessed']:.4f} "
+          f"queries={r['queries']:.4f} null_share={r['null_share']:.4f} runs={args.runs} B={r['B']}")
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--kind", required=True, choices=sorted(CASES))
-    ap.add_argument("--runs", type=int, default=500)
+    ap.add_argument("--kind", choices=sorted({c.kind for c in CASES.values()} | {"histogramunit",
+                                                                                 "contingencybayes"}))
+    ap.add_argument("--dataset", help="with --kind: the corpus dataset (default: one per data shape)")
+    ap.add_argument("--corpus", action="store_true", help="every kind over the corpus of shapes")
+    ap.add_argument("--kinds", help="with --corpus: only these kinds (comma-separated; histogramunit, "
+                                    "contingencybayes name the variants)")
+    ap.add_argument("--datasets", help="with --corpus: only these datasets (comma-separated names)")
+    ap.add_argument("--eps", default="0.1,1", help="with --corpus: the epsilons")
+    ap.add_argument("--results", default="interval-coverage-corpus.json", help="with --corpus: results kept here")
+    ap.add_argument("--runs", type=int, default=None, help="releases per cell (default 500 with --kind, 200 corpus)")
     ap.add_argument("--queries", type=int, default=100, help="random queries per run through the replicates")
     ap.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
-                    help="override release fields (YAML values), e.g. epsilon=0.5 replicates=99")
+                    help="with --kind: override release fields (YAML values), e.g. epsilon=0.5 replicates=99")
     ap.add_argument("--seed", type=int, default=0, help="seed of the random queries (public)")
     args = ap.parse_args()
-    case = CASES[args.kind]()
-    case.release = {**case.release, **{k: yaml.safe_load(v) for k, v in (s.split("=", 1) for s in args.set)}}
-    folder = Path(tempfile.mkdtemp(prefix="coverage-"))
-    cluster, client = local_client()
-    try:
-        spec = {"dataset": case.data(folder), "release": case.release}
-        simulator = Simulator(spec, folder)
-        confidence = simulator.spec.release.confidence
-        rng = np.random.default_rng(args.seed)
-        direct, post, queries, start, count = Tally(), Tally(), [], time.perf_counter(), 0
-        for run in range(args.runs):
-            sim = simulator.release(folder / "run")
-            direct.add(sim, case.direct(sim))
-            post.add(sim, case.post(sim))
-            shape = case.query_truth(sim).shape
-            queries.append(query_hits(case, sim, case.queries(rng, shape, args.queries)))
-            count = Replicates.open(sim.release, case.product).replicates.shape[0]
-            if (run + 1) % 50 == 0:
-                print(f"{run + 1} runs, {time.perf_counter() - start:.0f} s", flush=True)
-    finally:
-        client.close()
-        cluster.close()
-    print(f"kind {args.kind}, release {case.release}, {args.runs} runs, B = {count}, confidence {confidence}")
-    print("direct measurements (analytic intervals):", *direct.lines(), sep="\n")
-    print("postprocessed values (bootstrap intervals):", *post.lines(), sep="\n")
-    q = np.concatenate(queries)
-    print(f"queries through the replicates: {q.mean():.4f} over {q.size} ({args.queries} per run)")
-    print(f"attained coverage of the direct intervals (exact, from their noise laws): {attained(sim):.4f}")
-    print(f"RESULT kind={args.kind} nominal={confidence} direct={direct.pooled():.4f} "
-          f"postprocessed={post.pooled():.4f} queries={q.mean():.4f} runs={args.runs} B={count}")
+    if args.corpus == bool(args.kind):
+        ap.error("give --kind K or --corpus")
+    args.runs = args.runs or (200 if args.corpus else 500)
+    corpus_main(args) if args.corpus else kind_main(args)
 
 
 if __name__ == "__main__":
