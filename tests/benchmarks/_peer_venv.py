@@ -1,6 +1,7 @@
 """The peers' own interpreters: each benchmark peer runs in a venv of its own, created on first use in a cache
 folder with pinned versions, so that a fresh clone runs `kmeans_peers.py`, `contingency_peers.py` and
-`dpgm_counting.py --peers mst` with no argument beyond the data.
+`dpgm_counting.py --peers mst` with no argument beyond the data (and the Tumult Analytics helpers of
+`_tumult_peer.py`).
 
 Why a venv per peer: their dependencies conflict with the pipeline's (dpmm pins numpy 1.26 and opendp 0.12,
 diffprivlib 0.6.6 fails to import with scikit-learn 1.9, mbi pulls jax) and with each other.
@@ -11,7 +12,7 @@ folder per peer and pin set, `<peer>-<version>/`. A venv is created with the int
 last: a folder without it (an interrupted install) is removed and made again. Delete a folder to rebuild it.
 An explicit interpreter (--mst-python, --peer-python, --mbi-python) is used as given and nothing is created.
 
-    python tests/benchmarks/_peer_venv.py [mst|diffprivlib|mbi ...]     # create (or show) the peers' venvs
+    python tests/benchmarks/_peer_venv.py [mst|diffprivlib|mbi|tumult ...]     # create (or show) the peers' venvs
 """
 
 from __future__ import annotations
@@ -54,6 +55,14 @@ PEERS = {
                       "estimation is the contingency benchmark's peer (early-stopped at 3,000 iterations and "
                       "converged at 20,000)",
     }, "mbi"),
+    "tumult": Peer("tumult", "0.21.0-pyspark-3.5.9", {
+        "tmlt.analytics==0.21.0": "Tumult Analytics, the newest release; it runs here with the machine's Java 17 "
+                                  "(histogram counts and means of tests/benchmarks/_tumult_peer.py); it and "
+                                  "tmlt.core 0.19 pin numpy<2 and pandas<2 on Python 3.11, which the pipeline's "
+                                  "venv has moved past",
+        "pyspark==3.5.9": "on Python 3.11 tmlt.analytics 0.21 requires pyspark>=3.4,<3.6 (Spark 4 only from "
+                          "Python 3.12); 3.5.9 is the newest 3.5 release and Spark 3.5 supports Java 17",
+    }, "tmlt.analytics"),
 }
 
 
