@@ -101,9 +101,13 @@ class Replicates:
         if name not in products:
             raise ValueError(f"{name} has no replicates in {release}; products with replicates: {sorted(products)}")
         p = products[name]
-        values = pq.read_table(release / name, columns=p["columns"]).to_pandas().to_numpy(dtype=np.float64)
-        reps = pq.read_table(release / p["replicates_file"]).to_pandas().sort_values(["replicate", p["index"]])
-        count = int(reps["replicate"].max()) + 1
+        values = _read(release / name, p["columns"]).to_numpy(dtype=np.float64)
+        reps = _read(release / p["replicates_file"], ["replicate", p["index"], *p["columns"]])
+        count = int(reps["replicate"].max()) + 1 if len(reps) else 0
+        if count * values.shape[0] != len(reps):
+            raise ValueError(f"{release / p['replicates_file']} holds {len(reps)} rows, not {count} replicates of "
+                             f"the {values.shape[0]} rows of {name}: an incomplete or altered release")
+        reps = reps.sort_values(["replicate", p["index"]])
         stacked = reps[p["columns"]].to_numpy(dtype=np.float64).reshape(count, values.shape[0], len(p["columns"]))
         return cls(name, list(p["columns"]), values, stacked, float(json.loads(
             (release / UNCERTAINTY).read_text())["confidence"]), bool(p.get("nonnegative")))
@@ -157,15 +161,31 @@ class Replicates:
         if column is None:
             return 0
         if column not in self.columns:
-            raise ValueError(f"{self.product} has no column {column!r} with replicates ({self.columns})")
+            twin = (f": sums of it are answered from {SUMS_COLUMN!r} (its non-negative values are biased near zero, "
+                    f"and their sums with them)" if column == "count" and SUMS_COLUMN in self.columns else "")
+            raise ValueError(f"{self.product} has no column {column!r} with replicates ({self.columns}){twin}")
         return self.columns.index(column)
+
+
+def _read(path: Path, columns: list[str]):
+    """A published Parquet file's columns, or one line saying why not (missing, unreadable, without them)."""
+    if not path.is_file():
+        raise ValueError(f"{path} is missing: an incomplete release folder, or not a release")
+    try:
+        return pq.read_table(path, columns=columns).to_pandas()
+    except (OSError, ValueError, KeyError) as exc:  # pyarrow's ArrowInvalid is a ValueError
+        raise ValueError(f"{path} cannot be read as a release file ({type(exc).__name__}): an altered or "
+                         f"incomplete release") from None
 
 
 def _bootstrap_info(release: Path) -> dict:
     path = release / UNCERTAINTY
     if not path.exists():
         raise ValueError(f"{release} has no {UNCERTAINTY}: not a release folder, or made before intervals existed")
-    info = json.loads(path.read_text()).get("bootstrap", {})
+    try:
+        info = json.loads(path.read_text()).get("bootstrap", {})
+    except (OSError, ValueError, AttributeError):
+        raise ValueError(f"{path} cannot be read as JSON: an altered or incomplete release") from None
     if not info.get("replicates"):
         raise ValueError(f"{release} publishes no replicates ({info.get('reason', 'none')})")
     return info

@@ -379,3 +379,30 @@ def test_report_plots_and_tables_a_value_outside_its_bootstrap_interval(tmp_path
     header, rows = intervals_report.table(release, uncertainty)
     assert header[1].startswith("histogram.parquet: count") and header[2].startswith("histogram.parquet: estimate")
     assert len(rows) == intervals_report.TABLE_ROWS
+
+
+def test_query_of_a_damaged_release_or_a_bad_column_is_one_line_through_the_entry_point(tmp_path):
+    """`dprelease query` as a shell calls it: a release whose replicates are missing or unreadable, an unreadable
+    uncertainty.json, and a sum asked of `count` (no replicates: sums come from `estimate`) each give one `error:`
+    line and exit 1, no traceback."""
+    import subprocess
+    import sys
+
+    release = _release(_spec(tmp_path, replicates=39), tmp_path / "r", np.random.default_rng(6))
+    query = lambda *args: subprocess.run([sys.executable, "-m", "flows.cli", "query", str(release), *args],
+                                         capture_output=True, text=True, timeout=120)
+    answer = query("--range", "4", "8", "--json")
+    assert answer.returncode == 0 and json.loads(answer.stdout)["column"] == "estimate"
+    wrong = query("--range", "0", "16", "--column", "count")
+    assert "answered from 'estimate'" in wrong.stderr
+    replicates = release / "histogram_replicates.parquet"
+    damaged = [lambda: replicates.unlink(), lambda: replicates.write_text("not parquet"),
+               lambda: (release / "uncertainty.json").write_text("{")]
+    outcomes = [wrong]
+    for damage in damaged:
+        damage()
+        outcomes.append(query("--range", "4", "8"))
+    for out in outcomes:
+        lines = out.stderr.strip().splitlines()
+        assert out.returncode == 1 and len(lines) == 1 and lines[0].startswith("error:"), out.stderr
+        assert "Traceback" not in out.stderr
