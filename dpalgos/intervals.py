@@ -17,7 +17,8 @@ Exact intervals of the production samplers (`dpalgos.noise.ExactNoise`):
                       s < 2, s otherwise (the difference is below s^2 e^(-2 pi^2 s^2) < 1e-30 s^2).
   gaussian, real      h = s Phi^-1((1 + c) / 2), std s.
 An integer measurement and its true value are integers, so [y - h, y + h] covers the truth exactly when |Z| <= h:
-the atoms make the coverage `attained` >= c (equal to c for the real laws).
+the atoms make the coverage `attained` >= c (equal to c for the real laws); `randomised_half_widths` makes it exactly
+c with a public coin per value (h or h - 1), the published direct intervals' rule.
 """
 
 from __future__ import annotations
@@ -100,6 +101,20 @@ class NoiseLaw:
     def attained(self, confidence: float) -> float:
         """The coverage of the interval of half-width `half_width(confidence)`: >= confidence (equal for real laws)."""
         return self.coverage(self.half_width(confidence))
+
+    def randomised_half_widths(self, confidence: float, coins: np.ndarray) -> np.ndarray:
+        """Half-widths whose interval covers with probability exactly `confidence`, for integer laws too: h =
+        `half_width(confidence)` where a value's coin (uniform on [0, 1), public, independent of the noise) is below
+        p = (c - P(|Z| <= h - 1)) / (P(|Z| <= h) - P(|Z| <= h - 1)), else h - 1; then P(cover) = p P(|Z| <= h) +
+        (1 - p) P(|Z| <= h - 1) = c. At b = 1 (a count at epsilon 1) the fixed interval +-3 covers 97.3 %, +-2 92.7 %:
+        this one 95.0 %. Real laws: h for every value (it is exact already)."""
+        h = self.half_width(confidence)
+        coins = np.asarray(coins, dtype=np.float64)
+        if not self.integer or h == 0:
+            return np.full(coins.shape, h)
+        below, at = self.coverage(h - 1), self.coverage(h)
+        p = (confidence - below) / (at - below)
+        return np.where(coins < p, h, h - 1.0)
 
     def sample(self, rng: np.random.Generator, shape) -> np.ndarray:
         """Draws of this law from a public generator (the bootstrap's simulated noise: never a release's)."""

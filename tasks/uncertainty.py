@@ -44,6 +44,8 @@ from tasks.kinds.uncertainty import (
 from tasks.run import committed_plan
 
 UNCERTAINTY = "uncertainty.json"
+#: The spawn key of the direct intervals' public coins, beside the bootstrap's replicates (keys 0..B-1).
+DIRECT_COINS = 2 ** 32 - 1
 BOUNDED = ("the interval of the signed estimate (whose sums are unbiased) cut at zero, where every true count lies, "
            "and widened to hold this non-negative value: it holds the truth whenever the signed one does")
 PRIVACY = ("post-processing only: computed from the released measurements, the noise laws of the plan committed "
@@ -87,11 +89,12 @@ def add_uncertainty(kind, spec, measurements: Path, staging: Path, log) -> Made:
     plan = committed_plan(measurements)
     confidence = spec.release.confidence
     made = Made([], {})
-    direct = _annotate(kind.direct_values(spec, measurements, plan), measurements, staging, confidence, made)
+    seed = seed_of(measurements)
+    coins = np.random.default_rng(np.random.SeedSequence(seed, spawn_key=(DIRECT_COINS,)))
+    direct = _annotate(kind.direct_values(spec, measurements, plan), measurements, staging, confidence, made, coins)
     count = replicates_of(kind, spec, measurements)
     planned = bootstrap_planned(kind, spec)
     boot = kind.bootstrap(spec, measurements, staging, plan) if planned else None
-    seed = seed_of(measurements)
     skipped = None
     if boot is not None and count:
         log.info("bootstrap of the postprocessed products: %d replicates (post-processing; seed from the "
@@ -111,7 +114,8 @@ def add_uncertainty(kind, spec, measurements: Path, staging: Path, log) -> Made:
     return made
 
 
-def _annotate(directs: list[Direct], measurements: Path, staging: Path, confidence: float, made: Made) -> dict:
+def _annotate(directs: list[Direct], measurements: Path, staging: Path, confidence: float, made: Made,
+              coins: np.random.Generator) -> dict:
     """Every measurement file with direct values, published at the top level with their uncertainty columns."""
     described = {}
     for name in dict.fromkeys(d.file for d in directs):
@@ -121,7 +125,8 @@ def _annotate(directs: list[Direct], measurements: Path, staging: Path, confiden
         extra = {}
         for column in columns:
             values = table.column(column).to_numpy().astype(np.float64)
-            extra.update(_direct_columns(column, values, [d for d in mine if d.column == column], confidence))
+            extra.update(_direct_columns(column, values, [d for d in mine if d.column == column], confidence,
+                                         coins.random(values.shape)))
         pq.write_table(_appended(table, extra), staging / name)
         made.files.append(name)
         made.contracts[name] = suites.uncertainty_columns(f"uncertainty_{Path(name).stem}", table.column_names,
@@ -130,12 +135,15 @@ def _annotate(directs: list[Direct], measurements: Path, staging: Path, confiden
     return described
 
 
-def _direct_columns(column: str, values: np.ndarray, directs: list[Direct], confidence: float) -> dict:
+def _direct_columns(column: str, values: np.ndarray, directs: list[Direct], confidence: float,
+                    coins: np.ndarray) -> dict:
+    """v_std, v_lo, v_hi of a direct column: the law's exact interval, its half-width randomised between h and
+    h - 1 by the values' public coins for integer laws so that it covers exactly at the confidence."""
     std, half = np.full(values.shape, np.nan), np.full(values.shape, np.nan)
     for d in directs:
         if d.law is not None:
             rows = np.ones(values.shape, dtype=bool) if d.rows is None else d.rows
-            std[rows], half[rows] = d.law.std(), d.law.half_width(confidence)
+            std[rows], half[rows] = d.law.std(), d.law.randomised_half_widths(confidence, coins[rows])
     std[~np.isfinite(values)] = np.nan  # a value not released (NaN) has no interval
     return {f"{column}_std": std, f"{column}_lo": values - half, f"{column}_hi": values + half}
 
@@ -144,10 +152,15 @@ def _law_json(d: Direct, confidence: float) -> dict:
     if d.law is None:
         return {"mechanism": d.mechanism, "method": "analytic", "drawn": False}
     rows = None if d.rows is None else int(np.count_nonzero(d.rows))
-    return {"mechanism": d.mechanism, "method": "analytic", "distribution": ("discrete " if d.law.integer else "")
-            + d.law.distribution, "scale": d.law.scale, "std": d.law.std(),
-            "half_width": d.law.half_width(confidence), "attained_coverage": d.law.attained(confidence),
-            "rows": rows if rows is not None else "all"}
+    h = d.law.half_width(confidence)
+    out = {"mechanism": d.mechanism, "method": "analytic", "distribution": ("discrete " if d.law.integer else "")
+           + d.law.distribution, "scale": d.law.scale, "std": d.law.std(), "half_width": h,
+           "attained_coverage": confidence, "rows": rows if rows is not None else "all"}
+    if d.law.integer and h > 0:
+        out["half_width_rule"] = (f"{h:g} or {h - 1:g} per value by its public coin (DIRECT_COINS), so that the "
+                                  f"coverage is exactly the confidence; {h:g} alone covers "
+                                  f"{d.law.attained(confidence):.4f}")
+    return out
 
 
 def _appended(table: pa.Table, extra: dict) -> pa.Table:
@@ -242,7 +255,9 @@ def _summary(direct: dict, boot: Bootstrap | None, count: int, seed: int, confid
            "columns": "each value column v of a file below is followed by v_std (standard deviation), v_lo and "
                       "v_hi (two-sided interval at the confidence)",
            "direct": {"method": "analytic: the exact quantiles of the plan entry's noise law (dpalgos/intervals.py); "
-                                "for integer laws the interval's coverage is the attained one, >= confidence",
+                                "for integer laws each value's half-width is h or h - 1 by a public coin (uniform "
+                                "from SeedSequence(seed, spawn_key=(2^32 - 1,)), in row order) so that the coverage "
+                                "is exactly the confidence",
                       "files": direct}}
     if boot is None:
         reason = skipped or ("no postprocessed product, or nothing released" if count else "replicates: 0")

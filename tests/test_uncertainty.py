@@ -47,6 +47,22 @@ def test_integer_laws_std_and_the_smallest_interval_from_the_exact_probabilities
     assert law.attained(confidence) == pytest.approx(p[np.abs(k) <= h].sum(), abs=1e-12)
 
 
+@pytest.mark.parametrize("law", [law for law in LAWS if law.integer], ids=str)
+@pytest.mark.parametrize("confidence", [0.9, 0.95])
+def test_randomised_direct_intervals_cover_exactly_at_the_confidence(law, confidence):
+    """h or h - 1 by a public coin: the coverage, summed over the exact probabilities, is the confidence (the fixed
+    h alone attains more: 97.3 % at b = 1); the coins' share of h is the rule's p."""
+    k, p = _pmf(law)
+    h = law.half_width(confidence)
+    coins = np.random.default_rng(1).random(400_000)
+    widths = law.randomised_half_widths(confidence, coins)
+    assert set(np.unique(widths)) <= {h, h - 1}
+    share = np.mean(widths == h)
+    covered = share * p[np.abs(k) <= h].sum() + (1 - share) * p[np.abs(k) <= h - 1].sum()
+    assert covered == pytest.approx(confidence, abs=0.002)
+    assert np.mean(law.randomised_half_widths(confidence, np.zeros(10)) == h) == 1.0
+
+
 def test_discrete_laplace_std_closed_form_and_opendp_accuracy():
     from opendp import accuracy
 
