@@ -205,6 +205,25 @@ class ContingencyBayes(Contingency):
     base = {"epsilon": 1.0, "estimator": "empirical_bayes"}
 
 
+class ContingencyMarginals(Contingency):
+    """The one-way marginals public (the records' own: the benchmark is their operator and declares the file public
+    in its own ledger), ADMM's counts and the estimate projected onto them."""
+
+    def dataset_section(self, folder):
+        import pandas as pd
+        from _data import operator_ledger
+
+        section = super().dataset_section(folder)
+        levels, columns = self.dataset.records()
+        rows = [{**{b: "" for b in levels}, a: lv, "count": int(np.sum(columns[a] == lv))}
+                for a in levels for lv in levels[a]]
+        path = folder / "one-way-marginals.csv"
+        pd.DataFrame(rows).to_csv(path, index=False)
+        operator_ledger(folder / "operator", {}, public=[path])
+        self.release.update({"public_marginals": str(path), "public_marginals_source": "the benchmark's records"})
+        return section
+
+
 class KMeans(Case):
     """The default domain (the unit L2 ball) and postprocessing (Lee & Kifer's refinement where the noisy trajectory
     says it helps); T = 5 (the first round a seeding). The truth is the means of the clusters the last iteration's
@@ -331,10 +350,11 @@ class FriendlyKMeans(Case):
 
 
 CASES = {c.__name__.lower(): c for c in (Histogram, HistogramUnit, MatrixMechanism, Contingency, ContingencyBayes,
-                                         KMeans, Mean, FriendlyKMeans)}
+                                         ContingencyMarginals, KMeans, Mean, FriendlyKMeans)}
 KIND_OF_CASE = {"histogram": "histogram", "histogramunit": "histogram (unit: identity)",
                 "matrixmechanism": "matrix_mechanism", "contingency": "contingency",
-                "contingencybayes": "contingency (empirical Bayes)", "kmeans": "kmeans", "mean": "mean",
+                "contingencybayes": "contingency (empirical Bayes)",
+                "contingencymarginals": "contingency (one-way marginals public)", "kmeans": "kmeans", "mean": "mean",
                 "friendlykmeans": "friendly_kmeans"}
 #: The default dataset of each case for --kind (a single cell).
 DEFAULT_DATASET = {"values": "gamma", "numeric": "gaussian", "points": "blobs", "categories": "loglinear-6x3"}
@@ -504,8 +524,8 @@ def kind_main(args) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--kind", choices=sorted({c.kind for c in CASES.values()} | {"histogramunit",
-                                                                                 "contingencybayes"}))
+    ap.add_argument("--kind", choices=sorted({c.kind for c in CASES.values()} | {"histogramunit", "contingencybayes",
+                                                                                 "contingencymarginals"}))
     ap.add_argument("--dataset", help="with --kind: the corpus dataset (default: one per data shape)")
     ap.add_argument("--corpus", action="store_true", help="every kind over the corpus of shapes")
     ap.add_argument("--kinds", help="with --corpus: only these kinds (comma-separated; histogramunit, "
