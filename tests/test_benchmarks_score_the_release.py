@@ -238,7 +238,7 @@ def test_friendlycore_kmeans_scores_the_friendly_kmeans_and_kmeans_releases(tmp_
     from tasks.experiments.friendlycore import mixture
     from tests.benchmarks.friendlycore_kmeans import run
 
-    n, k, ppc, seed = 12_000, 3, 40.0, 2
+    n, k, ppc, seed = 24_000, 3, 40.0, 2
     args = Namespace(rho=0.5, k=k, seed=seed, delta=1e-6, iterations=3)
     _, eps, fc_cost, dp_cost, _, fails, _ = run(n, 1, args, ppc)
     assert fails == 0
@@ -247,7 +247,7 @@ def test_friendlycore_kmeans_scores_the_friendly_kmeans_and_kmeans_releases(tmp_
     init = rng.integers(2 ** 31)
     ref, _ = kmeans_reference(X, k, n_init=10, seed=0)
     data = {"id": "p", "path": str(points_file(tmp_path / "points.parquet", X)), "numeric": ["c0", "c1"]}
-    spec = {"dataset": data, "release": {"kind": "friendly_kmeans", "k": k, "subsets": 100, "delta": 1e-6,
+    spec = {"dataset": data, "release": {"kind": "friendly_kmeans", "k": k, "subsets": 200, "delta": 1e-6,
                                          "epsilon": _epsilon_of_rho(0.5), "r_min": 1e-3, "r_max": 1e5}}
     release = kind_release(spec, tmp_path / "fc", np.random.default_rng(0), lambda plan: Measure(plan, SeededNoise(0)))
     assert fc_cost[0] == pytest.approx(wcss(X, columns(release / "result.parquet", ["c0", "c1"])) / ref, rel=1e-9)
