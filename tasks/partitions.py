@@ -191,6 +191,35 @@ class Partitioned:
         self._client.cancel(self._parts)
 
 
+class InMemory:
+    """One in-memory partition (points, or a CSR matrix of set-valued records) behind `Partitioned`'s interface:
+    a kind's measurement code runs on it as on the dask partitions (benchmarks score the kind's own code path on
+    data in memory). `map_seeded` draws its one seed from `rng` as `Partitioned` draws one per partition."""
+    n_partitions = 1
+
+    def __init__(self, data):
+        self.data = data
+
+    def map(self, fn: Callable, *args) -> list:
+        return [fn(self.data, *args)]
+
+    def map_seeded(self, fn: Callable, rng: np.random.Generator, *args) -> list:
+        seeds = [int(s) for s in rng.integers(0, 2 ** 63 - 1, self.n_partitions)]
+        return [fn(self.data, seeds[0], *args)]
+
+    def reduce(self, fn: Callable, *args, progress=None):
+        out = fn(self.data, *args)
+        if progress is not None:
+            progress.advance()
+        return out
+
+    def collect(self):
+        return self.data
+
+    def close(self) -> None:
+        pass
+
+
 def operator_security():
     """The TLS settings of the operator's scheduler (`dask_tls_*`), or None when none is given."""
     from distributed.security import Security

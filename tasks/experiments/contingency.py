@@ -5,7 +5,9 @@ table and the empirical-Bayes table.
 admm_l1 is the true L1 (maximum-likelihood) problem, admm_elastic the elastic net of the paper's experiments
 (alpha = 0.9, rho = 2; the paper's "ADMM(l1)"), admm_l2 the L2 variant; all keep the table non-negative and
 consistent with the public marginals. max_entropy is the maximum-entropy table of the public marginals alone
-(no budget spent); empirical_bayes is `contingency.empirical_bayes_table` on the same noisy cells as ADMM.
+(no budget spent); empirical_bayes is `contingency.empirical_bayes_table` on the same noisy cells as ADMM. Each of
+ours is the `contingency` kind's published `count` column under its spec (`OURS`), computed by the kind's own
+postprocessing function (`tasks.kinds.contingency.released_table`) from its plan's noise.
 MWEM knows the number of records (M0) and answers the workload of all marginal cells of order 1 and 2 and all
 cells, with 10 rounds. Negative cells of LM and Privelet are set to 0.
 """
@@ -38,6 +40,36 @@ def load_table(path: str | Path) -> tuple[contingency.Table, np.ndarray]:
     return table, x
 
 
+#: Our estimators: each is the `contingency` kind's released `count` column under the spec's release section
+#: (the kind's defaults for everything else; admm_elastic is the kind's default release).
+OURS = {"admm_l1": {"penalty": "l1"}, "admm_elastic": {}, "admm_l2": {"penalty": "l2"},
+        "empirical_bayes": {"estimator": "empirical_bayes"}}
+
+
+def contingency_spec(table: contingency.Table, epsilon: float, **release):
+    """The `contingency` release spec of an experiment on `table` (its attributes and levels, public)."""
+    from tasks.spec import parse_spec
+
+    return parse_spec({"dataset": {"id": "experiment", "path": "experiment.parquet",
+                                   "categories": {n: list(lv) for n, lv in zip(table.names, table.levels)}},
+                       "release": {"kind": "contingency", "epsilon": epsilon, **release}})
+
+
+def noisy_cells(spec, x: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """The kind's measurement of the exact cells x: its plan's noise, simulated (seeded numpy, not private)."""
+    from tasks.kinds.contingency import KIND
+
+    return simulated(KIND.plan(spec), rng)("cells", x)
+
+
+def released_count(spec, noisy: np.ndarray, marginals, b: np.ndarray) -> np.ndarray:
+    """The table the kind publishes (`count`: its estimator's non-negative cells) from the noisy cells and the
+    public marginals (`tasks.kinds.contingency.released_table`, the postprocessing's own function)."""
+    from tasks.kinds.contingency import KIND, released_table, table_of
+
+    return released_table(spec.release, table_of(spec), noisy, marginals, b, KIND.plan(spec)["cells"].scale).count
+
+
 def estimate(method: str, table: contingency.Table, x: np.ndarray, order: int, *, epsilon: float,
              rng: np.random.Generator) -> np.ndarray:
     marginals = table.marginals(order)
@@ -52,11 +84,8 @@ def estimate(method: str, table: contingency.Table, x: np.ndarray, order: int, *
     if method == "mwem":
         return baselines.mwem(x, contingency.mwem_workload(table), epsilon=epsilon, rounds=MWEM_ROUNDS,
                               total=float(x.sum()), rng=rng)
-    noisy = simulated(contingency.cells_plan(table, epsilon=epsilon), rng)("cells", x)
-    if method == "empirical_bayes":
-        return contingency.empirical_bayes_table(noisy, table, marginals, b, noise_scale=1.0 / epsilon).x
-    penalty = {"admm_l1": "l1", "admm_elastic": "elastic", "admm_l2": "l2"}[method]
-    return contingency.consistent_table(noisy, A, b, noise_scale=1.0 / epsilon, penalty=penalty).x
+    spec = contingency_spec(table, epsilon, **OURS[method])
+    return released_count(spec, noisy_cells(spec, x, rng), marginals, b)
 
 
 def table_mse(name: str, table: contingency.Table, x: np.ndarray, *, runs: int, seed: int, epsilons=EPSILONS,

@@ -1,25 +1,32 @@
-"""DPGM end to end on in-memory set-valued records, for benchmarks and experiments: DP kernel k-means,
-DP-SGD mixture (VAE or RBM), synthetic records, counting-query errors against MWEM and independent items.
+"""DPGM end to end on in-memory set-valued records, for benchmarks and experiments: the `synthetic` kind's own
+release (DP kernel k-means, per-cluster marginals, DP-SGD mixture, synthesis) of these records under its spec, and
+counting-query errors against MWEM and independent items.
 
-The noise of the three parts (clustering, per-cluster marginals, DP-SGD) is calibrated together
-(`dpgm.calibrate`) so that the whole is (epsilon, delta)-DP; the baselines get the same epsilon.
+`run` makes the release as the kind makes it: its measurement functions (`tasks.kinds.synthetic.measure_marginals`,
+`train_mixture`) on the records held in memory (`tasks.partitions.InMemory`), its plan's noise simulated (seeded
+numpy, not private), its measurements written as the draw writes them and synthesised by its postprocessing's own
+functions (`synthesis`, `synthetic_records`): the synthetic records a release of these records would publish. The
+noise of the three parts (clustering, per-cluster marginals, DP-SGD) is calibrated together (`dpgm.calibrate`) so
+that the whole is (epsilon, delta)-DP; the baselines get the same epsilon.
 """
 
 from __future__ import annotations
 
+import json
+import tempfile
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from pathlib import Path
 
 import numpy as np
 import scipy.sparse as sp
 
 from dpalgos import accounting, counting, dpgm
-from dpalgos import kernel_kmeans as kk
 from dpalgos.noise import simulated
 
 
 @dataclass
 class DPGMSettings:
+    """The release's settings (the `synthetic` kind's spec fields, `release_spec`)."""
     epsilon: float = 1.74
     delta: float = 1e-6
     k: int = dpgm.DEFAULT_K
@@ -29,68 +36,55 @@ class DPGMSettings:
     init_items: int = 10
     max_items: int = 30
     match_marginals: bool = True
-    empty_records: bool = False      # records may be empty (a length of their own), e.g. after an item restriction
     shares: tuple[float, float, float] = dpgm.DEFAULT_SHARES
     sgd: dpgm.SGDConfig = field(default_factory=dpgm.SGDConfig)
 
 
-def cluster(X: sp.csr_matrix, settings: DPGMSettings, measure, rng: np.random.Generator):
-    """DP kernel k-means of the records; returns (noisy sizes of the last iteration, final labels)."""
-    rff = kk.rbf_features(X.shape[1], settings.features, settings.gamma, rng)
-    rows = np.repeat(np.arange(settings.k), settings.init_items)
-    cols = np.concatenate([rng.choice(X.shape[1], settings.init_items, replace=False) for _ in range(settings.k)])
-    init = rff.transform(sp.csr_matrix((np.ones(rows.size), (rows, cols)), shape=(settings.k, X.shape[1])))
-    Z = kk.clip_rows(rff.transform(X), 1.0)
-    res = kk.dp_lloyd(lambda C: kk.grouped_stats(Z, C), init, iterations=settings.kmeans_iterations, clip=1.0,
-                      measure=measure)
-    return np.maximum(res.noisy_counts[-1], 1.0), kk.nearest(Z, res.centres)
+def release_spec(settings: DPGMSettings, items: int):
+    """The `synthetic` release spec of these settings on records over `items` items (the kind's defaults for the
+    rest: clip 1, no public sample, the initial centres random sets of `init_items` items)."""
+    from tasks.spec import parse_spec
+
+    cfg = settings.sgd
+    return parse_spec({
+        "dataset": {"id": "experiment", "path": "experiment.parquet", "items_column": "items", "item_count": items},
+        "release": {"kind": "synthetic", "epsilon": settings.epsilon, "delta": settings.delta, "k": settings.k,
+                    "iterations": settings.kmeans_iterations, "features": settings.features, "gamma": settings.gamma,
+                    "random_init_items": settings.init_items, "max_items": settings.max_items,
+                    "match_marginals": settings.match_marginals, "budget_shares": list(settings.shares),
+                    "model": cfg.model, "hidden": list(cfg.hidden), "steps": cfg.steps, "q": cfg.q, "lr": cfg.lr,
+                    "c_max": cfg.c_max, "norm_bins": cfg.bins}})
 
 
 def measured_table(X: sp.csr_matrix, settings: DPGMSettings, rng: np.random.Generator) -> np.ndarray:
-    """The noisy marginals table of a run (clustering and the table's measurement only, as `run` draws them)."""
-    return _clustered(X, settings, rng).table
+    """The noisy marginals table of a release of X (its clustering and the table's measurement only, as `run`
+    draws them)."""
+    from tasks.kinds.synthetic import KIND, measure_marginals
+    from tasks.partitions import InMemory
 
-
-class _Clustered(NamedTuple):
-    noise: object
-    plan: object
-    measure: object
-    labels: np.ndarray
-    table: np.ndarray
-
-
-def _clustered(X: sp.csr_matrix, settings: DPGMSettings, rng: np.random.Generator) -> _Clustered:
-    """A run's calibration and plan, its simulated measure, the clustering's labels and the noisy marginals table
-    (the draws `run` makes before training, in its order)."""
-    cfg, min_length = settings.sgd, 0 if settings.empty_records else 1
-    noise = dpgm.calibrate(epsilon=settings.epsilon, delta=settings.delta,
-                           kmeans_iterations=settings.kmeans_iterations, q=cfg.q, steps=cfg.steps,
-                           max_items=settings.max_items, shares=settings.shares)
-    plan = dpgm.plan(noise, kmeans_iterations=settings.kmeans_iterations, q=cfg.q, steps=cfg.steps,
-                     max_items=settings.max_items, min_length=min_length)
-    measure = simulated(plan, rng)
-    _, labels = cluster(X, settings, measure, rng)
-    table = measure("marginals", dpgm.cluster_counts(X, labels, settings.k, settings.max_items, min_length))
-    return _Clustered(noise, plan, measure, labels, table)
+    spec = release_spec(settings, X.shape[1])
+    return measure_marginals(spec, InMemory(X), simulated(KIND.plan(spec), rng), rng).table
 
 
 def run(X: sp.csr_matrix, settings: DPGMSettings, rng: np.random.Generator):
-    """Train the mixture; returns (synthetic records, guarantee, diagnostics)."""
-    cfg, min_length = settings.sgd, 0 if settings.empty_records else 1
-    noise, plan, measure, labels, table = _clustered(X, settings, rng)
-    marg, sizes = dpgm.marginals_and_sizes(table, X.shape[1])
-    lengths = dpgm.length_distributions(table, X.shape[1], min_length)
-    members = [np.flatnonzero(labels == c) for c in range(settings.k)]
-    models = [dpgm.make_model(cfg, X.shape[1], rng, marg[c]) for c in range(settings.k)]
+    """The synthetic records a `synthetic` release of X publishes (see the module docstring); `rng` seeds the plan's
+    noise (its first draw) and is the public randomness. Returns (synthetic records, guarantee, diagnostics)."""
+    from tasks.kinds import synthetic as kind
+    from tasks.partitions import InMemory
+    from tasks.run import META
 
-    def batches(step):
-        return [X[idx[rng.random(idx.size) < cfg.q]] for idx in members]
-    dpgm.train(models, batches, sizes, cfg, measure)
-    if settings.match_marginals:
-        dpgm.match_marginals(models, marg, lengths, min_length, rng)
-    synthetic = dpgm.synthesize(models, sizes, lengths, marg, min_length, int(round(sizes.sum())), rng)  # noqa: RUF046
+    spec = release_spec(settings, X.shape[1])
+    plan = kind.KIND.plan(spec)
+    measure, data = simulated(plan, rng), InMemory(X)
+    clustered = kind.measure_marginals(spec, data, measure, rng)
+    trained = kind.train_mixture(spec, data, clustered, measure, rng)
+    draw = kind.mixture_draw(spec, clustered, trained, rng)
+    with tempfile.TemporaryDirectory() as tmp:
+        draw.write(Path(tmp))
+        (Path(tmp) / META).write_text(json.dumps({"plan": plan.to_json(), **draw.meta}))
+        synthetic = kind.synthetic_records(kind.synthesis(spec, Path(tmp)))
     guarantee = accounting.epsilon_at(plan.event(), settings.delta)
-    return synthetic, guarantee, {"plan": noise, "cluster_sizes": sizes.tolist()}
+    return synthetic, guarantee, {"plan": kind.noise_plan(spec), "cluster_sizes": trained.sizes.tolist()}
 
 
 def evaluate(X: sp.csr_matrix, synthetic: sp.csr_matrix, settings: DPGMSettings, rng: np.random.Generator,
@@ -109,10 +103,7 @@ def evaluate(X: sp.csr_matrix, synthetic: sp.csr_matrix, settings: DPGMSettings,
     clipped = counting.item_counts(counting.clip_records(X, max_items, rng))
     mwem = counting.mwem_linear(clipped, Q, epsilon=settings.epsilon, max_items=max_items, rounds=mwem_rounds, rng=rng)
     out["mwem"] = counting.by_bucket(counting.relative_errors(true_lin, counting.linear_answers(mwem, Q), n), buckets)
-    # With empty records (a restriction of the items) the length histogram keeps them as a length of their own,
-    # as DPGM does.
-    indep = counting.independent_records(X, epsilon=settings.epsilon, max_items=max_items, n=n, rng=rng,
-                                         min_length=0 if settings.empty_records else 1)
+    indep = counting.independent_records(X, epsilon=settings.epsilon, max_items=max_items, n=n, rng=rng, min_length=1)
     out["independent_anyof"] = counting.by_bucket(counting.relative_errors(true_any, counting.anyof_answers(indep, Q),
                                                                            n), buckets)
     return out
@@ -120,10 +111,12 @@ def evaluate(X: sp.csr_matrix, synthetic: sp.csr_matrix, settings: DPGMSettings,
 
 def restrict_items(X: sp.csr_matrix, items: int) -> sp.csr_matrix:
     """The records over their `items` most frequent items (a benchmark's fixed restriction, as the paper takes
-    the item universe from the file: not a release, whose items come from its spec); records may become
-    empty."""
+    the item universe from the file: not a release, whose items come from its spec). Records left without an item
+    are dropped: a release's records are non-empty (the ingest contract), and what is scored is what a release of
+    these records publishes."""
     top = np.sort(np.argsort(-counting.item_counts(X), kind="stable")[:items])
-    return X[:, top].tocsr()
+    Y = X[:, top].tocsr()
+    return Y[np.diff(Y.indptr) > 0]
 
 
 def load_transactions(path) -> sp.csr_matrix:
@@ -132,9 +125,6 @@ def load_transactions(path) -> sp.csr_matrix:
 
     Benchmark convenience: taking the item universe from the file is what the paper does with its datasets;
     a release takes `item_count` from its spec instead."""
-    import tempfile
-    from pathlib import Path
-
     from tasks.sets import ingest_sets, read_sets
 
     with tempfile.TemporaryDirectory() as tmp:

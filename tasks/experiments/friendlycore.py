@@ -1,21 +1,24 @@
 """FriendlyCore experiments, in the setup of the FriendlyCore blog post (../shared/papers/friendlycore-blog.txt;
 framework after Tsfadia et al., ICML 2022, filter and analysis derived in this project: docs/friendlycore.md).
+Every method of ours is a release kind's own code on its release section (`tasks.kinds.friendlycore`,
+`tasks.kinds.kmeans`): what a release would publish, the noise of its plan simulated.
 
-Averaging (`mean_table`): the private mean of n = 800 samples of N(mu, I_d), L2 error of FriendlyCore
-(`dpalgos.friendlycore.friendly_mean`, radius chosen privately over the public grid [1e-2, 1e8], no bound on
-the mean) against CoinPress (`dpalgos.coinpress`, t = 2 and 4 steps, given the true prior radius R >= ||mu||) at
-the same rho (zCDP), as R grows at d = 1000 (R = sqrt(d) .. 1e4 sqrt(d)) and as d grows with R = sqrt(d).
-mu = mu_frac * R * (a random unit vector). The non-private mean is a reference line.
+Averaging (`mean_table`): the private mean of n = 800 samples of N(mu, I_d), L2 error of the `mean` kind's release
+(`tasks.kinds.friendlycore.release_mean`: radius chosen privately over the public grid [1e-2, 1e8], no bound on the
+mean; refined by default, `fc_plain` with refine: false) against CoinPress (`dpalgos.coinpress`, t = 2 and 4 steps,
+given the true prior radius R >= ||mu||) at the rho the release spends (zCDP; the release's epsilon at delta = 1e-6
+is the one that converts to rho, `release_epsilon`), as R grows at d = 1000 (R = sqrt(d) .. 1e4 sqrt(d)) and as d
+grows with R = sqrt(d). mu = mu_frac * R * (a random unit vector). The non-private mean is a reference line.
 
 k-means (`kmeans_table`): a uniform mixture of k = 8 separated 2-D Gaussians (centres uniform in [-50, 50]^2,
 pairwise >= 15 apart, unit covariance), n = 1e3 .. 1e6; cost (WCSS) normalised by scikit-learn k-means++ (best
-of 10) on the same data. Friendly k-means (m = even(n / (k * 40)) subsets, a public function of n; radius over
-the public grid [1e-3, 1e5]; rho zCDP + delta' = 1e-8) against the project's DP k-means (Lee & Kifer Alg. 1,
-T = 5, pure eps-DP) and its Lee & Kifer refinement (consistency + MCMC), both at FriendlyCore's eps at
-delta = 1e-6 (`Plan.guarantee`): pure eps-DP is the stronger guarantee at that eps. DP k-means
-runs on the data mapped into the unit L1 ball with the public bounds [-120, 120]^2 (no point is moved by the L1
-projection), from data-independent centroids. "No friendly core" is a failure: its cost is +inf (the quantiles
-then use sample values, so a failure stays +inf).
+of 10) on the same data. The `friendly_kmeans` kind's release (m = even(n / (k * 40)) subsets, a public function
+of n; radius over the public grid [1e-3, 1e5]; rho zCDP + delta' = 1e-8; its subset coins from the noise source's
+secret generator) against the `kmeans` kind's release (Lee & Kifer Alg. 1, T = 5, pure eps-DP, the kind's default
+domain, seeding and refinement rule, on the public bounds [-120, 120]^2, which no point of the data leaves) and
+its last noisy iterate, at FriendlyCore's eps at delta = 1e-6 (`Plan.guarantee`): pure eps-DP is the stronger
+guarantee at that eps. "No friendly core" is a failure: its cost is +inf (the quantiles then use sample values, so
+a failure stays +inf).
 
 The benchmarks tests/benchmarks/friendlycore_mean.py and friendlycore_kmeans.py use the same functions with
 their own keyed noise; the experiment flows (flows/experiments.py) draw seeded noise through
@@ -32,7 +35,7 @@ import numpy as np
 import pandas as pd
 
 from dpalgos import coinpress as cp
-from dpalgos import domain, dpkmeans, leekifer
+from dpalgos import domain, dpkmeans
 from dpalgos import friendlycore as fc
 from dpalgos.metrics import kmeans_reference, wcss
 from dpalgos.noise import Measure, SeededNoise, simulated
@@ -43,6 +46,7 @@ NoiseFor = Callable[[Plan, int], Measure]
 
 RHO = 0.5
 DELTA = 1e-6
+DELTA_PTR = 1e-8  # the kinds' default delta' (tasks.kinds.friendlycore)
 
 # Averaging
 MEAN_GRID = fc.RadiusGrid(1e-2, 1e8)
@@ -66,7 +70,8 @@ POINTS_PER_CLUSTER = 40.0
 ITERATIONS = 5
 KMEANS_NS = (1_000, 3_000, 10_000, 30_000, 100_000, 300_000, 1_000_000)
 QUICK_KMEANS_NS = (1_000, 10_000, 50_000)
-KMEANS_METHODS = ("friendly k-means", f"DP k-means (T={ITERATIONS})", "DP k-means + Lee-Kifer")
+KMEANS_METHODS = ("friendly k-means", f"DP k-means (T={ITERATIONS}), last iterate",
+                  "DP k-means release (Lee-Kifer where it helps)")
 
 
 def keyed_noise(seed: int) -> NoiseFor:
@@ -82,22 +87,49 @@ def simulated_noise(rng: np.random.Generator) -> NoiseFor:
 # --------------------------------------------------------------------------------------------------------------
 # Averaging
 # --------------------------------------------------------------------------------------------------------------
-def mean_params(rho: float = RHO, refine: bool = True) -> fc.MeanParams:
-    """The release's default (the friendly mean refined by a clipped sum around it, docs/friendlycore.md §13), or
-    with refine=False the friendly mean alone (§6)."""
-    return fc.MeanParams(rho=rho, grid=MEAN_GRID, refine=refine)
+def release_epsilon(rho: float, delta: float = DELTA, delta_ptr: float = DELTA_PTR) -> float:
+    """The epsilon of a FriendlyCore release spec (at `delta`, its PTR delta' included) that spends `rho` zCDP:
+    the release converts its (epsilon, delta - delta') back to this rho (`tasks.kinds.friendlycore.math_params`)."""
+    from dp_accounting import dp_event as dpe
+
+    from dpalgos.accounting import epsilon_at
+
+    return epsilon_at(dpe.ZCDpEvent(rho), delta - delta_ptr).epsilon
+
+
+def mean_params(rho: float = RHO, refine: bool = True):
+    """The `mean` kind's release section spending `rho` (`release_epsilon`) with the public radius grid MEAN_GRID and
+    the kind's defaults: refined (the friendly mean, then a clipped sum around it, docs/friendlycore.md §13), or with
+    refine=False the friendly mean alone (§6)."""
+    from tasks.kinds.friendlycore import MeanParams
+
+    return MeanParams(epsilon=release_epsilon(rho), delta=DELTA, r_min=MEAN_GRID.r_min, r_max=MEAN_GRID.r_max,
+                      refine=refine)
+
+
+def released_mean(X: np.ndarray, p, measure: Measure, friends=None) -> np.ndarray | None:
+    """The mean the `mean` kind publishes for the release section `p` (`tasks.kinds.friendlycore.release_mean`,
+    what its draw measures and writes), or None for "no friendly core"."""
+    from tasks.kinds import friendlycore as fck
+
+    return fck.release_mean(p, X, measure, friends=friends).mean
 
 
 def mean_errors(d: int, n: int, R: float, *, rho: float, runs: int, rng: np.random.Generator, noise: NoiseFor,
                 mu_frac: float = MU_FRAC, ts=COINPRESS_TS,
                 coinpress_rho_factor: float = 1.0) -> tuple[dict[str, np.ndarray], int]:
     """Per-run L2 errors {fc, fc_plain, cp<t>..., nonprivate} and the refined FriendlyCore's 'no friendly core'
-    count (error +inf). Noise keys: k for FriendlyCore's run k (refined and plain share the friendly core's draws
-    up to the mean), k + 500_000 t for CoinPress with t steps. `coinpress_rho_factor` multiplies CoinPress's rho
-    (4: CoinPress under add/remove with n public, whose sensitivity is half its replace-one one)."""
+    count (error +inf). FriendlyCore is the `mean` kind's release (`mean_params`, `released_mean`) through its plan;
+    CoinPress spends the rho the release spends. Noise keys: k for FriendlyCore's run k (refined and plain share the
+    friendly core's draws up to the mean), k + 500_000 t for CoinPress with t steps. `coinpress_rho_factor`
+    multiplies CoinPress's rho (4: CoinPress under add/remove with n public, whose sensitivity is half its
+    replace-one one)."""
+    from tasks.kinds import friendlycore as fck
+
     variants = {"fc": mean_params(rho), "fc_plain": mean_params(rho, refine=False)}
-    fplans = {key: fc.mean_plan(p) for key, p in variants.items()}
-    cplans = {t: cp.coinpress_plan(rho * coinpress_rho_factor, t) for t in ts}
+    fplans = {key: fck.plan_of(p) for key, p in variants.items()}
+    spent = fck.math_params(variants["fc"]).rho
+    cplans = {t: cp.coinpress_plan(spent * coinpress_rho_factor, t) for t in ts}
     out = {"fc": [], "fc_plain": [], "nonprivate": [], **{f"cp{t}": [] for t in ts}}
     none = 0
     for k in range(runs):
@@ -106,9 +138,9 @@ def mean_errors(d: int, n: int, R: float, *, rho: float, runs: int, rng: np.rand
         X = mu + rng.normal(size=(n, d))
         friends = fc.EuclideanFriends(X)
         for key, p in variants.items():
-            rel = fc.friendly_mean(X, p, noise(fplans[key], k), friends=friends)
-            none += key == "fc" and rel.mean is None
-            out[key].append(np.inf if rel.mean is None else float(np.linalg.norm(rel.mean - mu)))
+            mean = released_mean(X, p, noise(fplans[key], k), friends=friends)
+            none += key == "fc" and mean is None
+            out[key].append(np.inf if mean is None else float(np.linalg.norm(mean - mu)))
         for t in ts:
             est = cp.coinpress_mean(X, R=R, measure=noise(cplans[t], k + 500_000 * t))
             out[f"cp{t}"].append(float(np.linalg.norm(est - mu)))
@@ -117,12 +149,16 @@ def mean_errors(d: int, n: int, R: float, *, rho: float, runs: int, rng: np.rand
 
 
 def mean_epsilons(rho: float, delta: float) -> tuple[float, float]:
-    """(eps of FriendlyCore incl. its PTR delta', eps of CoinPress's rho-zCDP) at delta."""
+    """(eps of FriendlyCore's release incl. its PTR delta', eps of CoinPress's rho-zCDP at the rho the release
+    spends) at delta."""
     from dp_accounting import dp_event as dpe
 
     from dpalgos.accounting import epsilon_at
+    from tasks.kinds import friendlycore as fck
 
-    return fc.mean_plan(mean_params(rho)).guarantee(delta).epsilon, epsilon_at(dpe.ZCDpEvent(rho), delta).epsilon
+    p = mean_params(rho)
+    return (fck.plan_of(p).guarantee(delta).epsilon,
+            epsilon_at(dpe.ZCDpEvent(fck.math_params(p).rho), delta).epsilon)
 
 
 def mean_table(*, runs: int, seed: int, rho: float = RHO, n: int = MEAN_N, d_fixed: int = MEAN_D,
@@ -159,23 +195,51 @@ def subsets_for(n: int, k: int, per_cluster: float) -> int:
     return max(2, round(n / (k * per_cluster) / 2) * 2)
 
 
-def kmeans_params(n: int, *, rho: float = RHO, k: int = K, per_cluster: float = POINTS_PER_CLUSTER) -> fc.KMeansParams:
-    return fc.KMeansParams(rho=rho, k=k, subsets=subsets_for(n, k, per_cluster), grid=KMEANS_GRID)
+def kmeans_params(n: int, *, rho: float = RHO, k: int = K, per_cluster: float = POINTS_PER_CLUSTER):
+    """The `friendly_kmeans` kind's release section spending `rho` (`release_epsilon`): m = `subsets_for(n)`
+    subsets, the public radius grid KMEANS_GRID, the kind's defaults for the rest."""
+    from tasks.kinds.friendlycore import FriendlyKMeansParams
+
+    return FriendlyKMeansParams(epsilon=release_epsilon(rho), delta=DELTA, r_min=KMEANS_GRID.r_min,
+                                r_max=KMEANS_GRID.r_max, k=k, subsets=subsets_for(n, k, per_cluster))
 
 
-def friendly_kmeans_centres(X, params: fc.KMeansParams, measure: Measure, rng: np.random.Generator):
-    """Friendly k-means centres (k, 2), or None for 'no friendly core'."""
-    return fc.friendly_kmeans(X, params, measure, rng).centres
+def kmeans_plan(p) -> Plan:
+    """The `friendly_kmeans` kind's plan of the release section `p`."""
+    from tasks.kinds.friendlycore import plan_of
+
+    return plan_of(p)
 
 
-def dpkmeans_trajectory(X, k: int, *, epsilon: float, iterations: int, init_rng: np.random.Generator,
-                        measure: Callable[[Plan], Measure]) -> dpkmeans.Trajectory:
-    """The project's DP k-means at pure epsilon on X mapped into the unit L1 ball with the public bounds, from
-    data-independent centroids drawn with init_rng. Map its centroids back with `to_data_space`."""
-    Y, _ = domain.to_unit_l1_ball(X, *KMEANS_BOUNDS)
-    plan = dpkmeans.plan(epsilon=epsilon, iterations=iterations, k=k, d=X.shape[1])
-    C0 = dpkmeans.data_independent_centroids(k, X.shape[1], init_rng)[0]
-    return dpkmeans.dp_kmeans(dpkmeans.array_stats(Y), C0, iterations=iterations, measure=measure(plan))
+def friendly_kmeans_centres(X, p, measure: Measure):
+    """The centres (k, 2) the `friendly_kmeans` kind publishes for the release section `p`
+    (`tasks.kinds.friendlycore.release_kmeans`: its subset coins from the noise source's secret generator), or None
+    for 'no friendly core'."""
+    from tasks.kinds.friendlycore import release_kmeans
+
+    return release_kmeans(p, X, measure).centres
+
+
+def dpkmeans_spec(k: int, *, epsilon: float, iterations: int):
+    """The `kmeans` kind's spec of the comparison: the data's public bounds KMEANS_BOUNDS, the kind's defaults."""
+    from tasks.experiments.kmeans import kmeans_spec
+
+    return kmeans_spec(k, KMEANS_BOUNDS[0].size, epsilon, iterations=iterations, bounds=KMEANS_BOUNDS)
+
+
+def dpkmeans_release(X, k: int, *, epsilon: float, iterations: int, rng: np.random.Generator,
+                     measure: Callable[[Plan], Measure] | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """What the `kmeans` kind publishes on X (`dpkmeans_spec`: pure epsilon-DP, its default domain, seeding and
+    refinement rule): (centroids.parquet, dpkm_centroids.parquet), in the normalised space (map them back with
+    `to_data_space`). Its measurement and postprocessing are the kind's own (`tasks.experiments.kmeans`); `rng` is
+    the public randomness, and the noise's unless `measure(plan)` gives it."""
+    from tasks.experiments.kmeans import draw, release_points, released
+    from tasks.kinds.kmeans import KIND
+
+    spec = dpkmeans_spec(k, epsilon=epsilon, iterations=iterations)
+    m = draw(spec, dpkmeans.array_stats(release_points(X, spec, KMEANS_BOUNDS)), rng,
+             None if measure is None else measure(KIND.plan(spec)))
+    return released(spec, m), m.trajectory.final_centroids
 
 
 def to_data_space(C: np.ndarray) -> np.ndarray:
@@ -188,25 +252,23 @@ def quantiles(v) -> np.ndarray:
 
 
 def kmeans_table(*, runs: int, seed: int, ns=KMEANS_NS, rho: float = RHO, delta: float = DELTA, k: int = K,
-                 per_cluster: float = POINTS_PER_CLUSTER, iterations: int = ITERATIONS,
-                 refine_steps: int | None = None) -> pd.DataFrame:
+                 per_cluster: float = POINTS_PER_CLUSTER, iterations: int = ITERATIONS) -> pd.DataFrame:
     """One row per (n, run, method): WCSS and WCSS / k-means++ (+inf for 'no friendly core'). All methods at
-    FriendlyCore's (eps, delta); the DP k-means runs are pure eps-DP."""
+    FriendlyCore's (eps, delta): the `friendly_kmeans` kind's release, and the `kmeans` kind's (pure eps-DP): its
+    last noisy iterate (dpkm_centroids.parquet) and its released centroids (the refinement where it helps)."""
     rows = []
     for n in ns:
         params = kmeans_params(n, rho=rho, k=k, per_cluster=per_cluster)
-        fplan = fc.kmeans_plan(params)
+        fplan = kmeans_plan(params)
         eps = fplan.guarantee(delta).epsilon
         for run in range(runs):
             rng = np.random.default_rng([seed, n, run])
             X = mixture(n, k, rng)
             ref, _ = kmeans_reference(X, k, n_init=10, seed=run)
-            centres = {KMEANS_METHODS[0]: friendly_kmeans_centres(X, params, simulated(fplan, rng), rng)}
-            traj = dpkmeans_trajectory(X, k, epsilon=eps, iterations=iterations, init_rng=rng,
-                                       measure=lambda plan, rng=rng: simulated(plan, rng))
-            centres[KMEANS_METHODS[1]] = to_data_space(traj.final_centroids)
-            refined = leekifer.refine(traj, seed=int(rng.integers(2 ** 31)), steps=refine_steps)
-            centres[KMEANS_METHODS[2]] = to_data_space(refined.centroids)
+            centres = {KMEANS_METHODS[0]: friendly_kmeans_centres(X, params, simulated(fplan, rng))}
+            released, last = dpkmeans_release(X, k, epsilon=eps, iterations=iterations, rng=rng)
+            centres[KMEANS_METHODS[1]] = to_data_space(last)
+            centres[KMEANS_METHODS[2]] = to_data_space(released)
             for method, C in centres.items():
                 cost = np.inf if C is None else wcss(X, C)
                 rows.append({"n": n, "k": k, "subsets": params.subsets, "rho": rho, "epsilon": eps, "delta": delta,

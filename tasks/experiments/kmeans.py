@@ -1,6 +1,8 @@
 """DP k-means experiments: Lee & Kifer Figure 1 (WCSS vs epsilon of DPKM, DPKM + consistency and
 DPKM + consistency + MCMC, T = 5), and what the `kmeans` kind releases (the refinement only where
-`leekifer.refinement_expected_to_help` says so).
+`leekifer.refinement_expected_to_help` says so). Every trajectory is the kind's own measurement
+(`tasks.kinds.kmeans.measure_trajectory` on the points as its prepare writes them, its plan's noise simulated) and
+`released` its own postprocessing (`tasks.kinds.kmeans.released_centroids`): what a release would publish.
 
 Points are scaled to [-1, 1] with the data's min/max as (stand-in) public bounds, then projected onto the
 release's domain (default: `domain.default_domain` of the dimension). Every figure is reported twice:
@@ -17,6 +19,7 @@ import pandas as pd
 
 from dpalgos import domain, dpkmeans, leekifer, metrics
 from dpalgos.noise import simulated
+from tasks.kinds import kmeans as kmeans_kind
 
 EPSILONS = (0.05, 0.1, 0.25, 0.5, 1.0)
 METHODS = ("dpkm", "dpkm+consistency", "dpkm+consistency+mcmc", "released")
@@ -46,22 +49,73 @@ def references(B: np.ndarray, P: np.ndarray, k: int) -> dict[str, float]:
             "single_centroid": metrics.wcss(B, B.mean(axis=0, keepdims=True))}
 
 
+def kmeans_spec(k: int, d: int, epsilon: float, *, iterations: int = 5, domain_name: str | None = None,
+                seeding: bool | None = None, postprocess: list[str] | None = None,
+                bounds: tuple[np.ndarray, np.ndarray] | None = None):
+    """The `kmeans` release spec of an experiment: columns c0..c{d-1} with public `bounds` (default [-1, 1], the
+    scaled points), the kind's defaults for everything not given (domain: `domain.default_domain`; seeding: the
+    kind's rule of T, or oversampled / none; postprocess: consistency and MCMC where expected to help)."""
+    from tasks.params import MAX_EPSILON
+    from tasks.spec import parse_spec
+
+    lower, upper = bounds if bounds is not None else (-np.ones(d), np.ones(d))
+    release = {"kind": "kmeans", "k": k, "iterations": iterations, "epsilon": epsilon}
+    if domain_name is not None:
+        release["domain"] = domain_name
+    if seeding is not None:
+        release["seeding"] = "oversampled" if seeding else "none"
+    if postprocess is not None:
+        release["postprocess"] = list(postprocess)
+    spec = parse_spec({"dataset": {"id": "experiment", "path": "experiment.parquet",
+                                   "bounds": {f"c{j}": [float(lower[j]), float(upper[j])] for j in range(d)}},
+                       "release": {**release, "epsilon": min(epsilon, MAX_EPSILON)}})
+    if epsilon > MAX_EPSILON:
+        # A noise-free diagnostic (an epsilon no spec accepts): everything else is the release's.
+        spec = spec.model_copy(update={"release": spec.release.model_copy(update={"epsilon": epsilon})})
+    return spec
+
+
+def release_points(X: np.ndarray, spec, bounds: tuple[np.ndarray, np.ndarray] | None = None) -> np.ndarray:
+    """The points as the kind's prepare writes them (`domain.normalise` with the spec's domain): scaled to
+    [-1, 1] with `bounds` (default: `stand_in_bounds`), projected onto the domain."""
+    lower, upper = bounds if bounds is not None else stand_in_bounds(X)
+    return domain.normalise(np.asarray(X, dtype=np.float64), lower, upper, kmeans_kind.domain_of(spec))[0]
+
+
+def draw(spec, stats, rng: np.random.Generator, measure=None) -> kmeans_kind.Measured:
+    """The kind's DP measurement (`tasks.kinds.kmeans.measure_trajectory`) on in-memory statistics, noise through
+    the kind's plan: simulated (seeded numpy from `rng`, not private) unless `measure` is given; `rng` is the
+    public randomness too."""
+    measure = measure or simulated(kmeans_kind.KIND.plan(spec), rng)
+    return kmeans_kind.measure_trajectory(spec, stats, measure, rng)
+
+
+def released(spec, measured: kmeans_kind.Measured) -> np.ndarray:
+    """The centroids the release publishes from these measurements (`tasks.kinds.kmeans.released_centroids`, its
+    postprocessing seeded as the release seeds it: from the measurements file's bytes)."""
+    seed = kmeans_kind.trajectory_seed(measured.trajectory, measured.seeding)
+    return kmeans_kind.released_centroids(spec, measured.trajectory, seed)[0]
+
+
 def wcss_table(name: str, X: np.ndarray, k: int, *, runs: int, seed: int, epsilons=EPSILONS, iterations: int = 5,
-               methods=METHODS, domain_name: str | None = None, seeding: bool = False) -> pd.DataFrame:
+               methods=METHODS, domain_name: str | None = None, seeding: bool | None = None) -> pd.DataFrame:
     """One row per (epsilon, run, method): WCSS and WCSS / k-means++ on the scaled points (`wcss`, `ratio`)
     and in the projected space (`wcss_projected`, `ratio_projected`), plus the single-centroid baseline.
-    `seeding`: the first of the T rounds seeds (`dpkmeans.oversampled_seeds`); off, Lee & Kifer's setting."""
+    Every trajectory is the `kmeans` kind's measurement of the spec (`kmeans_spec`) with these settings; `released`
+    is what the kind publishes from it. `seeding`: None the kind's default rule (the first of the T rounds seeds
+    when T >= 2), False Lee & Kifer's setting (data-independent centroids: spec `seeding: none`)."""
     B = scaled(np.asarray(X, dtype=np.float64))
-    dom = domain_name or domain.default_domain(B.shape[1])
-    P = domain.project(B, dom)
+    spec = kmeans_spec(k, B.shape[1], epsilons[0], iterations=iterations, domain_name=domain_name, seeding=seeding)
+    dom = kmeans_kind.domain_of(spec)
+    P = release_points(X, spec)
     ref = references(B, P, k)
     stats = dpkmeans.array_stats(P)
     rng = np.random.default_rng(seed)
     rows = []
     for eps in epsilons:
+        spec = kmeans_spec(k, B.shape[1], eps, iterations=iterations, domain_name=domain_name, seeding=seeding)
         for run in range(runs):
-            traj = run_dpkm(stats, k, P.shape[1], eps, iterations, dom, rng, seeding)
-            centroids = method_centroids(traj, methods, int(rng.integers(2 ** 31)))
+            centroids = method_centroids(spec, draw(spec, stats, rng), methods, int(rng.integers(2 ** 31)))
             row = {"dataset": name, "domain": dom, "epsilon": eps, "run": run}
             for m, C in centroids.items():
                 rows.append({**row, "method": m, **scores(B, P, C, ref)})
@@ -73,27 +127,24 @@ def wcss_table(name: str, X: np.ndarray, k: int, *, runs: int, seed: int, epsilo
 
 def run_dpkm(stats, k: int, d: int, eps: float, iterations: int, dom: str, rng, seeding: bool = False
              ) -> dpkmeans.Trajectory:
-    """One DP k-means trajectory (T rounds, the first seeding if `seeding`) with simulated (seeded, not
-    private) noise of the domain's plan."""
-    measure = simulated(dpkmeans.plan(epsilon=eps, iterations=iterations, k=k, d=d, domain=dom, seeding=seeding), rng)
-    if seeding:
-        C0 = dpkmeans.oversampled_seeds(stats, k, d, rng, measure=measure, domain=dom).initial_centroids
-    else:
-        C0, _ = dpkmeans.data_independent_centroids(k, d, rng, domain=dom)
-    return dpkmeans.dp_kmeans(stats, C0, iterations=iterations - seeding, measure=measure, domain=dom)
+    """One DP k-means trajectory (T rounds, the first seeding if `seeding`) of the kind's measurement with
+    simulated (seeded, not private) noise of its plan."""
+    return draw(kmeans_spec(k, d, eps, iterations=iterations, domain_name=dom, seeding=seeding), stats, rng).trajectory
 
 
-def method_centroids(traj: dpkmeans.Trajectory, methods, seed: int) -> dict[str, np.ndarray]:
-    """The centroids of each method; `released` is what the kind releases (the refinement only where it is
-    expected to help)."""
+def method_centroids(spec, measured: kmeans_kind.Measured, methods, seed: int) -> dict[str, np.ndarray]:
+    """The centroids of each method on one trajectory: `dpkm` its last iterate (the kind's dpkm_centroids.parquet),
+    the refinement's ablations (`dpkm+consistency`, `dpkm+consistency+mcmc`: always run, with the spec's chain
+    settings and the MCMC seeded by `seed`), and `released`, what the kind publishes (`released`)."""
+    traj, p = measured.trajectory, spec.release
+    chain = {"steps": p.mcmc_steps, "temperature": p.mcmc_temperature, "delta": tuple(p.mcmc_delta)}
     out = {"dpkm": traj.final_centroids}
     if "dpkm+consistency" in methods:
-        out["dpkm+consistency"] = leekifer.refine(traj, mcmc=False).centroids
-    helps = leekifer.refinement_expected_to_help(traj)
-    if "dpkm+consistency+mcmc" in methods or ("released" in methods and helps):
-        out["dpkm+consistency+mcmc"] = leekifer.refine(traj, seed=seed).centroids
+        out["dpkm+consistency"] = leekifer.refine(traj, mcmc=False, **chain).centroids
+    if "dpkm+consistency+mcmc" in methods:
+        out["dpkm+consistency+mcmc"] = leekifer.refine(traj, seed=seed, **chain).centroids
     if "released" in methods:
-        out["released"] = out["dpkm+consistency+mcmc"] if helps else traj.final_centroids
+        out["released"] = released(spec, measured)
     return {m: C for m, C in out.items() if m in methods}
 
 

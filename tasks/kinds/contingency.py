@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
@@ -185,15 +186,12 @@ class ContingencyKind(ReleaseKind):
         consistent with the public marginals (`estimate`, whose sums are unbiased: queries are answered from it)."""
         table = table_of(spec)
         noisy = counts.read_column(measurements / NOISY, "noisy_count")
-        marginals, values, A = self._marginals(spec)
-        x, info = _estimate(spec.release, table, noisy, marginals, values, A,
-                            committed_plan(measurements)["cells"].scale)
-        estimate = contingency.least_squares_table(A, values)(noisy)
-        counts.write_vector(staging / TABLE, "cell", {"count": x, "estimate": estimate}, **_level_columns(table))
-        info.update({"public_marginal_cells": len(marginals),
-                     "max_constraint_violation": float(np.abs(A @ x - values).max()) if len(values) else 0.0,
-                     "estimate": "least squares consistent with the public marginals, signed"})
-        (staging / CONSISTENCY).write_text(json.dumps(info, indent=2))
+        marginals, values, _A = self._marginals(spec)
+        released = released_table(spec.release, table, noisy, marginals, values,
+                                  committed_plan(measurements)["cells"].scale)
+        counts.write_vector(staging / TABLE, "cell", {"count": released.count, "estimate": released.estimate},
+                            **_level_columns(table))
+        (staging / CONSISTENCY).write_text(json.dumps(released.info, indent=2))
         return [TABLE, CONSISTENCY]
 
     def release_contract(self, spec):
@@ -248,6 +246,30 @@ class ContingencyKind(ReleaseKind):
         mse, mse_lm = float(np.mean((released - exact) ** 2)), float(np.mean((noisy - exact) ** 2))
         return {"records": float(exact.sum()), "cell_mse": mse, "cell_mse_noisy_clipped": mse_lm,
                 "headline": f"cell MSE {mse:.4g} (noisy cells, negatives set to 0: {mse_lm:.4g})"}
+
+
+@dataclass(frozen=True)
+class Released:
+    """The released table's columns (table.parquet) and its consistency.json."""
+    count: np.ndarray
+    estimate: np.ndarray
+    info: dict
+
+
+def released_table(p, table: contingency.Table, noisy: np.ndarray, marginals: list[dict], values: np.ndarray,
+                   scale: float) -> Released:
+    """The released table from the noisy cells, the public marginals (cells and counts) and the plan's noise scale
+    only: `count`, the spec's estimator's non-negative cells (ADMM with its penalty, alpha and rho, or empirical
+    Bayes), and `estimate`, the signed least-squares table consistent with the marginals (sums of cells are
+    answered from it). `p` is the spec's release section (its defaults are the kind's). The postprocessing and the
+    benchmarks both call it."""
+    A = table.constraint_matrix(marginals)
+    x, info = _estimate(p, table, noisy, marginals, values, A, scale)
+    estimate = contingency.least_squares_table(A, values)(noisy)
+    info.update({"public_marginal_cells": len(marginals),
+                 "max_constraint_violation": float(np.abs(A @ x - values).max()) if len(values) else 0.0,
+                 "estimate": "least squares consistent with the public marginals, signed"})
+    return Released(x, estimate, info)
 
 
 def _estimate(p, table, noisy, marginals, values, A, scale) -> tuple[np.ndarray, dict]:

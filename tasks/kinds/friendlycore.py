@@ -95,15 +95,34 @@ def _rho(epsilon: float, delta: float, delta_ptr: float) -> float:
     return accounting.zcdp_rho(epsilon, delta - delta_ptr)
 
 
-def _math_params(p):
+def math_params(p):
+    """The mathematical parameters of a release section `p` (`MeanParams` or `FriendlyKMeansParams`): the rho its
+    (epsilon, delta - delta_ptr) converts to, its radius source, and dpalgos.friendlycore's defaults for the rest."""
     rho = _rho(p.epsilon, p.delta, p.delta_ptr)
     if p.kind == "mean":
         return fc.MeanParams(rho=rho, delta_ptr=p.delta_ptr, refine=p.refine, **p.radius())
     return fc.KMeansParams(rho=rho, k=p.k, subsets=p.subsets, delta_ptr=p.delta_ptr, **p.radius())
 
 
-def _plan(p) -> Plan:
-    params = _math_params(p)
+_math_params = math_params
+
+
+def release_mean(p, X: np.ndarray, measure, *, friends=None) -> fc.MeanRelease:
+    """The `mean` release of the points X (n, d) for the release section `p`, every draw through `measure` (the
+    plan's entries): what the draw measures and `mean_draw` writes. `friends`: a friend counter of X to reuse
+    (benchmarks run several releases on one X)."""
+    return fc.friendly_mean(X, math_params(p), measure, friends=friends)
+
+
+def release_kmeans(p, X: np.ndarray, measure) -> fc.KMeansRelease:
+    """The `friendly_kmeans` release of the points X for the release section `p`. The subset coins are the
+    mechanism's own randomness: secret (the noise source's `secret_generator`), never public."""
+    return fc.friendly_kmeans(X, math_params(p), measure, measure.secret_generator())
+
+
+def plan_of(p) -> Plan:
+    """The plan of a release section `p` (the kind's `plan` of a spec is its release section's)."""
+    params = math_params(p)
     return fc.mean_plan(params) if p.kind == "mean" else fc.kmeans_plan(params)
 
 
@@ -191,7 +210,7 @@ class _FriendlyKind(ReleaseKind):
     prepared_stage = None
 
     def plan(self, spec):
-        return _plan(spec.release)
+        return plan_of(spec.release)
 
     def _rows(self, spec) -> int:
         return 1 if self.name == "mean" else spec.release.k
@@ -306,7 +325,7 @@ class MeanKind(_FriendlyKind):
 
     def draw(self, spec, prepared, measure, public_rng, log):
         X = _points(spec, prepared)
-        return mean_draw(spec, fc.friendly_mean(X, _math_params(spec.release), measure), measure.plan)
+        return mean_draw(spec, release_mean(spec.release, X, measure), measure.plan)
 
     def evaluate(self, spec, run, prepared, log):
         """L2 error of the released mean against the exact mean (internal)."""
@@ -346,8 +365,7 @@ class FriendlyKMeansKind(_FriendlyKind):
 
     def draw(self, spec, prepared, measure, public_rng, log):
         X = _points(spec, prepared)
-        # The subset coins are the mechanism's own randomness: secret (the noise source's), never public.
-        res = fc.friendly_kmeans(X, _math_params(spec.release), measure, measure.secret_generator())
+        res = release_kmeans(spec.release, X, measure)
         info = {"released": res.released, "radius": res.radius, "noisy_core_weight": res.noisy_weight,
                 "weight_lower_bound": res.weight_lower_bound, "radius_probes": [list(p) for p in res.probes]}
         return Draw(write=lambda folder: _write(folder, spec.dataset.columns, res.centres, spec.release.k, info),

@@ -150,8 +150,16 @@ def partition_assignment(X, rff, clip: float, centres: np.ndarray) -> np.ndarray
 def cluster_records(spec, data: Partitioned, measure, public_rng: np.random.Generator, log):
     """DP kernel k-means of the records in `data` (DPNorm first if the spec asks): returns (feature map,
     gamma, clipping bound, dp_lloyd result). Nothing noisy is logged (it is not committed yet)."""
+    return clustering(spec, public_records(spec) if spec.release.public_sample else None, data, measure, public_rng,
+                      log)
+
+
+def clustering(spec, public: sp.csr_matrix | None, data, measure, public_rng: np.random.Generator, log=None):
+    """`cluster_records` given the spec's public sample as records (None: none): the release's clustering on
+    `data`, the dask partitions (`Partitioned`) or, in benchmarks, one in-memory partition
+    (`tasks.partitions.InMemory`)."""
     p, ds = spec.release, spec.dataset
-    public = public_records(spec) if p.public_sample else None
+    info = log.info if log is not None else (lambda *a: None)
     gamma = p.gamma if p.gamma is not None else median_gamma_sets(public)
     # The feature map and the initial centres use public randomness and public records only.
     rff = kk.rbf_features(ds.item_count, p.features, gamma, public_rng)
@@ -167,10 +175,10 @@ def cluster_records(spec, data: Partitioned, measure, public_rng: np.random.Gene
                           measure=measure)
     else:
         clip = float(p.clip)
-    log.info("DP kernel k-means: k=%d, d=%d, %d iterations", p.k, p.features, p.iterations)
+    info("DP kernel k-means: k=%d, d=%d, %d iterations", p.k, p.features, p.iterations)
     res = kk.dp_lloyd(lambda C: data.reduce(kk.feature_stats, rff, clip, C), init, iterations=p.iterations,
                       clip=clip, measure=measure,
-                      on_iteration=lambda t: log.info("DP kernel k-means iteration %d/%d", t, p.iterations))
+                      on_iteration=lambda t: info("DP kernel k-means iteration %d/%d", t, p.iterations))
     return rff, gamma, clip, res
 
 

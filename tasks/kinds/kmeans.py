@@ -117,7 +117,11 @@ def seeded(spec) -> bool:
 def postprocessing_seed(measurements: Path) -> int:
     """The postprocessing's randomness (MCMC, k-means restarts) is seeded from the measurements' bytes: it is
     not privacy noise, and a rerun on the same measurements must reproduce the release exactly."""
-    return int(hashlib.sha256((measurements / TRAJECTORY).read_bytes()).hexdigest()[:8], 16)
+    return _seed_of((measurements / TRAJECTORY).read_bytes())
+
+
+def _seed_of(trajectory_bytes: bytes) -> int:
+    return int(hashlib.sha256(trajectory_bytes).hexdigest()[:8], 16)
 
 
 def _refinement_info(r: leekifer.Refinement, p) -> dict:
@@ -162,7 +166,7 @@ def _in_domain(contract: suites.Contract, domain_name: str, columns, intervals: 
     return dataclasses.replace(contract, derive=suites.compose(derive, checked))
 
 
-def write_trajectory(folder: Path, traj: dpkmeans.Trajectory, seeding: dpkmeans.Seeding | None = None) -> None:
+def trajectory_table(traj: dpkmeans.Trajectory, seeding: dpkmeans.Seeding | None = None) -> pa.Table:
     """Every noisy measurement in one table: the seeding round as iteration 0 (its candidates' noisy counts,
     sums and means), then Algorithm 1's iterations 1..T'."""
     T, K, d = traj.noisy_sums.shape
@@ -176,7 +180,20 @@ def write_trajectory(folder: Path, traj: dpkmeans.Trajectory, seeding: dpkmeans.
             "noisy_count": cat(1)}
     cols.update({f"noisy_sum_{j}": sums[:, j] for j in range(d)})
     cols.update({f"centroid_{j}": means[:, j] for j in range(d)})
-    pq.write_table(pa.table(cols), folder / TRAJECTORY)
+    return pa.table(cols)
+
+
+def write_trajectory(folder: Path, traj: dpkmeans.Trajectory, seeding: dpkmeans.Seeding | None = None) -> None:
+    """The measurements file (`trajectory_table`)."""
+    pq.write_table(trajectory_table(traj, seeding), folder / TRAJECTORY)
+
+
+def trajectory_seed(traj: dpkmeans.Trajectory, seeding: dpkmeans.Seeding | None = None) -> int:
+    """`postprocessing_seed` of the measurements file `write_trajectory` would write, without writing it (the same
+    bytes: pyarrow writes a table to a buffer as to a file): the benchmarks' in-memory releases use it."""
+    sink = pa.BufferOutputStream()
+    pq.write_table(trajectory_table(traj, seeding), sink)
+    return _seed_of(sink.getvalue().to_pybytes())
 
 
 def read_trajectory(folder: str | Path, noise_scale: float, sum_noise_scale: float | None = None
@@ -209,6 +226,49 @@ def _box_wcss(X: np.ndarray, C: np.ndarray, lower, upper) -> float:
 
 def _box_moments(X: np.ndarray, lower, upper) -> tuple[np.ndarray, float]:
     return domain.scale_to_unit_box(X, lower, upper)[0].sum(axis=0), float(X.shape[0])
+
+
+@dataclasses.dataclass(frozen=True)
+class Measured:
+    """What the DP measurement of a k-means release drew: Algorithm 1's trajectory, the seeding round (None
+    without), and the pairwise minimum distance of the data-independent centroids it started from."""
+    trajectory: dpkmeans.Trajectory
+    seeding: dpkmeans.Seeding | None
+    min_distance: float
+
+
+def measure_trajectory(spec, stats, measure, public_rng: np.random.Generator, log=None) -> Measured:
+    """The release's DP measurement on a sufficient-statistics callable `stats(centroids) -> (sums, counts)` of the
+    normalised points: the seeding round when the spec seeds (`seeded`), else data-independent centroids, then
+    Algorithm 1 for the remaining rounds, every draw through `measure` (the plan's entries). The draw runs it on
+    the dask partitions; the benchmarks on an in-memory array (`dpkmeans.array_stats`)."""
+    p, d, dom, seeds = spec.release, len(spec.dataset.columns), domain_of(spec), seeded(spec)
+    info = log.info if log is not None else (lambda *a: None)
+    if seeds:
+        seeding = dpkmeans.oversampled_seeds(stats, p.k, d, public_rng, measure=measure, domain=dom)
+        info("DP k-means round 1/%d: seeding from %d candidates", p.iterations, len(seeding.candidates))
+        initial, min_distance = seeding.initial_centroids, seeding.min_distance
+    else:
+        # Data-independent centroids depend only on (K, d, domain) and public randomness: they cost nothing.
+        seeding = None
+        initial, min_distance = dpkmeans.data_independent_centroids(p.k, d, public_rng, domain=dom,
+                                                                    min_distance=p.min_centroid_distance)
+    traj = dpkmeans.dp_kmeans(stats, initial, iterations=p.iterations - seeds, measure=measure, domain=dom,
+                              on_iteration=lambda t, _: info("DP k-means round %d/%d", t + seeds, p.iterations))
+    return Measured(traj, seeding, min_distance)
+
+
+def released_centroids(spec, traj: dpkmeans.Trajectory, seed: int, log=None
+                       ) -> tuple[np.ndarray, leekifer.Refinement | None]:
+    """The centroids a release publishes (centroids.parquet) from its trajectory: Lee & Kifer's refinement with
+    the spec's settings where configured and expected to help (`_refines`), else the last noisy iterate; and the
+    refinement (None when not released). `seed` is the postprocessing's randomness: `postprocessing_seed` of the
+    measurements (`trajectory_seed` of an in-memory trajectory)."""
+    p = spec.release
+    if not _refines(traj, p):
+        return traj.final_centroids, None
+    refined = _refine(traj, p, seed, log)
+    return refined.centroids, refined
 
 
 class KMeansKind(ReleaseKind):
@@ -268,29 +328,19 @@ class KMeansKind(ReleaseKind):
 
     def draw(self, spec, prepared, measure, public_rng, log):
         p = spec.release
-        d, dom, seeds = len(spec.dataset.columns), domain_of(spec), seeded(spec)
         points = Partitioned.points(current_client(), parquet_files(prepared.path), spec.dataset.columns)
         # Every round is one pass over the partitions: the stage's progress is the partitions reduced (a
         # percentage only; the statistics are not logged: they are not noisy yet).
         bar = progress.Progress(log, "DP k-means (partition passes)", p.iterations * points.n_partitions)
-        stats = lambda C: points.reduce(dpkmeans.cluster_stats, C, progress=bar)
         try:
-            if seeds:
-                seeding = dpkmeans.oversampled_seeds(stats, p.k, d, public_rng, measure=measure, domain=dom)
-                log.info("DP k-means round 1/%d: seeding from %d candidates", p.iterations, len(seeding.candidates))
-                initial, min_distance = seeding.initial_centroids, seeding.min_distance
-            else:
-                # Data-independent centroids depend only on (K, d, domain) and public randomness: they cost nothing.
-                seeding = None
-                initial, min_distance = dpkmeans.data_independent_centroids(p.k, d, public_rng, domain=dom,
-                                                                            min_distance=p.min_centroid_distance)
-            traj = dpkmeans.dp_kmeans(stats, initial, iterations=p.iterations - seeds, measure=measure, domain=dom,
-                                      on_iteration=lambda t, _: log.info("DP k-means round %d/%d", t + seeds,
-                                                                         p.iterations))
+            m = measure_trajectory(spec, lambda C: points.reduce(dpkmeans.cluster_stats, C, progress=bar), measure,
+                                   public_rng, log)
         finally:
             points.close()
-        meta = {"columns": spec.dataset.columns, "min_centroid_distance": min_distance, "domain": dom,
-                "initial_centroids": traj.initial_centroids.tolist(), "iterations": traj.iterations, "k": p.k, "d": d,
+        traj, seeding = m.trajectory, m.seeding
+        meta = {"columns": spec.dataset.columns, "min_centroid_distance": m.min_distance, "domain": domain_of(spec),
+                "initial_centroids": traj.initial_centroids.tolist(), "iterations": traj.iterations, "k": p.k,
+                "d": len(spec.dataset.columns),
                 "seed_candidates": [] if seeding is None else seeding.candidates.tolist()}
         return Draw(write=lambda folder: write_trajectory(folder, traj, seeding), meta=meta)
 
@@ -313,9 +363,8 @@ class KMeansKind(ReleaseKind):
         which is also released as dpkm_centroids.parquet. Chain diagnostics go to `internal`."""
         traj = self.trajectory(spec, measurements)
         p = spec.release
-        use_refined = _refines(traj, p)
-        refined = _refine(traj, p, postprocessing_seed(measurements), log) if use_refined else None
-        C = refined.centroids if use_refined else traj.final_centroids
+        C, refined = released_centroids(spec, traj, postprocessing_seed(measurements), log)
+        use_refined = refined is not None
         files = [CENTROIDS, DPKM_CENTROIDS, REFINEMENT]
         self._write_centroids(spec, C, staging / CENTROIDS)
         self._write_centroids(spec, traj.final_centroids, staging / DPKM_CENTROIDS)

@@ -17,6 +17,7 @@ independent-items baselines, and its plot.
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from functools import lru_cache
 from typing import Annotated, Literal
 
@@ -192,65 +193,32 @@ class SyntheticKind(ReleaseKind):
                          max_items=p.max_items, k=p.k, items=spec.dataset.item_count, features=p.features)
 
     def draw(self, spec, prepared, measure, public_rng, log):
-        p, ds = spec.release, spec.dataset
+        ds = spec.dataset
         data = Partitioned.sets(current_client(), parquet_files(prepared.path), ds.items_column, ds.item_count)
         try:
-            rff, gamma, clip, res = cluster_records(spec, data, measure, public_rng, log)
-            table = measure("marginals", data.reduce(partition_cluster_counts, rff, clip, res.centres, p.k,
-                                                     p.max_items))
-            marginals, sizes = dpgm.marginals_and_sizes(table, ds.item_count)
-            cfg = sgd_config(spec)
-            models = [dpgm.make_model(cfg, ds.item_count, public_rng, marginals[c]) for c in range(p.k)]
-            log.info("DP-SGD: %d %s models, %d steps, q=%g", p.k, p.model, p.steps, p.q)
-            every = max(1, p.steps // 10)
-            # Who is sampled must stay secret (amplification by sampling): the batches' seeds come from the
-            # noise source's secret generator, never from the public one.
-            batches = BatchStream(data, measure.secret_generator(), rff, clip, res.centres, p.q, p.steps, p.k)
-            clips = dpgm.train(models, batches, sizes, cfg, measure,
-                               progress=lambda s, t: s % every == 0 and log.info("DP-SGD step %d/%d", s, t))
+            clustered = measure_marginals(spec, data, measure, public_rng, log)
+            trained = train_mixture(spec, data, clustered, measure, public_rng, log)
         finally:
             data.close()
-        records = int(round(sizes.sum()))  # noqa: RUF046 (a numpy scalar)
-        meta = {"k": p.k, "iterations": p.iterations, "features": p.features, "gamma": gamma, "clip": clip,
-                "item_count": ds.item_count, "model": p.model, "hidden": list(p.hidden), "steps": p.steps, "q": p.q,
-                "records": records, "synthesis_seed": int(public_rng.integers(0, 2 ** 63 - 1)),
-                "sgd_mean_clip_per_step": clips}
-
-        def write(folder):
-            write_clustering(folder, rff, res)
-            np.save(folder / TABLE, table)
-            pq.write_table(pa.table({"cluster": np.arange(p.k, dtype=np.int32), "noisy_size": sizes,
-                                     "weight": sizes / sizes.sum()}), folder / MIXTURE)
-            np.savez(folder / MODELS, **{f"c{c}_{name}": a for c, model in enumerate(models)
-                                         for name, a in dpgm.model_arrays(model).items()})
-        return Draw(write=write, meta=meta)
+        return mixture_draw(spec, clustered, trained, public_rng)
 
     def measurements_contract(self, spec):
         return MIXTURE, suites.mixture(spec.release.k)
 
     def postprocess(self, spec, measurements, staging, internal, log):
         """Synthetic records from the stored mixture, |D~| = the sum of the noisy cluster sizes."""
-        meta = read_meta(measurements)
-        models = load_models(measurements, meta)
-        weights = pq.read_table(measurements / MIXTURE).column("noisy_size").to_numpy()
-        rng = np.random.default_rng(meta["synthesis_seed"])
-        table, items = stored_table(measurements, meta, spec.release.max_items), meta["item_count"]
-        lengths = dpgm.length_distributions(table, items, MIN_LENGTH)
-        marginals = dpgm.marginals_and_sizes(table, items)[0]
-        if spec.release.match_marginals:
-            dpgm.match_marginals(models, marginals, lengths, MIN_LENGTH, rng)
+        plan = synthesis(spec, measurements)
         out = staging / SYNTHETIC
         # The workers write the parts where every worker can: the run's scratch when it is a store (workers on other
         # hosts share no disk with this one), then they are copied here.
-        parts = RunPaths.of(spec.output_dir, meta["release_id"]).stage(SYNTHETIC) if settings.current().scratch \
+        parts = RunPaths.of(spec.output_dir, plan.meta["release_id"]).stage(SYNTHETIC) if settings.current().scratch \
             else str(out)
         storage.remove(parts)
         storage.makedirs(parts)
-        done = write_synthetic(parts, spec.dataset.items_column, models, marginals,
-                               dpgm.record_plan(weights, lengths, MIN_LENGTH, meta["records"], rng,
-                                                                RECORDS_PER_PART), rng, log)
+        done = write_synthetic(parts, spec.dataset.items_column, plan, log)
         if parts != str(out):
             storage.download(parts, out)
+        meta = plan.meta
         pq.write_table(pq.read_table(measurements / MIXTURE), staging / MIXTURE)
         (staging / "synthetic.json").write_text(json.dumps({
             "records": done, "format": f"Parquet, column '{spec.dataset.items_column}' list<int32> of item ids in "
@@ -271,23 +239,20 @@ class SyntheticKind(ReleaseKind):
         return evaluate_counting(spec, run, prepared, log)
 
 
-def write_synthetic(out, column: str, models: list, marginals: np.ndarray, plan: tuple[np.ndarray, np.ndarray],
-                    rng: np.random.Generator, log) -> int:
-    """The record plan's slices of RECORDS_PER_PART synthesised and written as Parquet parts on the dask
-    workers, in parallel (each part its own generator, seeded from `rng`); returns the number of records."""
+def write_synthetic(out, column: str, plan: "Synthesis", log) -> int:
+    """The synthesis's parts synthesised and written as Parquet parts on the dask workers, in parallel (each part its
+    own generator, seeded by `synthesis`); returns the number of records."""
     from distributed import as_completed
 
-    client, (clusters, lengths) = current_client(), plan
-    starts = range(0, clusters.size, RECORDS_PER_PART)
-    seeds = rng.integers(0, 2 ** 63 - 1, len(starts))
-    [mixture] = client.scatter([(models, marginals)], broadcast=True)
-    futures = client.map(write_synthetic_part, [storage.join(out, f"part.{i}.parquet") for i in range(len(starts))],
-                         [clusters[a:a + RECORDS_PER_PART] for a in starts],
-                         [lengths[a:a + RECORDS_PER_PART] for a in starts], seeds, mixture=mixture, column=column)
-    done = 0
+    client = current_client()
+    [mixture] = client.scatter([(plan.models, plan.marginals)], broadcast=True)
+    futures = client.map(write_synthetic_part, [storage.join(out, f"part.{i}.parquet") for i in range(len(plan.parts))],
+                         [c for c, _, _ in plan.parts], [n for _, n, _ in plan.parts], [s for _, _, s in plan.parts],
+                         mixture=mixture, column=column)
+    done, total = 0, sum(c.size for c, _, _ in plan.parts)
     for future in as_completed(futures):
         done += future.result()
-        log.info("synthetic records: %d/%d", done, clusters.size)
+        log.info("synthetic records: %d/%d", done, total)
     return done
 
 
@@ -297,6 +262,113 @@ def write_synthetic_part(path: str, clusters: np.ndarray, lengths: np.ndarray, s
     X = dpgm.synthesize_part(models, marginals, clusters, lengths, np.random.default_rng(seed))
     storage.write_table(set_table(column, X.indptr, X.indices), path)
     return X.shape[0]
+
+
+@dataclass(frozen=True)
+class Clustered:
+    """The first two measurements of a DPGM release: the DP kernel k-means (feature map, gamma, clipping bound,
+    result) and the noisy per-cluster marginals table under its final centres."""
+    rff: object
+    gamma: float
+    clip: float
+    result: object
+    table: np.ndarray
+
+
+@dataclass(frozen=True)
+class Trained:
+    """The DP-SGD measurement: the cluster models, the noisy cluster sizes that weight them, the mean clip per
+    step."""
+    models: list
+    sizes: np.ndarray
+    clips: list
+
+
+def measure_marginals(spec, data, measure, public_rng: np.random.Generator, log=None) -> Clustered:
+    """DP kernel k-means of the records in `data` (as the `kernel_kmeans` kind), then the Gaussian measurement of
+    the per-cluster item counts, sizes and length histograms under its final centres. `data`: the dask partitions
+    (`Partitioned`) or, in benchmarks, one in-memory partition (`tasks.partitions.InMemory`)."""
+    p = spec.release
+    rff, gamma, clip, res = cluster_records(spec, data, measure, public_rng, log)
+    table = measure("marginals", data.reduce(partition_cluster_counts, rff, clip, res.centres, p.k, p.max_items))
+    return Clustered(rff, gamma, clip, res, table)
+
+
+def train_mixture(spec, data, clustered: Clustered, measure, public_rng: np.random.Generator, log=None) -> Trained:
+    """One generative model per cluster, started from its noisy marginals, trained by DP-SGD on Poisson samples of
+    the records of `data` (the samples' seeds from the noise source's secret generator: who is sampled stays
+    secret, amplification by sampling)."""
+    p, ds = spec.release, spec.dataset
+    marginals, sizes = dpgm.marginals_and_sizes(clustered.table, ds.item_count)
+    cfg = sgd_config(spec)
+    models = [dpgm.make_model(cfg, ds.item_count, public_rng, marginals[c]) for c in range(p.k)]
+    every = max(1, p.steps // 10)
+    if log is not None:
+        log.info("DP-SGD: %d %s models, %d steps, q=%g", p.k, p.model, p.steps, p.q)
+    batches = BatchStream(data, measure.secret_generator(), clustered.rff, clustered.clip, clustered.result.centres,
+                          p.q, p.steps, p.k)
+    clips = dpgm.train(models, batches, sizes, cfg, measure,
+                       progress=lambda s, t: log is not None and s % every == 0 and log.info("DP-SGD step %d/%d", s, t))
+    return Trained(models, sizes, clips)
+
+
+def mixture_draw(spec, clustered: Clustered, trained: Trained, public_rng: np.random.Generator) -> Draw:
+    """The measurements' files (the clustering, the marginals table, the mixture's weights, the models) and their
+    metadata, with the synthesis seed (public randomness: the synthetic records are post-processing)."""
+    p, ds = spec.release, spec.dataset
+    sizes, models = trained.sizes, trained.models
+    records = int(round(sizes.sum()))  # noqa: RUF046 (a numpy scalar)
+    meta = {"k": p.k, "iterations": p.iterations, "features": p.features, "gamma": clustered.gamma,
+            "clip": clustered.clip, "item_count": ds.item_count, "model": p.model, "hidden": list(p.hidden),
+            "steps": p.steps, "q": p.q, "records": records,
+            "synthesis_seed": int(public_rng.integers(0, 2 ** 63 - 1)), "sgd_mean_clip_per_step": trained.clips}
+
+    def write(folder):
+        write_clustering(folder, clustered.rff, clustered.result)
+        np.save(folder / TABLE, clustered.table)
+        pq.write_table(pa.table({"cluster": np.arange(p.k, dtype=np.int32), "noisy_size": sizes,
+                                 "weight": sizes / sizes.sum()}), folder / MIXTURE)
+        np.savez(folder / MODELS, **{f"c{c}_{name}": a for c, model in enumerate(models)
+                                     for name, a in dpgm.model_arrays(model).items()})
+    return Draw(write=write, meta=meta)
+
+
+@dataclass(frozen=True)
+class Synthesis:
+    """What the postprocessing synthesises from the measurements: the models (matched to the marginals when the
+    spec says so), the marginals, and the parts of the record plan, each (clusters, lengths, seed of its generator)
+    of at most RECORDS_PER_PART records; `meta` the measurements' metadata."""
+    models: list
+    marginals: np.ndarray
+    parts: list
+    meta: dict
+
+
+def synthesis(spec, measurements) -> Synthesis:
+    """The synthesis of a release from its measurements and public parameters only (the postprocessing's first
+    step; its parts are then synthesised on the workers, `write_synthetic`, or in memory, `synthetic_records`)."""
+    meta = read_meta(measurements)
+    models = load_models(measurements, meta)
+    weights = pq.read_table(measurements / MIXTURE).column("noisy_size").to_numpy()
+    rng = np.random.default_rng(meta["synthesis_seed"])
+    table, items = stored_table(measurements, meta, spec.release.max_items), meta["item_count"]
+    lengths = dpgm.length_distributions(table, items, MIN_LENGTH)
+    marginals = dpgm.marginals_and_sizes(table, items)[0]
+    if spec.release.match_marginals:
+        dpgm.match_marginals(models, marginals, lengths, MIN_LENGTH, rng)
+    clusters, record_lengths = dpgm.record_plan(weights, lengths, MIN_LENGTH, meta["records"], rng, RECORDS_PER_PART)
+    starts = range(0, clusters.size, RECORDS_PER_PART)
+    seeds = rng.integers(0, 2 ** 63 - 1, len(starts))
+    parts = [(clusters[a:a + RECORDS_PER_PART], record_lengths[a:a + RECORDS_PER_PART], seed)
+             for a, seed in zip(starts, seeds)]
+    return Synthesis(models, marginals, parts, meta)
+
+
+def synthetic_records(plan: Synthesis) -> sp.csr_matrix:
+    """The released synthetic records of a synthesis, synthesised part by part in this process (the parts the
+    workers write, in part order): for benchmarks that score what a release publishes without a dask cluster."""
+    return sp.vstack([dpgm.synthesize_part(plan.models, plan.marginals, c, n, np.random.default_rng(seed))
+                      for c, n, seed in plan.parts]).tocsr()
 
 
 def stored_table(measurements, meta, max_items: int) -> np.ndarray:

@@ -23,6 +23,7 @@ models' steps run in parallel, one per core).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import resource
@@ -93,17 +94,23 @@ def sgd_figures(data: Path, users: int, q: float, steps: int, k: int = 10, items
 
     from dpalgos import dpgm
     from dpalgos.noise import Measure, SeededNoise
+    from tasks.kinds.synthetic import sgd_config
     from tasks.sets import read_sets
+    from tasks.spec import parse_spec
 
     batch = max(int(q * users / k), 1)
     X = read_sets(str(sorted(data.glob("*.parquet"))[0]), "towers", items)
     rng = np.random.default_rng(0)
-    cfg = dpgm.SGDConfig(steps=steps, q=q)
+    # The models and DP-SGD settings of a `synthetic` release with these steps and q (the kind's defaults otherwise).
+    cfg = sgd_config(parse_spec({"dataset": {"id": "cdr-bench", "path": str(data), "items_column": "towers",
+                                             "item_count": items},
+                                 "release": {"kind": "synthetic", "k": k, "epsilon": 1.74, "gamma": 0.05,
+                                             "steps": steps, "q": q}}))
     plan = dpgm.plan(dpgm.NoisePlan(1.0, 1.0, 1.0), kmeans_iterations=1, q=q, steps=steps + 1, max_items=100)
     models = [dpgm.make_model(cfg, items, rng, np.full(items, 0.01)) for _ in range(k)]
     batches = [X[rng.choice(X.shape[0], batch, replace=False)] for _ in range(k)]
     measure, sizes = Measure(plan, SeededNoise(0)), np.full(k, users / k)
-    dpgm.train(models, lambda s: batches, sizes, dpgm.SGDConfig(steps=1, q=q), measure)  # numba compile, caches
+    dpgm.train(models, lambda s: batches, sizes, dataclasses.replace(cfg, steps=1), measure)  # numba compile, caches
     t0 = time.perf_counter()
     dpgm.train(models, lambda s: batches, sizes, cfg, measure)
     per_step = (time.perf_counter() - t0) / (steps * k) * 1e3

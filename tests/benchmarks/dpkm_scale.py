@@ -4,7 +4,8 @@ partitions and the memory-bandwidth limit measured in the same run. Last line:
     RESULT dp_iteration_s=<t> numpy_pass_s=<t> bandwidth_limit_s=<t>
 
 dp_iteration_s    : `dpkmeans.dp_kmeans` for one iteration: `Partitioned.reduce(dpkmeans.cluster_stats)` plus
-                    the exact (OpenDP) noise of the counts and sums and the centroid update on the driver.
+                    the exact (OpenDP) noise of the counts and sums and the centroid update on the driver, with the
+                    `kmeans` kind's plan and domain of a one-round release (`release_spec`: its default domain).
 numpy_pass_s      : the same Lloyd pass written in plain numpy (`numpy_lloyd`: squared distances by the BLAS
                     expansion |x|^2 - 2 x.c + |c|^2, a row-wise argmin, bincount counts and sums), through the
                     same `Partitioned.reduce`: what issue 17 measured the old iteration against (1.14 s was
@@ -38,8 +39,16 @@ from tasks.threads import limit_threads
 BANDWIDTH_BYTES = 256 << 20
 
 
+def release_spec(k: int, d: int):
+    """The `kmeans` release timed: one round at epsilon 1, the kind's defaults (its domain of d)."""
+    from tasks.experiments.kmeans import kmeans_spec
+
+    return kmeans_spec(k, d, 1.0, iterations=1)
+
+
 def write_partition(path: str, rows: int, d: int, k: int, seed: int) -> str:
-    """`rows` points around k public blob centres in the unit L1 ball, written as one Parquet partition."""
+    """`rows` points around k public blob centres in the unit L1 ball (inside every domain), written as one Parquet
+    partition."""
     centres = 0.5 * domain.project_l1_ball(np.random.default_rng(0).normal(size=(k, d)))
     rng = np.random.default_rng(seed)
     X = centres[rng.integers(0, k, rows)] + rng.normal(0.0, 0.05, size=(rows, d))
@@ -103,7 +112,7 @@ def build(client, folder: Path, n: int, d: int, k: int, rows: int) -> Partitione
     return points
 
 
-def measure(client, points: Partitioned, plan, C0: np.ndarray, repeats: int) -> dict:
+def measure(client, points: Partitioned, plan, C0: np.ndarray, repeats: int, dom: str) -> dict:
     """Minimum and median seconds of each figure, and the streaming bandwidth of all workers at once."""
     k, d = C0.shape
     stats = lambda C: points.reduce(dpkmeans.cluster_stats, C)
@@ -114,7 +123,7 @@ def measure(client, points: Partitioned, plan, C0: np.ndarray, repeats: int) -> 
     if not (np.array_equal(fused_counts, np_counts) and np.allclose(fused_sums, np_sums, atol=1e-6)):
         raise SystemExit("the fused pass and the numpy pass disagree")
     out = {"dp": timed(lambda r: dpkmeans.dp_kmeans(stats, C0 * (1.0 - 1e-9 * r), iterations=1,
-                                                    measure=Measure(plan, ExactNoise())), repeats),
+                                                    measure=Measure(plan, ExactNoise()), domain=dom), repeats),
            "numpy": timed(lambda r: points.reduce(numpy_lloyd, C0 * (1.0 + 1e-9 * r)), repeats),
            "stream": timed(lambda r: points.reduce(plain_sum, r), repeats),
            "reduce": timed(lambda r: stats(C0 * (1.0 + 1e-9 * r)), repeats),
@@ -147,8 +156,11 @@ def main() -> None:
     args = ap.parse_args()
     from distributed import Client, LocalCluster
 
-    plan = dpkmeans.plan(epsilon=1.0, iterations=1, k=args.k, d=args.d)
-    C0, _ = dpkmeans.data_independent_centroids(args.k, args.d, np.random.default_rng(1))
+    from tasks.kinds.kmeans import KIND, domain_of
+
+    spec = release_spec(args.k, args.d)
+    plan, dom = KIND.plan(spec), domain_of(spec)
+    C0, _ = dpkmeans.data_independent_centroids(args.k, args.d, np.random.default_rng(1), domain=dom)
     with tempfile.TemporaryDirectory(prefix="dpkm-scale-") as tmp, \
             LocalCluster(n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1",
                          dashboard_address="127.0.0.1:0", memory_limit=0) as cluster, Client(cluster) as client:
@@ -157,7 +169,7 @@ def main() -> None:
         points = build(client, Path(tmp), args.n, args.d, args.k, args.partition_rows)
         print(f"built {points.n_partitions} partitions of <= {args.partition_rows} rows ({args.n} x {args.d}) "
               f"in {time.perf_counter() - t0:.1f}s", flush=True)
-        report(measure(client, points, plan, C0, args.repeats), args.n, args.d)
+        report(measure(client, points, plan, C0, args.repeats, dom), args.n, args.d)
 
 
 if __name__ == "__main__":

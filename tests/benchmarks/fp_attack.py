@@ -13,7 +13,9 @@ makes the production release of the spec through the real flow (own ledger, in -
 recomputes the true statistic behind every published value from the raw records, prints a table per
 published column and, as the last line:
     RESULT distinguishable_fraction=<f>
-f: fraction of the empty leaves (histogram) or of all tested values (kmeans) that are distinguishable.
+f: fraction of the empty leaves or bins (histogram) or of all tested values (kmeans) that are distinguishable.
+The true statistics are recomputed from the run's prepared stage output (internal/encoded, internal/normalised:
+the records as the kind's own prepare maps them) by the kind's own counting functions.
 """
 
 from __future__ import annotations
@@ -124,12 +126,14 @@ def make_release(spec, out: Path) -> Path:
     return Path(release(spec=spec)["release_dir"]).parent
 
 
-def _raw_partitions(run_dir: Path) -> list[Path]:
-    """The raw records as the pipeline parsed them, in its partition order: the adversary knows them, and the
-    partitioning fixes the floating-point summation order of real-valued true statistics."""
+def _prepared_partitions(run_dir: Path, stage: str) -> list[Path]:
+    """The run's prepared stage output (`encoded` bins of a histogram, `normalised` points of a k-means release), in
+    the pipeline's partition order: the records as the kind measured them (public bounds, weights capped, points
+    projected onto the release's domain). The adversary knows the raw records, and the kind's own prepare maps them
+    to these; the partitioning fixes the floating-point summation order of real-valued true statistics."""
     from data_contracts.validate import parquet_files
 
-    return parquet_files(run_dir / "internal" / "ingested")
+    return parquet_files(run_dir / "internal" / stage)
 
 
 def _entry(mechanisms: list[dict], word: str) -> dict:
@@ -160,43 +164,40 @@ def _tally(label: str, v: np.ndarray, c: np.ndarray, entry: dict) -> dict:
 
 
 def _histogram(spec, run_dir: Path, mechanisms: list[dict]) -> tuple[list[dict], dict]:
-    tree = pq.read_table(run_dir / "release" / "measurements" / "noisy_tree.parquet").to_pandas()
-    (column, (lo, hi)), = spec.dataset.bounds.items()
-    bins, weight = spec.release.bins, spec.dataset.weight_column
+    """The noisy tree nodes (tree strategy) or bins (identity strategy) against the exact counts the kind measured:
+    its own count of its encoded partitions (`tasks.partitions.index_counts`, as `tasks.kinds.counts.count`)."""
+    from tasks.kinds.histogram import NOISY_TREE, noisy_file
+    from tasks.partitions import index_counts
+
+    name = noisy_file(spec)
+    table = pq.read_table(run_dir / "release" / "measurements" / name).to_pandas()
+    bins, weighted = spec.release.bins, spec.dataset.weight_column is not None
     leaves = np.zeros(bins)
-    for part in _raw_partitions(run_dir):
-        table = pq.read_table(part)
-        x = table.column(column).to_numpy().astype(np.float64)
-        # As tasks/partitions.py bin_partition: values outside the public bounds go to the first / last bin.
-        idx = np.clip(np.floor((x - lo) / (hi - lo) * bins), 0, bins - 1).astype(np.int64)
-        # Weights are capped at the public max_weight, as the pipeline does (None: no cap).
-        w = table.column(weight).to_numpy().astype(np.float64) if weight else None
-        if w is not None and spec.dataset.max_weight is not None:
-            w = np.minimum(w, spec.dataset.max_weight)
-        leaves += np.bincount(idx, weights=w, minlength=bins)
-    cum = np.concatenate([[0.0], np.cumsum(leaves)])
-    true = cum[tree["end_bin"].to_numpy()] - cum[tree["first_bin"].to_numpy()]
-    v, entry = tree["noisy_count"].to_numpy(np.float64), _entry(mechanisms, "tree")
-    empty = (tree["level"].to_numpy() == tree["level"].max()) & (true == 0)
-    rows = [_tally("noisy_count (all nodes)", v, true, entry), _tally("noisy_count (empty leaves)", v[empty],
-                                                                      true[empty], entry)]
+    for part in _prepared_partitions(run_dir, "encoded"):
+        leaves += index_counts(str(part), "bin", weighted, bins)
+    v = table["noisy_count"].to_numpy(np.float64)
+    if name == NOISY_TREE:
+        cum = np.concatenate([[0.0], np.cumsum(leaves)])
+        true = cum[table["end_bin"].to_numpy()] - cum[table["first_bin"].to_numpy()]
+        empty = (table["level"].to_numpy() == table["level"].max()) & (true == 0)
+        entry, label = _entry(mechanisms, "tree"), "nodes"
+    else:
+        true, empty, entry, label = leaves, leaves == 0, _entry(mechanisms, "bin"), "bins"
+    rows = [_tally(f"noisy_count (all {label})", v, true, entry),
+            _tally("noisy_count (empty leaves)" if name == NOISY_TREE else "noisy_count (empty bins)", v[empty],
+                   true[empty], entry)]
     return rows, rows[1]
 
 
 def _kmeans_truth(spec, run_dir: Path, used: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
-    """Counts and sums (rows in the trajectory's order) of the points nearest to the centroids each round
-    assigned with (`used`, one (K_t, d) array per round), summed partition by partition in the pipeline's
-    order (dask's reduce) so that the float sums match."""
-    from dpalgos.domain import to_unit_l1_ball
+    """Counts and sums (rows in the trajectory's order) of the normalised points (the kind's prepare: scaled with
+    the public bounds, projected onto the release's domain) nearest to the centroids each round assigned with
+    (`used`, one (K_t, d) array per round), the kind's `cluster_stats` summed partition by partition in the
+    pipeline's order (dask's reduce) so that the float sums match."""
     from dpalgos.dpkmeans import cluster_stats
+    from tasks.partitions import read_points
 
-    cols = spec.dataset.columns
-    lower, upper = (np.array([spec.dataset.bounds[c][i] for c in cols]) for i in (0, 1))
-    parts = []
-    for part in _raw_partitions(run_dir):
-        table = pq.read_table(part, columns=cols)
-        X = np.column_stack([table.column(c).to_numpy().astype(np.float64) for c in cols])
-        parts.append(to_unit_l1_ball(X, lower, upper)[0])
+    parts = [read_points(str(part), spec.dataset.columns) for part in _prepared_partitions(run_dir, "normalised")]
     counts, sums = [], []
     for C in used:
         n, s = np.zeros(len(C)), np.zeros(C.shape)

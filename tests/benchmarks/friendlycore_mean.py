@@ -2,11 +2,14 @@
 
 FriendlyCore (dpalgos.friendlycore; framework after Tsfadia et al., ICML 2022, filter and analysis derived in this
 project) needs no bound on the mean: its radius is chosen privately over the public grid [1e-2, 1e8] (ratio
-2^(1/8)), the same for every R and d. "fc" is the release's default: the friendly mean locates the data, then a
-clipped sum around it (clip radius chosen privately) gives the estimate (docs/friendlycore.md §13, ours);
-"fc_plain" is the friendly mean alone (§6). CoinPress (dpalgos.coinpress) gets the true prior radius R
-(||mu|| <= R) and its authors' budget splits; it assumes n public and replace-one neighbours, FriendlyCore
-add/remove with n private and an extra delta' (its (eps, delta) is printed). Both spend the same rho (zCDP).
+2^(1/8)), the same for every R and d. "fc" is the `mean` kind's default release (the kind's own code on its
+release section, `tasks.kinds.friendlycore.release_mean`, through `fce.mean_errors`): the friendly mean locates
+the data, then a clipped sum around it (clip radius chosen privately) gives the estimate (docs/friendlycore.md
+§13, ours); "fc_plain" is the release with refine: false, the friendly mean alone (§6). The release's epsilon at
+delta = 1e-6 is the one that converts to rho (`tasks.experiments.friendlycore.release_epsilon`). CoinPress
+(dpalgos.coinpress) gets the true prior radius R (||mu|| <= R) and its authors' budget splits; it assumes n public
+and replace-one neighbours, FriendlyCore add/remove with n private and an extra delta' (its (eps, delta) is
+printed). Both spend the same rho (zCDP: the rho the release spends).
 --coinpress-add-remove also prints CoinPress under add/remove with n public (its steps' sensitivity clip / n
 instead of 2 clip / n, i.e. CoinPress at 4 rho): the same neighbouring relation as FriendlyCore's.
 mu = mu_frac * R * (a random unit vector); the default mu_frac = 0.5 puts the data far from the origin for large R.
@@ -45,6 +48,7 @@ from dpalgos import coinpress as cp
 from dpalgos import friendlycore as fc
 from dpalgos.noise import Measure, SeededNoise
 from tasks.experiments import friendlycore as fce
+from tasks.kinds.friendlycore import math_params
 
 GRID = fce.MEAN_GRID
 SHARED = Path(__file__).resolve().parents[3] / "shared" / "data" / "coinpress-results"
@@ -72,8 +76,9 @@ def default_run(args):
     fe, ce = epsilons(args.rho, args.delta)
     print(f"d={args.d} n={args.n} R={args.R} ||mu||={args.mu_frac * args.R:g} rho={args.rho} runs={args.runs} "
           f"({time.time() - t0:.1f} s)")
+    delta_ptr = fc.ptr_delta(math_params(fce.mean_params(args.rho)))
     print(f"(eps, delta) at delta={args.delta:g}: FriendlyCore eps={fe:.3f} (add/remove, n private, incl. "
-          f"delta'={fc.ptr_delta(fce.mean_params(args.rho)):g}); CoinPress eps={ce:.3f} (replace-one, n public)")
+          f"delta'={delta_ptr:g}); CoinPress eps={ce:.3f} (replace-one, n public)")
     labels = {"fc": "FriendlyCore (refined, the default)", "fc_plain": "FriendlyCore (friendly mean only)",
               "cp2": "CoinPress t=2", "cp4": "CoinPress t=4", "nonprivate": "non-private"}
     for key, v in res.items():

@@ -1,6 +1,9 @@
 """Clustering accuracy on binarised MNIST (60,000 training images) of DP kernel k-means with random Fourier
 features against plain DP k-means on the raw records (Acs et al. Figure 3 setting: k = 10, 20 iterations,
-delta = 1/N, sigma calibrated with dp_accounting; mean over runs). Last line:
+delta = 1/N, sigma calibrated with dp_accounting; mean over runs). The kernel figure is the `kernel_kmeans` kind's
+release (its own clustering on the images as sets of on pixels, the test split as its public sample, every record
+assigned by its published rule: tasks/experiments/mnist.py `kernel_release`); plain DP k-means is the paper's
+baseline. Last line:
     RESULT eps=<e> acc_kernel=<a> acc_plain=<b>
 
     python tests/benchmarks/kernel_kmeans_mnist.py --eps 0.5

@@ -3,9 +3,11 @@
 10) on the same points, mean over runs, per epsilon; beside it the single-centroid baseline (the WCSS of the
 scaled points' one mean, non-private).
 
-`ours` is what the `kmeans` kind releases: DP k-means (T rounds, the first seeding as the kind's default, the
-default domain of the dimension or --domain), then Lee & Kifer's refinement where `leekifer.refinement_expected_to_help`
-says so. Noise is simulated (seeded numpy, as every benchmark; the privacy facts are the plan's). diffprivlib gets the
+`ours` is what the `kmeans` kind releases, computed by the kind's own code (`tasks.kinds.kmeans.measure_trajectory`
+and `released_centroids`, its spec at these settings): DP k-means (T rounds, the first seeding as the kind's default,
+the default domain of the dimension or --domain), then Lee & Kifer's refinement where
+`leekifer.refinement_expected_to_help` says so, its MCMC seeded as the release seeds it. Noise is simulated (seeded
+numpy through the kind's plan, as every benchmark; the privacy facts are the plan's). diffprivlib gets the
 same scaled points with bounds [-1, 1] and the same epsilon (its own iteration count and budget split); it runs in
 its own venv (diffprivlib 0.6.6 with scikit-learn 1.6.1: 0.6.6 fails to import with scikit-learn 1.9 and runs
 with 1.6-1.8, measured), created on first use in the benchmarks' cache folder (tests/benchmarks/_peer_venv.py;
@@ -75,15 +77,23 @@ def load(path: str) -> np.ndarray:
     return gowalla_like(path) if path.endswith(".npy") else load_numeric_csv(path)
 
 
-def ours(B: np.ndarray, k: int, eps: float, runs: int, iterations: int, dom: str, rng) -> list[dict[str, np.ndarray]]:
-    """Per run, the released centroids and DP k-means' last iterate (`dpkm`) of the same noise."""
-    from dpalgos import domain, dpkmeans
-    from tasks.experiments.kmeans import method_centroids, run_dpkm
+def ours(X: np.ndarray, k: int, eps: float, runs: int, iterations: int, dom: str | None, rng
+         ) -> list[dict[str, np.ndarray]]:
+    """Per run, the centroids the `kmeans` kind releases (`released`) and DP k-means' last iterate (`dpkm`, its
+    dpkm_centroids.parquet) of the same noise: the kind's own measurement and postprocessing
+    (`tasks.experiments.kmeans.draw` / `released`) of its spec at these settings (`dom` None: the kind's default
+    domain), on the points as its prepare writes them (the data's min/max as public bounds), the plan's noise
+    simulated from `rng`."""
+    from dpalgos import dpkmeans
+    from tasks.experiments.kmeans import draw, kmeans_spec, release_points, released
 
-    stats = dpkmeans.array_stats(domain.project(B, dom))
-    seeding = dpkmeans.default_seeding(iterations)
-    return [method_centroids(run_dpkm(stats, k, B.shape[1], eps, iterations, dom, rng, seeding), ("dpkm", "released"),
-                             int(rng.integers(2 ** 31))) for _ in range(runs)]
+    spec = kmeans_spec(k, X.shape[1], eps, iterations=iterations, domain_name=dom)
+    stats = dpkmeans.array_stats(release_points(X, spec))
+    out = []
+    for _ in range(runs):
+        measured = draw(spec, stats, rng)
+        out.append({"dpkm": measured.trajectory.final_centroids, "released": released(spec, measured)})
+    return out
 
 
 def main() -> None:
@@ -110,7 +120,8 @@ def compare(args, epsilons: list[float]) -> None:
     from dpalgos import domain, metrics
     from tasks.experiments.kmeans import scaled
 
-    B = scaled(load(args.data))
+    X = load(args.data)
+    B = scaled(X)
     dom = args.domain or domain.default_domain(B.shape[1])
     ref, _ = metrics.kmeans_reference(B, args.k, seed=0)
     single = metrics.wcss(B, B.mean(axis=0, keepdims=True)) / ref
@@ -125,7 +136,7 @@ def compare(args, epsilons: list[float]) -> None:
     rng = np.random.default_rng(args.seed)
     for i, eps in enumerate(epsilons):
         t0 = time.perf_counter()
-        runs = ours(B, args.k, eps, args.runs, args.iterations, dom, rng)
+        runs = ours(X, args.k, eps, args.runs, args.iterations, args.domain, rng)
         mine = np.array([metrics.wcss(B, r["released"]) / ref for r in runs])
         dpkm = np.array([metrics.wcss(B, r["dpkm"]) / ref for r in runs])
         theirs = [metrics.wcss(B, C) / ref for C in peer[i]]

@@ -1,7 +1,10 @@
 """Lee & Kifer postprocessing: mean WCSS / k-means++ over runs of DP k-means (T = 5) without and with
 consistency + MCMC refinement, and what the kind releases (the refinement where it is expected to help), per
-epsilon. Points are scaled to [-1, 1] with the data's min/max as bounds and projected onto the domain
-(--domain; default the kind's rule). The figures are measured on the scaled points before the projection
+epsilon. Every trajectory is the `kmeans` kind's own measurement of its spec at these settings (the first round
+seeding by the kind's default rule; --seeding none: Lee & Kifer's data-independent start, the spec's
+`seeding: none`), and `released` is the kind's own postprocessing of it (`tasks.experiments.kmeans`). Points are
+scaled to [-1, 1] with the data's min/max as bounds and projected onto the domain (--domain; default the kind's
+rule). The figures are measured on the scaled points before the projection
 (RESULT), the projected-space table is printed above it, with the single-centroid baseline. Last line:
     RESULT eps=0.05,0.1,0.25,0.5,1.0 dpkm=r1,..,r5 refined=q1,..,q5 released=s1,..,s5 single_centroid=b
 
@@ -21,6 +24,11 @@ from _data import load_numeric_csv  # noqa: E402
 from tasks.experiments.kmeans import wcss_table  # noqa: E402
 
 
+def ours_seeding(choice: str) -> bool | None:
+    """The `seeding` argument of `wcss_table` for --seeding (None: the kind's default rule)."""
+    return {"default": None, "oversampled": True, "none": False}[choice]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--data", required=True, help="CSV of numeric columns (header optional)")
@@ -29,13 +37,17 @@ def main() -> None:
     ap.add_argument("--eps", default="0.05,0.1,0.25,0.5,1.0")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--domain", default=None, help="l1_ball, box or l2_ball (default: the kind's rule)")
+    ap.add_argument("--seeding", choices=("default", "oversampled", "none"), default="default",
+                    help="the spec's seeding (default: the kind's rule, oversampled for T >= 2)")
     args = ap.parse_args()
     epsilons = [float(e) for e in args.eps.split(",")]
     X = load_numeric_csv(args.data)
     t0 = time.perf_counter()
     table = wcss_table(Path(args.data).stem, X, args.k, runs=args.runs, seed=args.seed, epsilons=epsilons,
-                       methods=("dpkm", "dpkm+consistency+mcmc", "released"), domain_name=args.domain)
-    print(f"{args.data}: n={len(X)} d={X.shape[1]} k={args.k}, domain {table['domain'].iloc[0]}, {args.runs} runs, "
+                       methods=("dpkm", "dpkm+consistency+mcmc", "released"), domain_name=args.domain,
+                       seeding=ours_seeding(args.seeding))
+    print(f"{args.data}: n={len(X)} d={X.shape[1]} k={args.k}, domain {table['domain'].iloc[0]}, seeding "
+          f"{args.seeding}, {args.runs} runs, "
           f"{time.perf_counter() - t0:.0f}s")
     fmt = lambda v: f"{v:.3f}"
     print("WCSS / k-means++ in the projected space:")
