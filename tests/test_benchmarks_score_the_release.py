@@ -326,14 +326,17 @@ def test_dpgm_counting_scores_the_synthetic_release(tmp_path):
 # fp_attack.py: the true statistic behind every published value is the one the kind measured
 # --------------------------------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("release", [{"kind": "kmeans", "k": 3, "iterations": 3, "epsilon": 1.0, "postprocess": []},
-                                     {"kind": "histogram", "bins": 64, "branching": 4, "epsilon": 1.0},
+                                     {"kind": "histogram", "bins": 64, "branching": 4, "epsilon": 1.0,
+                                      "strategy": "tree"},
+                                     {"kind": "histogram", "bins": 64, "epsilon": 1.0},
                                      {"kind": "histogram", "bins": 50, "epsilon": 1.0, "workload": "unit"}],
-                         ids=["kmeans", "histogram-tree", "histogram-identity"])
+                         ids=["kmeans", "histogram-tree", "histogram-optimized", "histogram-identity"])
 def test_fp_attack_recomputes_what_the_kind_measured(tmp_path, release):
     """With seeded numpy noise (the sampler the attack decides exactly) every published value is possible at the
     true statistic the attack recomputes, bit for bit: the kmeans sums are those of the points the kind normalised
     (the default domain of d = 2 is the L2 ball, not the L1 ball), the histogram's counts those of its own bins, for
-    the tree and for the identity strategy (noisy_bins.parquet)."""
+    the tree, for HDMM's strategy (its answers through the committed matrix) and for the identity strategy
+    (noisy_bins.parquet)."""
     from tests.benchmarks.fp_attack import attack_run
 
     X = blobs(200, 5)

@@ -43,7 +43,7 @@ def test_histogram_release_is_consistent_nonnegative_with_a_signed_estimate_for_
     data = write_parquet(tmp_path / "h.parquet", {"value": np.arange(256) + 0.5, "n": truth.astype(float)})
     s = _run(_base(tmp_path, {"id": "h", "path": str(data), "bounds": {"value": [0, 256]}, "weight_column": "n",
                     "weights_count_records": True},
-                   {"kind": "histogram", "bins": 256, "branching": 4, "epsilon": 1.0}))
+                   {"kind": "histogram", "bins": 256, "branching": 4, "epsilon": 1.0, "strategy": "tree"}))
     rel = Path(s["release_dir"])
     hist = pq.read_table(rel / "histogram.parquet").to_pandas()
     tree = pq.read_table(rel / "tree.parquet").to_pandas()
@@ -58,6 +58,30 @@ def test_histogram_release_is_consistent_nonnegative_with_a_signed_estimate_for_
     ev = json.loads(Path(s["evaluation"]).read_text())
     assert ev["records"] == truth.sum() and ev["strategy"] == "tree" and ev["range_query_mse"]
     assert json.loads((rel / "consistency.json").read_text())["converged"]
+
+
+def test_histogram_for_ranges_measures_hdmms_strategy_and_commits_it(tmp_path):
+    """The default for ranges (up to 4,096 bins): HDMM's p-Identity strategy, its matrix committed with the
+    measurements (public), Laplace at sensitivity 1 on its answers, the estimate its least squares."""
+    from dpalgos.hdmm import PIdentity
+
+    truth = _sparse_histogram()
+    data = write_parquet(tmp_path / "h.parquet", {"value": np.arange(256) + 0.5, "n": truth.astype(float)})
+    s = _run(_base(tmp_path, {"id": "h", "path": str(data), "bounds": {"value": [0, 256]}, "weight_column": "n",
+                    "weights_count_records": True},
+                   {"kind": "histogram", "bins": 256, "epsilon": 1.0}))
+    rel = Path(s["release_dir"])
+    with np.load(rel / "measurements" / "strategy.npz") as f:
+        strategy = PIdentity(f["B"])
+    noisy = pq.read_table(rel / "noisy_strategy.parquet").column("noisy_count").to_numpy()
+    hist = pq.read_table(rel / "histogram.parquet").to_pandas()
+    assert strategy.B.shape == (16, 256) and noisy.size == 272 and not (rel / "tree.parquet").exists()
+    assert np.allclose(hist["estimate"], strategy.least_squares(noisy))
+    assert np.array_equal(hist["count"], np.maximum(hist["estimate"], 0))
+    (mechanism,) = json.loads((rel / "manifest.json").read_text())["privacy"]["mechanisms"]
+    assert mechanism["name"] == "strategy" and mechanism["sensitivity"] == pytest.approx(1.0, abs=1e-8)
+    assert strategy.sensitivity() <= mechanism["sensitivity"]
+    assert json.loads(Path(s["evaluation"]).read_text())["strategy"] == "optimized"
 
 
 def test_histogram_for_single_bins_measures_every_bin_once(tmp_path):
@@ -79,14 +103,17 @@ def test_histogram_for_single_bins_measures_every_bin_once(tmp_path):
 
 
 def test_histogram_default_strategy_follows_the_public_workload():
-    """The rule of STRATEGY_FOR_WORKLOAD: ranges (the default workload) -> the tree, unit queries -> identity; a
-    consistency implies the tree; an explicit strategy wins; a consistency with the identity is refused."""
+    """The rule of STRATEGY_FOR_WORKLOAD: ranges (the default workload) -> HDMM's optimized strategy up to 4,096 bins,
+    the tree above; unit queries -> identity; a consistency implies the tree; an explicit strategy wins; a
+    consistency with another strategy is refused."""
     from pydantic import ValidationError
 
     from tasks.kinds.histogram import HistogramParams
 
     base = {"kind": "histogram", "bins": 16, "branching": 4, "epsilon": 1.0}
-    assert HistogramParams(**base).strategy_used == "tree"
+    assert HistogramParams(**base).strategy_used == "optimized"
+    assert HistogramParams(**{**base, "bins": 65536}).strategy_used == "tree"  # above the optimized one's 4,096
+    assert HistogramParams(**base, consistency="admm").strategy_used == "tree"
     assert HistogramParams(**base).consistency_method == "admm"
     assert HistogramParams(**base, workload="unit").strategy_used == "identity"
     assert HistogramParams(**base, workload="unit", consistency="none").strategy_used == "tree"
@@ -95,7 +122,10 @@ def test_histogram_default_strategy_follows_the_public_workload():
     with pytest.raises(ValidationError, match="consistency applies to the tree strategy only"):
         HistogramParams(**base, strategy="identity", consistency="htree")
     with pytest.raises(ValidationError, match="power of the branching factor"):
-        HistogramParams(**{**base, "bins": 10})
+        HistogramParams(**{**base, "bins": 10, "strategy": "tree"})
+    assert HistogramParams(**{**base, "bins": 10}).strategy_used == "optimized"  # any number of bins
+    with pytest.raises(ValidationError, match="at most 4,096 bins"):
+        HistogramParams(**{**base, "bins": 8192, "strategy": "optimized"})
 
 
 def test_contingency_release_honours_the_public_marginals(tmp_path):

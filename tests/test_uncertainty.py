@@ -104,7 +104,8 @@ def test_replicate_ranks_and_their_minimum():
 def _spec(tmp_path, **release):
     (tmp_path / "v.csv").write_text("v\n1\n")
     return parse_spec({"dataset": {"id": "u", "path": str(tmp_path / "v.csv"), "bounds": {"v": [0, 16]}},
-                       "release": {"kind": "histogram", "bins": 16, "branching": 4, "epsilon": 1.0, **release}})
+                       "release": {"kind": "histogram", "bins": 16, "branching": 4, "epsilon": 1.0,
+                                   "strategy": "tree", **release}})
 
 
 @pytest.mark.parametrize("release,message", [({"confidence": 1.5}, "release.confidence: Input should be less than 1"),

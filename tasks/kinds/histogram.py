@@ -1,18 +1,23 @@
 """The `histogram` release kind: counts over public equal-width bins of one numeric column.
 
-Measurement (`strategy`, chosen by the public `workload`): the Laplace mechanism on every node of a k-ary tree over
-the bins (Hay et al.; the measurement of Lee, Wang & Kifer's Algorithm 3), the default for range queries; or on
-every bin (the identity strategy, LM), the default for single bins, where each bin gets the whole budget.
+Measurement (`strategy`, chosen by the public `workload` and the number of bins):
+  optimized  HDMM's p-Identity strategy optimised for all ranges (McKenna et al. VLDB 2018; `dpalgos/hdmm.py`): the
+             bins scaled and n/16 weighted sums of them, Laplace on each; the default for range queries up to
+             `tasks.strategies.MAX_BINS` bins (its expected range error is half the tree's at 4,096 bins).
+  tree       every node of a k-ary tree over the bins (Hay et al.; the measurement of Lee, Wang & Kifer's
+             Algorithm 3): ranges above MAX_BINS bins, or whenever `consistency` is given.
+  identity   every bin with the whole budget (LM): the default for single bins, which no other estimate beats.
 
 Two estimates are published per bin (and per tree node), because no single one is good for both uses:
-  estimate  the signed least-squares consistent estimate (Hay et al.'s tree inference; the noisy bins themselves for
-            the identity strategy): linear in the noise, so every sum of bins is unbiased and its bootstrap interval
-            holds at its confidence. Range sums, `dprelease query` and the replicates are answered from it (a sum's
-            answer is cut at zero, which only brings it closer to a truth that is >= 0).
-  count     a non-negative value per bin for display: the tree's maximum-likelihood consistent estimate by ADMM
-            (Lee, Wang & Kifer Algorithm 3, Htree projection), least squares or the noisy leaves, negatives set to 0.
-            Near zero it is biased upward, and summing it sums the bias: it is for reading bin by bin. Its interval
-            is the estimate's cut at zero and widened to hold it (`tasks.kinds.uncertainty.bounded_interval`).
+  estimate  the signed least-squares estimate (HDMM's, Hay et al.'s tree inference, or the noisy bins): linear in
+            the noise, so every sum of bins is unbiased and its bootstrap interval holds at its confidence. Range
+            sums, `dprelease query` and the replicates are answered from it (a sum's answer is cut at zero, which
+            only brings it closer to a truth that is >= 0).
+  count     a non-negative value per bin for display: for the tree the maximum-likelihood consistent estimate by
+            ADMM (Lee, Wang & Kifer Algorithm 3, Htree projection), least squares or the noisy leaves, negatives set
+            to 0; otherwise the estimate cut at zero. Near zero it is biased upward, and summing it sums the bias:
+            it is for reading bin by bin. Its interval is the estimate's cut at zero and widened to hold it
+            (`tasks.kinds.uncertainty.bounded_interval`).
 """
 
 from __future__ import annotations
@@ -27,13 +32,16 @@ from pydantic import Field, model_validator
 from data_contracts import suites
 from dpalgos.intervals import NoiseLaw
 from dpalgos.lazy import module
+from dpalgos.plan import Mechanism, Plan
+from tasks import strategies
 from tasks.kinds import planning
-from tasks.kinds.base import Draw, Footprint, ReleaseKind, noise_footprint
+from tasks.kinds.base import Draw, Footprint, ReleaseKind, dense_footprint, noise_footprint
 from tasks.kinds.uncertainty import Bootstrap, Center, Direct, Product, UncertaintyParams, bootstrap_planned, exact
 from tasks.params import ConsistencyBase, is_power
 from tasks.run import committed_plan
 
 admm = module("dpalgos.admm")
+hdmm = module("dpalgos.hdmm")
 hierarchy = module("dpalgos.hierarchy")
 counts = module("tasks.kinds.counts")
 replicates = module("tasks.replicates")
@@ -51,10 +59,11 @@ class HistogramParams(ConsistencyBase, UncertaintyParams):
     workload: Literal["ranges", "unit"] = Field(
         "ranges", description="the queries the release is for (public): ranges of bins, or single bins; it chooses "
                               "the default strategy (STRATEGY_FOR_WORKLOAD)")
-    strategy: Literal["tree", "identity"] | None = Field(
-        None, description="what is measured: tree (every node of the k-ary tree, for ranges) or identity (every "
-                          "bin with the whole budget, for single bins). Default: tree for ranges, identity for unit "
-                          "queries; tree whenever `consistency` is given")
+    strategy: Literal["optimized", "tree", "identity"] | None = Field(
+        None, description="what is measured: optimized (HDMM's p-Identity strategy for all ranges, up to 4,096 bins), "
+                          "tree (every node of the k-ary tree) or identity (every bin with the whole budget). "
+                          "Default: optimized for ranges (tree above 4,096 bins), identity for unit queries; tree "
+                          "whenever `consistency` is given")
     consistency: Literal["admm", "htree", "none"] | None = Field(
         None, description="the tree strategy's non-negative per-bin counts: admm (maximum likelihood, the penalty's; "
                           "the default), htree (least squares, negatives set to 0) or none (the noisy leaves, "
@@ -65,7 +74,10 @@ class HistogramParams(ConsistencyBase, UncertaintyParams):
     def strategy_used(self) -> str:
         if self.strategy is not None:
             return self.strategy
-        return "tree" if self.consistency is not None else STRATEGY_FOR_WORKLOAD[self.workload]
+        if self.consistency is not None:
+            return "tree"
+        default = STRATEGY_FOR_WORKLOAD[self.workload]
+        return "tree" if default == "optimized" and self.bins > strategies.MAX_BINS else default
 
     @property
     def consistency_method(self) -> str:
@@ -73,9 +85,12 @@ class HistogramParams(ConsistencyBase, UncertaintyParams):
 
     @model_validator(mode="after")
     def _tree_fields(self):
-        if self.strategy_used == "identity" and self.consistency is not None:
-            raise ValueError("consistency applies to the tree strategy only (the identity strategy measures every "
-                             "bin once: nothing to make consistent)")
+        if self.strategy_used != "tree" and self.consistency is not None:
+            raise ValueError("consistency applies to the tree strategy only (its per-bin counts); the other "
+                             "strategies' counts are their least-squares estimate cut at zero")
+        if self.strategy_used == "optimized" and self.bins > strategies.MAX_BINS:
+            raise ValueError(f"the optimized strategy is for at most {strategies.MAX_BINS:,} bins (its optimisation "
+                             f"grows as bins^3); use strategy: tree")
         if self.strategy_used == "tree" and not is_power(self.bins, self.branching):
             raise ValueError(f"bins ({self.bins}) must be a power of the branching factor ({self.branching}) for "
                              f"the tree strategy")
@@ -84,11 +99,17 @@ class HistogramParams(ConsistencyBase, UncertaintyParams):
 
 #: The default strategy per public workload, one rule for every histogram (docs/explanation-peers.md, measured with
 #: tests/benchmarks/histogram_mse.py on the corpus of shapes): the identity strategy gives every bin the whole
-#: budget, which no tree estimate beats on single bins; a tree measures every range with a few nodes.
-STRATEGY_FOR_WORKLOAD = {"ranges": "tree", "unit": "identity"}
+#: budget, which no other estimate beats on single bins; HDMM's strategy has half the tree's expected error on
+#: all ranges at 4,096 bins (exactly: 8.5e8 against 1.6e9 for the 16-ary tree, in units of 2 / epsilon^2).
+STRATEGY_FOR_WORKLOAD = {"ranges": "optimized", "unit": "identity"}
 
 NOISY_TREE = "noisy_tree.parquet"
 NOISY_BINS = "noisy_bins.parquet"
+NOISY_STRATEGY = "noisy_strategy.parquet"
+#: The optimized strategy's matrix B, committed with the measurements (public: it depends on the bins only).
+STRATEGY = "strategy.npz"
+#: A float strategy's column L1 norms are 1 up to rounding: the plan states this much more (and the draw checks).
+SENSITIVITY_MARGIN = 1e-9
 HISTOGRAM = "histogram.parquet"
 TREE = "tree.parquet"
 CONSISTENCY = "consistency.json"
@@ -108,8 +129,47 @@ def is_tree(spec) -> bool:
     return spec.release.strategy_used == "tree"
 
 
+def entry_of(spec) -> str:
+    """The plan entry of the strategy's draw."""
+    return {"tree": "tree", "identity": "bins", "optimized": "strategy"}[spec.release.strategy_used]
+
+
 def noisy_file(spec) -> str:
-    return NOISY_TREE if is_tree(spec) else NOISY_BINS
+    return {"tree": NOISY_TREE, "identity": NOISY_BINS, "optimized": NOISY_STRATEGY}[spec.release.strategy_used]
+
+
+def noisy_index(spec) -> str:
+    return {"tree": "node", "identity": "bin", "optimized": "query"}[spec.release.strategy_used]
+
+
+def measured_values(spec) -> int:
+    p = spec.release
+    return {"tree": lambda: tree_of(spec).size, "identity": lambda: p.bins,
+            "optimized": lambda: p.bins + hdmm.default_rows(p.bins)}[p.strategy_used]()
+
+
+def optimized_plan(bins: int, *, epsilon: float, unit_weight: int = 1) -> Plan:
+    """Laplace on every answer of HDMM's p-Identity strategy A = [I; B] D (`dpalgos.hdmm`)."""
+    rows = bins + hdmm.default_rows(bins)
+    return Plan((Mechanism(
+        "strategy", f"the {rows} answers of HDMM's p-Identity strategy for all ranges over {bins} bins (the bins "
+        f"scaled by D, and {rows - bins} weighted sums of them)", "laplace",
+        float(unit_weight) * (1 + SENSITIVITY_MARGIN),
+        f"every column of A = [I; B] D has L1 norm (1 + sum_i B_ij) / s_j = 1 (D = diag(1/s), s = 1 + 1'B, B >= 0): "
+        f"one privacy unit adds at most {unit_weight} (its capped weight) to one bin, moving A x by at most "
+        f"{unit_weight} in L1; stated {1 + SENSITIVITY_MARGIN:.9f} x that for the rounding of the column sums (the "
+        f"draw checks the strategy's computed norms against it)", 1.0 / epsilon, integer=False, values=rows),))
+
+
+def committed_strategy(measurements: Path):
+    """The p-Identity strategy a release measured with, from its measurements (never recomputed)."""
+    with np.load(measurements / STRATEGY) as f:
+        return hdmm.PIdentity(f["B"])
+
+
+def strategy_now(spec):
+    """The p-Identity strategy for the spec's bins (shipped, cached or optimised now: `tasks.strategies`)."""
+    return hdmm.PIdentity(strategies.pidentity(spec.release.bins))
 
 
 def node_columns(tree: hierarchy.Tree) -> dict[str, np.ndarray]:
@@ -140,12 +200,18 @@ def consistent_leaves(tree: hierarchy.Tree, noisy: np.ndarray, method: str, *, n
         "residuals": {k: float(v) for k, v in res.residuals.items()}}
 
 
-def estimates(spec, noisy: np.ndarray, scale: float) -> tuple[np.ndarray, np.ndarray, dict]:
-    """(per-bin counts, signed estimate, diagnostics) from the noisy measurements, the committed plan's scale and
-    the spec's public parameters: what the release publishes, and what every benchmark scores."""
-    if not is_tree(spec):
+def estimates(spec, noisy: np.ndarray, scale: float, strategy=None) -> tuple[np.ndarray, np.ndarray, dict]:
+    """(per-bin counts, signed estimate, diagnostics) from the noisy measurements, the committed plan's scale, the
+    committed strategy (optimized) and the spec's public parameters: what the release publishes, and what every
+    benchmark scores."""
+    if spec.release.strategy_used == "identity":
         return np.maximum(noisy, 0.0), np.asarray(noisy, dtype=np.float64), {
             "method": "identity (LM: the noisy bins; counts: negatives set to 0)"}
+    if spec.release.strategy_used == "optimized":
+        estimate = strategy.least_squares(noisy)
+        return np.maximum(estimate, 0.0), estimate, {
+            "method": "optimized (HDMM p-Identity for all ranges, least squares; counts: negatives set to 0)",
+            "strategy_rows": int(strategy.rows), "expected_range_loss": strategy.loss()}
     p, tree = spec.release, tree_of(spec)
     count, info = consistent_leaves(tree, noisy, p.consistency_method, noise_scale=scale, penalty=p.penalty,
                                     alpha=p.alpha, rho=p.rho)
@@ -165,15 +231,24 @@ class HistogramKind(ReleaseKind):
         return {"kind": "histogram", "bins": 16, "branching": 4, "epsilon": 1.0}
 
     def footprint(self, spec):
-        """One noisy count per measured node, then the consistency pass over them (about 300 bytes and 10 us per
-        node for the arrays, the projection, the Parquet files and their contracts, tests/benchmarks/footprint.py)."""
-        b, bins = spec.release.branching, spec.release.bins
-        nodes, what = ((bins * b - 1) // (b - 1), "tree nodes") if is_tree(spec) else (bins, "bins")
-        return (noise_footprint(nodes, "laplace", True, f"the {nodes:,} noisy {what}")
-                + Footprint(300.0 * nodes, 1e-5 * nodes, f"the consistency of {nodes:,} {what}"))
+        """One noisy count per measured row, then the estimates over them (about 300 bytes and 10 us per row for the
+        arrays, the projection, the Parquet files and their contracts, tests/benchmarks/footprint.py); the optimized
+        strategy's p x n matrix and, where it is neither shipped nor cached, its optimisation."""
+        p = spec.release
+        rows = measured_values(spec)
+        what = {"tree": "tree nodes", "identity": "bins", "optimized": "strategy answers"}[p.strategy_used]
+        fp = (noise_footprint(rows, "laplace", p.strategy_used != "optimized", f"the {rows:,} noisy {what}")
+              + Footprint(300.0 * rows, 1e-5 * rows, f"the consistency of {rows:,} {what}"))
+        if p.strategy_used == "optimized":
+            k = hdmm.default_rows(p.bins)
+            fp += dense_footprint(4 * k, p.bins, strategies.optimise_seconds(p.bins) * 1e9,
+                                  f"HDMM's {k:,} x {p.bins:,} strategy and its optimisation")
+        return fp
 
     def plan(self, spec):
         p, unit = spec.release, spec.dataset.unit_weight
+        if p.strategy_used == "optimized":
+            return optimized_plan(p.bins, epsilon=p.epsilon, unit_weight=unit)
         if is_tree(spec):
             return hierarchy.tree_plan(tree_of(spec), epsilon=p.epsilon, unit_weight=unit)
         return hierarchy.bins_plan(p.bins, epsilon=p.epsilon, unit_weight=unit)
@@ -187,11 +262,25 @@ class HistogramKind(ReleaseKind):
         return suites.encoded("bin", spec.release.bins, "weight" if spec.dataset.weight_column else None)
 
     def draw(self, spec, prepared, measure, public_rng, log):
-        bins = counts.count(spec, prepared, "bin", spec.release.bins)
-        if not is_tree(spec):
+        p = spec.release
+        if p.strategy_used == "optimized":
+            strategy = strategy_now(spec)  # public, data-independent: before the data is read
+        bins = counts.count(spec, prepared, "bin", p.bins)
+        if p.strategy_used == "identity":
             noisy = measure("bins", bins)
             return Draw(write=lambda folder: counts.write_vector(folder / NOISY_BINS, "bin", {"noisy_count": noisy}),
-                        meta={"bins": spec.release.bins, "strategy": "identity"})
+                        meta={"bins": p.bins, "strategy": "identity"})
+        if p.strategy_used == "optimized":
+            if not strategy.sensitivity() <= 1 + SENSITIVITY_MARGIN:
+                raise RuntimeError("the optimized strategy's column norms exceed the plan's sensitivity")
+            # Sensitivity 1 (x the unit's weight): every column of A has L1 norm 1 (the plan entry's argument).
+            noisy = measure("strategy", strategy.answers(bins))
+
+            def write(folder):
+                counts.write_vector(folder / NOISY_STRATEGY, "query", {"noisy_count": noisy})
+                np.savez_compressed(folder / STRATEGY, B=strategy.B)
+            return Draw(write=write, meta={"bins": p.bins, "strategy": "optimized", "strategy_rows": strategy.p,
+                                           "strategy_seed": strategies.SEED})
         tree = tree_of(spec)
         noisy = measure("tree", tree.aggregate(bins))
         meta = {"bins": tree.leaves, "branching": tree.branching, "levels": tree.levels, "strategy": "tree"}
@@ -199,15 +288,17 @@ class HistogramKind(ReleaseKind):
                                                              **node_columns(tree)), meta=meta)
 
     def measurements_contract(self, spec):
-        if not is_tree(spec):
-            return NOISY_BINS, suites.indexed_table("measurements", "bin", spec.release.bins, ["noisy_count"])
-        return NOISY_TREE, suites.indexed_table("measurements", "node", tree_of(spec).size, ["noisy_count"],
-                                                other_columns=["level", "first_bin", "end_bin"])
+        if is_tree(spec):
+            return NOISY_TREE, suites.indexed_table("measurements", "node", tree_of(spec).size, ["noisy_count"],
+                                                    other_columns=["level", "first_bin", "end_bin"])
+        return noisy_file(spec), suites.indexed_table("measurements", noisy_index(spec), measured_values(spec),
+                                                      ["noisy_count"])
 
     def postprocess(self, spec, measurements, staging, internal, log):
         p = spec.release
         noisy = counts.read_column(measurements / noisy_file(spec), "noisy_count")
-        count, estimate, info = estimates(spec, noisy, _scale(spec, committed_plan(measurements)))
+        strategy = committed_strategy(measurements) if p.strategy_used == "optimized" else None
+        count, estimate, info = estimates(spec, noisy, committed_plan(measurements)[entry_of(spec)].scale, strategy)
         (_column, (lo, hi)), = spec.dataset.bounds.items()
         edges = lo + (hi - lo) * np.arange(p.bins + 1) / p.bins
         counts.write_vector(staging / HISTOGRAM, "bin", {"count": count, "estimate": estimate}, lower=edges[:-1],
@@ -226,50 +317,61 @@ class HistogramKind(ReleaseKind):
                                                other_columns=["lower", "upper"], intervals=intervals)
 
     def direct_values(self, spec, measurements, plan):
-        entry = "tree" if is_tree(spec) else "bins"
-        return [Direct(noisy_file(spec), "noisy_count", entry, NoiseLaw.of(plan[entry]))]
+        return [Direct(noisy_file(spec), "noisy_count", entry_of(spec), NoiseLaw.of(plan[entry_of(spec)]))]
 
     def bootstraps(self, spec):
         return True
 
     def replicate_seconds(self, spec, measurements=None):
-        return SECONDS_PER_CALL + SECONDS_PER_NODE * (tree_of(spec).size if is_tree(spec) else spec.release.bins)
+        if spec.release.strategy_used == "optimized":  # least squares: two products with the p x n matrix
+            return SECONDS_PER_CALL + 4e-9 * spec.release.bins * hdmm.default_rows(spec.release.bins)
+        return SECONDS_PER_CALL + SECONDS_PER_NODE * measured_values(spec)
 
     def bootstrap(self, spec, measurements, staging, plan):
-        """Around the released signed estimate: its tree of sums (the noiseless measurement it implies) plus the
-        plan's noise, estimated again. The estimate is linear, so each replicate's error has exactly the
-        release's law: the intervals of every sum hold at their confidence, on any data."""
+        """Around the released signed estimate: the measurements it implies (its tree of sums, the strategy's answers
+        on it, or itself) plus the plan's noise, estimated again. The estimate is linear, so each replicate's error
+        has exactly the release's law: the intervals of every sum hold at their confidence, on any data."""
         estimate = counts.read_column(staging / HISTOGRAM, "estimate")
         bounded = (("count", "estimate"),)
         histogram = Product(HISTOGRAM, "bin", ("estimate",), bounded=bounded)
         notes = ("queries are answered from `estimate` (signed, unbiased sums); `count` (non-negative per bin) gets "
                  "the estimate's interval cut at zero and widened to hold it",)
-        if not is_tree(spec):
-            return Bootstrap((histogram,), (Center("bins", estimate, NoiseLaw.of(plan["bins"])),),
-                             lambda noisy, rng: {HISTOGRAM: noisy["bins"][:, None]}, notes=notes)
+        entry = entry_of(spec)
+        law = NoiseLaw.of(plan[entry])
+        if spec.release.strategy_used == "identity":
+            return Bootstrap((histogram,), (Center(entry, estimate, law),),
+                             lambda noisy, rng: {HISTOGRAM: noisy[entry][:, None]}, notes=notes)
+        if spec.release.strategy_used == "optimized":
+            strategy = committed_strategy(measurements)
+            return Bootstrap((histogram,), (Center(entry, strategy.answers(estimate), law),),
+                             lambda noisy, rng: {HISTOGRAM: strategy.least_squares(noisy[entry])[:, None]},
+                             notes=notes)
         tree = tree_of(spec)
 
         def rerun(noisy, rng):
             leaves = signed_leaves(tree, noisy["tree"])
             return {HISTOGRAM: leaves[:, None], TREE: tree.aggregate(leaves)[:, None]}
         return Bootstrap(products=(histogram, Product(TREE, "node", ("estimate",), replicates=False, bounded=bounded)),
-                         centers=(Center("tree", tree.aggregate(estimate), NoiseLaw.of(plan["tree"])),),
+                         centers=(Center("tree", tree.aggregate(estimate), law),),
                          rerun=rerun, notes=notes + ("tree.parquet's intervals come from the bins' replicates' "
                                                      "sums",))
 
     def accuracy(self, spec, records=None):
-        """A noisy count (exact); range sums of several lengths at random positions from the signed estimate
+        """A noisy measurement (exact); range sums of several lengths at random positions from the signed estimate
         (exact: it is linear); the released per-bin count for counts far from zero (where non-negativity never
-        binds): exact for the identity strategy, `none` and `htree`, simulated on a public flat histogram for
-        `admm`."""
+        binds): exact except for the tree's `admm`, simulated on a public flat histogram."""
         p = spec.release
-        entry = "tree" if is_tree(spec) else "bins"
-        law = NoiseLaw.of(self.plan(spec)[entry])
-        rows = [exact(f"noisy {'tree node' if is_tree(spec) else 'bin'} (measurements)", law, p.confidence)]
+        law = NoiseLaw.of(self.plan(spec)[entry_of(spec)])
+        what = {"tree": "tree node", "identity": "bin", "optimized": "strategy answer"}[p.strategy_used]
+        rows = [exact(f"noisy {what} (measurements)", law, p.confidence)]
         families = planning.range_families(p.bins, p.branching if is_tree(spec) else 2)
-        unit, ranges = families[:1], families[1:]
-        if not is_tree(spec):
+        if p.strategy_used == "identity":
             return rows + planning.linear_rows(lambda q: q, p.bins, law, families, p.confidence, "noisy bins")
+        if p.strategy_used == "optimized":
+            strategy = strategy_now(spec)
+            return rows + planning.linear_rows(strategy.estimate_weights, p.bins, law, families, p.confidence,
+                                               "least squares, HDMM's strategy: the signed estimate")
+        unit, ranges = families[:1], families[1:]
         tree = tree_of(spec)
         below = np.zeros(tree.size - tree.leaves)
         htree = lambda q: tree.htree(np.concatenate([below, q]))
@@ -305,10 +407,6 @@ class HistogramKind(ReleaseKind):
                               f"{np.mean(list(range_mse.values())) if range_mse else float('nan'):.4g}"}
         _plot(range_mse, run.internal / "evaluation" / "range_mse.png")
         return report
-
-
-def _scale(spec, plan) -> float:
-    return plan["tree" if is_tree(spec) else "bins"].scale
 
 
 def _plot(range_mse: dict, path: Path) -> None:

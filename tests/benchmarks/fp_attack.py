@@ -164,9 +164,10 @@ def _tally(label: str, v: np.ndarray, c: np.ndarray, entry: dict) -> dict:
 
 
 def _histogram(spec, run_dir: Path, mechanisms: list[dict]) -> tuple[list[dict], dict]:
-    """The noisy tree nodes (tree strategy) or bins (identity strategy) against the exact counts the kind measured:
-    its own count of its encoded partitions (`tasks.partitions.index_counts`, as `tasks.kinds.counts.count`)."""
-    from tasks.kinds.histogram import NOISY_TREE, noisy_file
+    """The noisy tree nodes (tree strategy), strategy answers (optimized) or bins (identity strategy) against the exact
+    statistic the kind measured: its own count of its encoded partitions (`tasks.partitions.index_counts`, as
+    `tasks.kinds.counts.count`), through the committed strategy for the optimized one."""
+    from tasks.kinds.histogram import NOISY_STRATEGY, NOISY_TREE, committed_strategy, noisy_file
     from tasks.partitions import index_counts
 
     name = noisy_file(spec)
@@ -181,6 +182,11 @@ def _histogram(spec, run_dir: Path, mechanisms: list[dict]) -> tuple[list[dict],
         true = cum[table["end_bin"].to_numpy()] - cum[table["first_bin"].to_numpy()]
         empty = (table["level"].to_numpy() == table["level"].max()) & (true == 0)
         entry, label = _entry(mechanisms, "tree"), "nodes"
+    elif name == NOISY_STRATEGY:
+        strategy = committed_strategy(run_dir / "release" / "measurements")
+        true = strategy.answers(leaves)
+        empty = np.concatenate([leaves == 0, strategy.B @ (leaves / strategy.s) == 0])
+        entry, label = _entry(mechanisms, "strategy"), "strategy answers"
     else:
         true, empty, entry, label = leaves, leaves == 0, _entry(mechanisms, "bin"), "bins"
     rows = [_tally(f"noisy_count (all {label})", v, true, entry),

@@ -6,7 +6,8 @@ range sums of the published `estimate`, cut at zero; the published per-bin `coun
 for range queries, `workload: unit` (the identity strategy) for single bins, with the spec's other defaults.
 
 Peers, on the same exact counts at the same epsilon (pure DP, add/remove one record), each answering ranges by prefix
-sums of its per-bin estimates and single bins by those estimates, both cut at zero as ours are:
+sums of its per-bin estimates and single bins by those estimates, as the peer publishes them (signed); the same
+answers cut at zero (what a user of the peer could add) are scored too, as `_cut`:
   identity_laplace  OpenDP's Laplace on every bin            opendp_tree  OpenDP's consistent b-ary tree
   dawa              DAWA (Li et al. VLDB 2014)                 hdmm         HDMM, p-Identity for all ranges
   tumult            Tumult Analytics' group-by count (its own venv, pyspark; `--peers` must name it: ~10 s a cell)
@@ -57,9 +58,12 @@ def ours_answers(release: Path, starts: np.ndarray, stops: np.ndarray) -> tuple[
     return table.range_sums(starts, stops), table.column("count")
 
 
-def peer_answers(estimate: np.ndarray, starts: np.ndarray, stops: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def peer_answers(estimate: np.ndarray, starts: np.ndarray, stops: np.ndarray, cut: bool
+                 ) -> tuple[np.ndarray, np.ndarray]:
+    """A peer's range answers (prefix sums of its per-bin estimates) and per-bin answers, as it publishes them, or
+    cut at zero."""
     cs = np.concatenate([[0.0], np.cumsum(estimate)])
-    return sum_answer(cs[stops] - cs[starts], True), np.maximum(estimate, 0.0)
+    return sum_answer(cs[stops] - cs[starts], cut), sum_answer(estimate, cut)
 
 
 def _release_path(dataset: Dataset, epsilon: float, workload: str, folder: Path, runs: int, starts, stops):
@@ -82,7 +86,8 @@ def _release_path(dataset: Dataset, epsilon: float, workload: str, folder: Path,
 
 
 def _peer_errors(name: str, h: np.ndarray, epsilon: float, runs: int, starts, stops, seed: int, values=None,
-                 bounds=None) -> tuple[np.ndarray, np.ndarray]:
+                 bounds=None) -> dict[str, np.ndarray]:
+    """Per run: range and unit MSE of the peer's answers as published and cut at zero."""
     cs = np.concatenate([[0.0], np.cumsum(h)])
     truth = cs[stops] - cs[starts]
     if name == "tumult":
@@ -94,12 +99,13 @@ def _peer_errors(name: str, h: np.ndarray, epsilon: float, runs: int, starts, st
 
         rng = np.random.default_rng(seed)
         estimates = [getattr(_histogram_peers, name)(h, epsilon, rng) for _ in range(runs)]
-    ranges, unit = [], []
+    out = {"ranges": [], "unit": [], "ranges_cut": [], "unit_cut": []}
     for est in estimates:
-        r, u = peer_answers(np.asarray(est, dtype=np.float64), starts, stops)
-        ranges.append(np.mean((r - truth) ** 2))
-        unit.append(np.mean((u - h) ** 2))
-    return np.array(ranges), np.array(unit)
+        for cut, suffix in ((False, ""), (True, "_cut")):
+            r, u = peer_answers(np.asarray(est, dtype=np.float64), starts, stops, cut)
+            out["ranges" + suffix].append(np.mean((r - truth) ** 2))
+            out["unit" + suffix].append(np.mean((u - h) ** 2))
+    return {k: np.array(v) for k, v in out.items()}
 
 
 def run_cell(dataset: Dataset, epsilon: float, runs: int, peers: list[str], folder: Path, seed: int) -> dict:
@@ -114,39 +120,43 @@ def run_cell(dataset: Dataset, epsilon: float, runs: int, peers: list[str], fold
     cell = {"dataset": dataset.name, "describe": dataset.describe, "epsilon": epsilon, "bins": bins,
             "records": int(exact.sum()), "empty": float(np.mean(exact == 0)), "runs": runs,
             "ranges": {"ours": float(ours_r.mean())}, "unit": {"ours": float(ours_u.mean())},
-            "ranges_se": {"ours": float(ours_r.std(ddof=1) / np.sqrt(runs))}}
+            "ranges_cut": {}, "unit_cut": {}, "ranges_se": {"ours": float(ours_r.std(ddof=1) / np.sqrt(runs))}}
     for name in peers:
-        r, u = _peer_errors(name, exact.astype(np.float64), epsilon, runs, starts, stops, seed, values,
-                            dataset.bounds)
-        cell["ranges"][name], cell["unit"][name] = float(r.mean()), float(u.mean())
-        cell["ranges_se"][name] = float(r.std(ddof=1) / np.sqrt(runs))
+        errors = _peer_errors(name, exact.astype(np.float64), epsilon, runs, starts, stops, seed, values,
+                              dataset.bounds)
+        for key, values_ in errors.items():
+            cell[key][name] = float(values_.mean())
+        cell["ranges_se"][name] = float(errors["ranges"].std(ddof=1) / np.sqrt(runs))
     cell["seconds"] = time.perf_counter() - t0
     return cell
 
 
-def ratios(cell: dict) -> dict:
-    peers_r = {k: v for k, v in cell["ranges"].items() if k != "ours"}
+def ratios(cell: dict, cut: bool = False) -> dict:
+    """Ours / the best peer on ranges, ours / identity Laplace on single bins: the peers as published, or cut."""
+    suffix = "_cut" if cut else ""
+    peers_r = {k: v for k, v in cell["ranges" + suffix].items() if k != "ours"}
     best = min(peers_r, key=peers_r.get)
-    identity = cell["unit"].get("identity_laplace", cell["unit"].get("tumult"))
+    identity = cell["unit" + suffix].get("identity_laplace", cell["unit" + suffix].get("tumult"))
     return {"best_peer": best, "ranges_ratio": cell["ranges"]["ours"] / peers_r[best],
             "unit_ratio": cell["unit"]["ours"] / identity if identity else float("nan")}
 
 
 def line(cell: dict) -> str:
     q = ratios(cell)
-    peers = "  ".join(f"{k} {v:.4g}" for k, v in cell["ranges"].items() if k != "ours")
+    peers = "  ".join(f"{k} {v:.4g} (cut {cell['ranges_cut'][k]:.4g})" for k, v in cell["ranges"].items()
+                      if k != "ours")
     return (f"{cell['dataset']:<20} eps {cell['epsilon']:<4g} ({cell['empty']:.0%} empty)  ranges: ours "
             f"{cell['ranges']['ours']:.4g}  {peers}  -> ours / {q['best_peer']} = {q['ranges_ratio']:.3f};  unit: "
             f"ours {cell['unit']['ours']:.4g} / identity {q['unit_ratio']:.3f}")
 
 
-def summary(cells: list[dict]) -> str:
-    r = np.array([ratios(c)["ranges_ratio"] for c in cells])
-    u = np.array([ratios(c)["unit_ratio"] for c in cells])
+def summary(cells: list[dict], cut: bool = False) -> str:
+    r = np.array([ratios(c, cut)["ranges_ratio"] for c in cells])
+    u = np.array([ratios(c, cut)["unit_ratio"] for c in cells])
     u = u[~np.isnan(u)]
     gm = lambda x: float(np.exp(np.mean(np.log(x)))) if x.size else float("nan")
-    return (f"RESULT cells={len(cells)} ranges_gm={gm(r):.4f} ranges_max={r.max():.4f} unit_gm={gm(u):.4f} "
-            f"unit_max={u.max() if u.size else float('nan'):.4f}")
+    return (f"{'against the peers cut at zero: ' if cut else 'RESULT '}cells={len(cells)} ranges_gm={gm(r):.4f} "
+            f"ranges_max={r.max():.4f} unit_gm={gm(u):.4f} unit_max={u.max() if u.size else float('nan'):.4f}")
 
 
 def _npy_dataset(path: Path) -> Dataset:
@@ -185,7 +195,7 @@ def main() -> None:
             for eps in (float(e) for e in args.eps.split(",")):
                 key = f"{dataset.name}/{eps:g}"
                 cell = kept.get(key)
-                if cell is None or cell["runs"] < args.runs or not set(peers) <= set(cell["ranges"]):
+                if cell is None or cell["runs"] < args.runs or not set(peers) <= set(cell.get("ranges_cut", {})):
                     cell = run_cell(dataset, eps, args.runs, peers, folder / dataset.name / f"{eps:g}", args.seed)
                     kept[key] = cell
                     if args.results:
@@ -195,6 +205,7 @@ def main() -> None:
     finally:
         client.close()
         cluster.close()
+    print(summary(cells, cut=True))
     print(summary(cells))
 
 

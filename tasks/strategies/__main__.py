@@ -1,0 +1,5 @@
+import sys
+
+from tasks.strategies import main
+
+main(sys.argv[1:])
