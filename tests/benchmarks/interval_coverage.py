@@ -42,6 +42,7 @@ from _simulate import Simulated, Simulator, local_client  # noqa: E402
 
 from dpalgos import friendlycore as fc  # noqa: E402
 from tasks.kinds import REGISTRY  # noqa: E402
+from tasks.kinds import histogram as H  # noqa: E402
 from tasks.replicates import Replicates  # noqa: E402
 
 NOMINAL = 0.95
@@ -133,19 +134,27 @@ class _Counts(Case):
 
 
 class Histogram(_Counts):
+    """The histogram for ranges with its defaults (HDMM's optimized strategy up to 4,096 bins)."""
     kind, shape, base, product = "histogram", "values", {"epsilon": 1.0}, "histogram.parquet"
 
+    def fields(self, dataset):
+        return {"bins": dataset.release["bins"]}
+
+    def entry(self, sim) -> str:
+        (name,) = {n for n, _ in sim.noise.calls}
+        return name
+
     def tree(self, sim) -> bool:
-        return "tree" in {n for n, _ in sim.noise.calls}
+        return self.entry(sim) == "tree"
 
     def truth_rows(self, sim):
-        exact = sim.noise.exact("tree" if self.tree(sim) else "bins")[0]
-        return exact[-self.release["bins"]:]
+        exact, bins = sim.noise.exact(self.entry(sim))[0], self.release["bins"]
+        if self.entry(sim) == "strategy":  # A x = [x / s; B x / s]: the bins are the first rows times s
+            return np.rint(exact[:bins] * H.committed_strategy(sim.measurements).s)
+        return exact[-bins:]
 
     def direct(self, sim):
-        if self.tree(sim):
-            return {("noisy_tree.parquet", "noisy_count"): sim.noise.exact("tree")[0]}
-        return {("noisy_bins.parquet", "noisy_count"): sim.noise.exact("bins")[0]}
+        return {(H.noisy_file(sim.spec), "noisy_count"): sim.noise.exact(self.entry(sim))[0]}
 
     def post(self, sim):
         out = super().post(sim)
@@ -155,12 +164,17 @@ class Histogram(_Counts):
         return out
 
 
+class HistogramTree(Histogram):
+    """The histogram's tree strategy (16-ary, consistent counts by ADMM)."""
+    base = {"epsilon": 1.0, "strategy": "tree"}
+
+    def fields(self, dataset):
+        return dict(dataset.release)
+
+
 class HistogramUnit(Histogram):
     """The histogram for single bins (workload unit: the identity strategy)."""
     base = {"epsilon": 1.0, "workload": "unit"}
-
-    def fields(self, dataset):
-        return {"bins": dataset.release["bins"]}
 
 
 class MatrixMechanism(_Counts):
@@ -349,9 +363,10 @@ class FriendlyKMeans(Case):
         return exact[0].reshape(self.release["k"], -1) if exact else None
 
 
-CASES = {c.__name__.lower(): c for c in (Histogram, HistogramUnit, MatrixMechanism, Contingency, ContingencyBayes,
-                                         ContingencyMarginals, KMeans, Mean, FriendlyKMeans)}
-KIND_OF_CASE = {"histogram": "histogram", "histogramunit": "histogram (unit: identity)",
+CASES = {c.__name__.lower(): c for c in (Histogram, HistogramTree, HistogramUnit, MatrixMechanism, Contingency,
+                                         ContingencyBayes, ContingencyMarginals, KMeans, Mean, FriendlyKMeans)}
+KIND_OF_CASE = {"histogram": "histogram", "histogramtree": "histogram (tree)",
+                "histogramunit": "histogram (unit: identity)",
                 "matrixmechanism": "matrix_mechanism", "contingency": "contingency",
                 "contingencybayes": "contingency (empirical Bayes)",
                 "contingencymarginals": "contingency (one-way marginals public)", "kmeans": "kmeans", "mean": "mean",
@@ -524,8 +539,8 @@ def kind_main(args) -> None:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--kind", choices=sorted({c.kind for c in CASES.values()} | {"histogramunit", "contingencybayes",
-                                                                                 "contingencymarginals"}))
+    ap.add_argument("--kind", choices=sorted({c.kind for c in CASES.values()} | {
+        "histogramtree", "histogramunit", "contingencybayes", "contingencymarginals"}))
     ap.add_argument("--dataset", help="with --kind: the corpus dataset (default: one per data shape)")
     ap.add_argument("--corpus", action="store_true", help="every kind over the corpus of shapes")
     ap.add_argument("--kinds", help="with --corpus: only these kinds (comma-separated; histogramunit, "
