@@ -36,9 +36,8 @@ def plan_accuracy(spec, epsilon: float, records: int | None = None) -> list[dict
 
 
 def cmd_accuracy(args) -> int:
-    from tasks.spec import load_spec
-
     from tasks.admission.footprint import check_fits
+    from tasks.spec import load_spec
 
     spec = load_spec(args.spec)  # the schema only: no data, no ledger
     # A release the machine cannot run is not planned either: the planner reruns its postprocessing at the spec's
