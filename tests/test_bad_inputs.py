@@ -566,7 +566,9 @@ def test_spec_files(world, monkeypatch):
 # ---- data files: their structure, refused before anything runs -------------------------------------------------------
 def _data_spec(w: World, name: str, content: bytes | None, kind: str = "kmeans", suffix: str = ".csv",
                **dataset) -> list:
-    """`spec check` of a spec whose data is `content` (a file named for the case; None: `dataset` names it)."""
+    """`spec check` of a spec whose data is `content` (a file named for the case; None: `dataset` names it). Each
+    case's content differs from the others': the admission binds a dataset to its data before it looks at its
+    structure, and one content has one dataset."""
     dataset_id = "f" + str(abs(hash(name)))[:10]
     w.budget(dataset_id)
     d = w.spec_dict(kind)
@@ -610,7 +612,7 @@ def structure_cases() -> list[Case]:
         S("Latin-1 header", "x,y,caf\xe9\n1,2,3\n".encode("latin-1"), 2, "not UTF-8"),
         S("binary garbage", bytes(range(256)) * 40, 2, "binary"),
         S("NUL bytes", b"x,y\n1,2\x00\x00\n", 2, "binary"),
-        S("gzip without .gz", gzip.compress(good), 2, "gzip-compressed"),
+        S("gzip without .gz", gzip.compress(good + b"5,6\n"), 2, "gzip-compressed"),
         S("Parquet named .csv", _parquet_bytes(pa.table({"x": [1.0], "y": [2.0]})), 2, "a Parquet file"),
         S("zip archive", b"PK\x03\x04" + b"\x00" * 100, 2, "zip archive"),
         S("truncated gzip", gzip.compress(good)[:12], 2, None, suffix=".csv.gz"),
@@ -624,8 +626,8 @@ def structure_cases() -> list[Case]:
           suffix=".parquet"),
         S("Parquet duplicate columns", _parquet_bytes(dup_pq), 2, "twice", suffix=".parquet",
           bounds={"x": [0, 100]}, kind="histogram"),
-        S("text named .parquet", good, 2, "is not a Parquet file", suffix=".parquet"),
-        S("empty file named .parquet", b"", 2, "is not a Parquet file", suffix=".parquet"),
+        S("text named .parquet", good + b"7,8\n", 2, "is not a Parquet file", suffix=".parquet"),
+        S("empty file named .parquet", b"\n", 2, "is not a Parquet file", suffix=".parquet"),
         S("truncated Parquet", _parquet_bytes(pa.table({"x": [1.0], "y": [2.0]}))[:-20], 2,
           "is not a Parquet file", suffix=".parquet"),
         S("transactions UTF-16", "1 2 3\n4 5\n".encode("utf-16"), 2, "UTF-16", kind="kernel_kmeans",
@@ -644,6 +646,18 @@ def test_data_file_structure(world, monkeypatch):
             cases[i] = Case(c.name, lambda w: _data_spec(w, "folder", None, path=str(w.data / "folder.csv"),
                                                          format="csv"), 2, None, lines=None)
     run_cases("data-structure", cases, world, monkeypatch).report()
+
+
+def test_a_refusal_of_the_structure_binds_the_reading_first(world, monkeypatch):
+    """The header check answers for the spec's delimiter whether a headerless file's first line (a record) holds it:
+    asked after the binding, its first refusal fixes the reading, and the next delimiter is refused by the ledger
+    (the probe of the third audit, which the ingest's refusal had closed)."""
+    path = world.write("probe.csv", f"{SECRET_NUMBER},1\n2,3\n")
+    world.budget("probe")
+    cases = [Case(f"probe {d}", lambda w, d=d: ["spec", "check", w.spec(f"probe-{ord(d)}", dataset={
+        "id": "probe", "path": str(path), "header": False, "delimiter": d})], 2, expect)
+        for d, expect in ((";", "does not have one field per column"), ("|", "is read as bound to its budget"))]
+    run_cases("data-structure-probe", cases, world, monkeypatch).report()
 
 
 # ---- data files: their content, refused by the ingest and its contract, before the charge ----------------------------

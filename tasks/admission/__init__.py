@@ -30,10 +30,6 @@ The order, and why it is this order:
        (`tasks.admission.footprint`), so that nothing is charged for a release that would run out of memory or
        time (a 2^24-bin histogram, kernel k-means with 10^7 noisy values per iteration, the bootstrap's replicates,
        10^6 k-means iterations, a refinement's chain...).
-    7b. The source's structure fits the spec (`tasks.sources.check_structure`): a CSV file is UTF-8 text (a
-       byte-order mark dropped), its header names the spec's columns once each; a Parquet file's schema has them,
-       numeric where they must be. Public facts of the file, as its name: no record is read (each line's number
-       of fields is the ingest's, which reads every line).
     The spec comes back with its data path resolved once, symlinks included: every stage reads what was judged.
 
   The run (`admit_run`), before the charge:
@@ -47,6 +43,11 @@ The order, and why it is this order:
    12. The charge would pass: budget, delta, release-id conflicts (a dry run of the charge, nothing recorded).
    13. The dataset's binding is committed, if nothing bound it yet (the first run's, before the data is read: a
        run refused while reading still fixes how the dataset is read).
+   13b. The source's structure fits the spec (`tasks.sources.check_structure`): a CSV file is UTF-8 text (a
+       byte-order mark dropped), its header names the spec's columns once each; a Parquet file's schema has them,
+       numeric where they must be. No record is read (each line's number of fields is the ingest's, which reads
+       every line). Asked after the binding: its answers depend on the reading (a delimiter of the spec's choice
+       split a headerless file's first line, a record), so the first refusal fixes the reading for the next.
    14. The data's identity is taken (its objects' versions or ETags, its files' sizes and times): the ingest refuses
        data that changed between these checks and its read.
 
@@ -119,9 +120,7 @@ def admit_spec(data: dict, *, source: str = "spec"):
     if not spec.test_mode:
         _ledger_accepts_reading(spec)
     check_fits(spec)
-    spec = _pinned(spec)
-    _structure(spec)
-    return spec
+    return _pinned(spec)
 
 
 @dataclass(frozen=True)
@@ -145,6 +144,7 @@ def admit_run(spec, release_id: str) -> Admitted:
         ledger = configured_ledger()
         charge_for(ledger, spec, release_id, run, plan, owner=None, dry_run=True)
         ledger.bind(spec.dataset.id, spec.dataset.path, dataset_reading(spec.dataset))
+    _structure(spec)
     return Admitted(plan, [] if is_builtin(spec.dataset.path) else _identity(spec.dataset.path))
 
 
