@@ -86,7 +86,7 @@ def main() -> None:
             "iterations": SPEC.format(id="data", path=data, kind="kmeans", epsilon=0.1,
                                       extra="k: 2\n  iterations: 1000000\n  postprocess: []"),
             "consistency": SPEC.format(id="data", path=data, kind="kmeans", epsilon=0.1,
-                                       extra="k: 3\n  iterations: 3000"),
+                                       extra="k: 10\n  iterations: 3000"),
             "bounds": SPEC.format(id="data", path=data, kind="kmeans", epsilon=0.1, extra="k: 2").replace(
                 "[0, 1]", "[-1e308, 1e308]"),
             "duplicate_header": SPEC.format(id="dup", path=dup, kind="kmeans", epsilon=0.1, extra="k: 2"),
