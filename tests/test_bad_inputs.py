@@ -1171,11 +1171,12 @@ def test_a_short_row_through_a_real_run_is_refused_before_the_charge(world, monk
 # ---- the count -------------------------------------------------------------------------------------------------------
 def test_the_battery_has_enough_cases(tmp_path):
     w = World(tmp_path)
-    counts = {"cli": len(cli_cases()), "spec": len(spec_cases()), "data-structure": len(structure_cases()),
+    counts = {"cli": len(cli_cases()), "spec": len(spec_cases()), "data-structure": len(structure_cases()) + 2,
               "data-content": len(content_cases()), "ledger": len(ledger_cases()),
               "releases": len(output_cases()), "query": len(query_cases()), "accuracy": len(accuracy_cases()),
               "object-storage": len(store_cases("http://x", "http://y")), "settings": len(settings_cases()),
-              "entry-point": len(entry_point_cases(w, "http://x")) + len(slow_entry_point_cases(w, "http://y")) + 1}
+              "entry-point": len(entry_point_cases(w, "http://x")) + len(slow_entry_point_cases(w, "http://y")) + 1,
+              "no-values": 2}  # the structure probe's two, the short row's real run, no friendly core text and JSON
     print("\nBATTERY " + " ".join(f"{k}={v}" for k, v in counts.items()) + f" total={sum(counts.values())}")
     assert sum(counts.values()) >= MINIMUM_CASES
 
