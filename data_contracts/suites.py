@@ -81,9 +81,11 @@ WEIGHT_FRACTION = "weight_fraction"
 
 
 def ingested(numeric: Sequence[str], categorical: dict[str, list[str]] | None = None,
-             weight: str | None = None) -> Contract:
+             weight: str | None = None, max_weight: float | None = None) -> Contract:
     """Ingested records: exactly the spec's columns in order; numeric ones float64 without NaN or inf;
-    categorical ones without nulls; the weight (if any) a finite non-negative integer; at least one row.
+    categorical ones without nulls; the weight (if any) a finite non-negative integer, at most `max_weight` when
+    given (weights that count records are not clipped: a weight of 1e308 was charged, then every release of its
+    counts broke the intervals' contract, float64 having no digits left for the noise); at least one row.
     Not that categorical values are within their public levels: a record outside them is left out at
     encoding (`tasks.partitions.cell_partition`), since a refusal would answer for free whether anyone has a
     level the spec leaves out."""
@@ -96,7 +98,8 @@ def ingested(numeric: Sequence[str], categorical: dict[str, list[str]] | None = 
     for c in categorical:
         rows += [gxe.ExpectColumnValuesToNotBeNull(column=c)]
     if weight:
-        rows += _finite(gxe, [weight]) + [gxe.ExpectColumnValuesToBeBetween(column=weight, min_value=0),
+        rows += _finite(gxe, [weight]) + [gxe.ExpectColumnValuesToBeBetween(column=weight, min_value=0,
+                                                                            max_value=max_weight),
                                           gxe.ExpectColumnValuesToBeBetween(column=WEIGHT_FRACTION, min_value=0,
                                                                             max_value=0)]
     return Contract("ingested", rows=rows, table=_row_count_at_least(gxe, 1),

@@ -36,9 +36,13 @@ def plan_accuracy(spec, epsilon: float, records: int | None = None) -> list[dict
 
 
 def cmd_accuracy(args) -> int:
+    from tasks.admission.footprint import check_fits
     from tasks.spec import load_spec
 
     spec = load_spec(args.spec)  # the schema only: no data, no ledger
+    # A release the machine cannot run is not planned either: the planner reruns its postprocessing at the spec's
+    # sizes (a 2^30-bin histogram's plan took 22 GB before the kernel killed it).
+    check_fits(spec)
     epsilons = args.epsilon or [spec.release.epsilon]
     tables = {eps: plan_accuracy(spec, eps, args.records) for eps in epsilons}
     if args.json:

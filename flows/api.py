@@ -38,6 +38,8 @@ import urllib.request
 from contextlib import contextmanager
 from typing import Iterator
 
+from tasks.errors import ServiceUnavailable
+
 #: Exit code of uvicorn when its port is taken (Prefect's ephemeral server retries on another port too).
 PORT_TAKEN = 3
 #: The first requests of a run's flow, made read-only (GET, or POST to a filter endpoint), sent to a new server as
@@ -102,14 +104,15 @@ class TemporaryServer:
                 self.stop()
                 self._start()
             elif code is not None:
-                raise RuntimeError(f"the temporary Prefect API server exited with code {code} while starting"
-                                   f"{self._last_output()}")
+                raise ServiceUnavailable(f"the temporary Prefect API server exited with code {code} while starting"
+                                         f"{self._last_output()}; nothing was charged or drawn")
             if _healthy(self.api_url):
                 return
             time.sleep(0.1)
         self.stop()
-        raise RuntimeError(f"the temporary Prefect API server did not start within {timeout:g} s "
-                           f"(PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS)")
+        raise ServiceUnavailable(f"the temporary Prefect API server did not start within {timeout:g} s "
+                                 f"(PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS; a loaded machine needs more): "
+                                 f"nothing was charged or drawn, run it again")
 
     def output_lines(self) -> list[str]:
         """What the server has printed (its log records at level error and above, uvicorn's start-up errors)."""

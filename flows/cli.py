@@ -1,8 +1,12 @@
 """`dprelease`: run releases, inspect and set privacy budgets, check specs.
 
-Exit codes: 0 success; 1 the release failed (bad input, broken contract, over budget...); 2 bad usage, an
-invalid spec or a missing input, found before anything runs. A failure prints one `error:` line; the full
-log, tracebacks included, is in <output_dir>/.logs/<release id>.log (`--debug` prints tracebacks too).
+Exit codes: 0 success; 1 the release or the command failed (bad input, broken contract, over budget, an
+internal error...), nothing charged unless the release's noisy measurements were committed; 2 bad usage, an invalid
+spec, a missing input or a store that cannot be reached, found before anything runs (nothing charged or written);
+3 the release was published but holds no released values (e.g. no friendly core): its budget is spent, and a new
+release of the same spec spends again; 130 interrupted (Ctrl-C). A failure prints one `error:` line per problem and no
+traceback; the full log of a run, tracebacks included, is in <output_dir>/.logs/<release id>.log (`--debug`
+prints tracebacks too).
 Prefect, dask and the release kinds are imported only by the commands that need them, after the checks
 that need none of them: a spec naming a missing file fails in well under two seconds.
 """
@@ -101,8 +105,25 @@ def _run_release(spec, args, log_file: Path) -> int:
         print(f"error: {message} (log: {log_file})", file=sys.stderr)
         return 1
     summary["log"] = str(log_file)
+    summary["values_released"] = not nothing_released(summary)
     print(json.dumps(summary, indent=2) if args.json else format_summary(summary))
+    if not summary["values_released"]:  # published with null values, its budget spent: not a release at a glance
+        print(f"error: release {spec.release_id} was published with no released values (its values are null; "
+              f"the budget is spent): {'; '.join(summary['caveats'])}", file=sys.stderr)
+        return NO_VALUES
     return 0
+
+
+#: The exit code of a release published with no released values (no friendly core): its budget is spent, and a
+#: pipeline must not take it for a release (nor run the spec again under a new id, which spends again).
+NO_VALUES = 3
+
+
+def nothing_released(summary: dict) -> bool:
+    """Whether a run's summary says that its release holds no released values (a kind's caveat says so)."""
+    from tasks.kinds.base import NOTHING_RELEASED
+
+    return any(NOTHING_RELEASED in c for c in summary.get("caveats", []))
 
 
 def _example_ledger(spec, quiet: bool = False) -> None:
@@ -124,9 +145,11 @@ def _example_ledger(spec, quiet: bool = False) -> None:
 
 def format_summary(s: dict) -> str:
     budget = s["dataset_budget"]
+    status = (f"{s['status']}, but NOTHING RELEASED (its values are null; the budget is spent)"
+              if nothing_released(s) else s["status"])
     lines = [
         "",
-        f"Release {s['release_id']} ({s['kind']} on dataset '{s['dataset_id']}'): {s['status']}",
+        f"Release {s['release_id']} ({s['kind']} on dataset '{s['dataset_id']}'): {status}",
         f"  release/   {s['release_dir']}   (safe to publish)" if s["private"] else
         f"  output     {s['release_dir']}   (TEST MODE: seeded noise, NOT private, never publish)",
         *([f"  published  {s['published_at']}"] if s.get("published_at")
@@ -253,6 +276,8 @@ def cmd_budget_set(args) -> int:
             from tasks import storage
 
             storage.check_supported(args.source, "--source")
+            if storage.is_url(args.source):
+                storage.probe(storage.canonical(args.source))  # a store that does not answer: one line, in seconds
         source = args.source or ledger.source(args.dataset)
         reading = _reading_of(args.reading_from, args.dataset, source) if args.reading_from else None
         ledger.set_budget(args.dataset, args.epsilon, args.delta, source=args.source, reading=reading,
@@ -305,7 +330,7 @@ def cmd_public_register(args) -> int:
     from tasks.errors import ReleaseConflict
 
     storage.check_supported(args.path, "path")
-    if not storage.exists(storage.canonical(args.path)):
+    if not storage.probe(storage.canonical(args.path)):
         print(f"error: {args.path} does not exist", file=sys.stderr)
         return 2
     ledger, shown = _ledger(args)
@@ -332,7 +357,15 @@ def cmd_releases_list(args) -> int:
 
     output = args.output or settings.current().output or storage.canonical(DEFAULT_OUTPUT)
     storage.check_supported(output, "--output")
-    rows = catalogue.rows(output, args.dataset)
+    catalogue.check_output_location(output, "--output" if args.output else "the output location")
+    try:
+        rows = catalogue.rows(output, args.dataset)
+    except Exception as exc:
+        if storage.store_failure(exc):
+            raise
+        # A file in catalogue/ that is not a catalogue row (truncated, another writer's): its type only.
+        raise ReleaseError(f"the catalogue of {output} cannot be read ({type(exc).__name__}): a file in "
+                           f"{storage.join(output, catalogue.CATALOGUE)} is not a catalogue row") from None
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0
@@ -340,6 +373,7 @@ def cmd_releases_list(args) -> int:
     for r in rows:
         print(f"  {r['release_id']:<44} {r['dataset_id']:<20} {r['kind']:<16} {r['period'] or '-':<10} "
               f"epsilon={r['epsilon']:<8.4g} delta={r['delta']:<8.2g} {r['published_at']}  {r['location']}")
+    return 0
 
 
 def cmd_ledger_migrate(args) -> int:
@@ -432,11 +466,20 @@ def probability(text: str) -> float:
     return value
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse's parser with a usage error as one `error:` line (argparse prints the usage, then the error)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"error: {self.prog}: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
     from importlib.metadata import version
 
-    parser = argparse.ArgumentParser(prog="dprelease", description=__doc__.split("\n")[0])
+    parser = _Parser(prog="dprelease", description=__doc__.split("\n")[0])
     parser.add_argument("--version", action="version", version=f"dprelease {version('dprelease')}")
+    parser.add_argument("--debug", dest="debug_all", action="store_true",
+                        help="print the traceback of an internal error on the terminal (every command)")
     sub = parser.add_subparsers(dest="command", required=True)
 
     run = sub.add_parser("run", help="run a release flow (Prefect, local dask cluster by default)",
@@ -633,11 +676,66 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     apply_defaults()  # before any command imports Prefect, dask or great-expectations
     try:
-        return args.func(args)
+        code = args.func(args)
     except (SpecError, Refused) as exc:  # refused before anything ran
         return _failed(args, exc, 2)
-    except (ReleaseError, ValueError) as exc:
+    except ReleaseError as exc:
         return _failed(args, exc, 1)
+    except ValueError as exc:
+        if _raised_here(exc):  # a text of this package's (a query's weights, a replicate file's shape)
+            return _failed(args, exc, 1)
+        return _unexpected(args, exc)
+    except RecursionError:  # a structure nested past Python's stack (a spec 5,000 levels deep), wherever it was read
+        return _failed(args, Refused("an input is nested too deeply to be read (a spec file's mappings and lists "
+                                     "nested hundreds of levels deep?)"), 2)
+    except KeyboardInterrupt:
+        return _failed(args, ReleaseError("interrupted"), INTERRUPTED)
+    except Exception as exc:
+        return _unexpected(args, exc)
+    return 0 if code is None else code
+
+
+def _unexpected(args, exc: Exception) -> int:
+    """An error the pipeline did not raise: its text may quote anything (a value a parser read, a path, a key), so
+    one line with its type, or what kind of failure it is, and the traceback only with --debug."""
+    from tasks import storage
+
+    if storage.store_failure(exc):
+        return _failed(args, Refused(f"an object store cannot be reached ({type(exc).__name__}): credentials and "
+                                     f"endpoint come from the store's standard environment (e.g. AWS_ACCESS_KEY_ID, "
+                                     f"AWS_ENDPOINT_URL). Nothing was run"), 2)
+    if _debugging(args):
+        import traceback
+
+        traceback.print_exc()
+    if type(exc).__name__ == "ValidationError" and type(exc).__module__.startswith("pydantic"):
+        # A library's settings model refused the environment (a PREFECT_* variable): the setting and the rule.
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first.get("loc", ())) or "?"
+        return _failed(args, ReleaseError(f"invalid settings of a library ({exc.title}: {where}: {first['msg']}); "
+                                          f"check its environment variables"), 1)
+    return _failed(args, ReleaseError(f"internal error ({type(exc).__name__}) in `dprelease {args.command}`"
+                                      f"{'' if _debugging(args) else '; --debug prints its traceback'}"), 1)
+
+
+#: The package's own folders: an exception raised from their code carries a text the package wrote.
+_OURS = tuple(str(Path(__file__).resolve().parents[1] / p) + os.sep for p in ("flows", "tasks", "dpalgos",
+                                                                              "data_contracts"))
+
+
+def _raised_here(exc: BaseException) -> bool:
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    return tb is not None and tb.tb_frame.f_code.co_filename.startswith(_OURS)
+
+
+#: The exit code of a command interrupted by Ctrl-C (128 + SIGINT, as shells report it).
+INTERRUPTED = 130
+
+
+def _debugging(args) -> bool:
+    return bool(getattr(args, "debug", False) or getattr(args, "debug_all", False))
 
 
 def _failed(args, exc: Exception, code: int) -> int:
@@ -655,7 +753,10 @@ def entry_point() -> NoReturn:
     process holds Prefect, dask, great-expectations and their dependencies; tearing their modules down took
     2.7 s on a 2-core machine after the last exit handler had run. Everything the teardown would finish is
     finished here first: the exit handlers, the logs and the standard streams."""
-    code = main()
+    try:
+        code = main()
+    except SystemExit as exc:  # argparse: --help, --version, a usage error (its one line already printed)
+        code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
     atexit._run_exitfuncs()
     logging.shutdown()
     sys.stdout.flush()

@@ -35,6 +35,7 @@ from tasks.ingest import ingest
 from tasks.kinds import kind_of
 from tasks.ledger import configured_ledger
 from tasks.manifest import publish_public, publish_release
+from tasks.params import MAX_WEIGHT
 from tasks.partitions import dask_client
 from tasks.progress import stage_listener
 from tasks.report import write_report
@@ -340,7 +341,8 @@ def _stages(spec: ReleaseSpec, release_id: str, run: RunPaths, timer: _Timer, pu
     with timer.stage("ingest"):
         ingest_key = stage_key("ingested", spec)
         contract = (suites.ingested_sets(ds.items_column, ds.item_count) if ds.items_column else
-                    suites.ingested(list(ds.bounds or {}) + list(ds.numeric or []), ds.categories, ds.weight_column))
+                    suites.ingested(list(ds.bounds or {}) + list(ds.numeric or []), ds.categories, ds.weight_column,
+                                    MAX_WEIGHT if ds.weights_count_records else None))
         prepared = _validated("ingested", ingest_key, run,
                               lambda: ingest(ds, run.stage("ingested"), run.internal, source), contract, gx)
     if kind.prepared_stage is not None:

@@ -13,6 +13,15 @@ class Refused(ReleaseError):
     """A release refused by an admission rule before anything ran (`tasks.admission`): the CLI exits 2."""
 
 
+class Unreachable(Refused):
+    """A store a command must ask before anything runs (a dataset's objects, an output location) did not answer, or
+    refused the process's credentials: nothing was run (the CLI exits 2)."""
+
+
+class ServiceUnavailable(ReleaseError):
+    """A service the run needs (its temporary Prefect API) did not start: nothing was charged or written."""
+
+
 class InputError(ReleaseError):
     """The sensitive input cannot be used as the spec describes it (missing, corrupt, wrong schema...)."""
 

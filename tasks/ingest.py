@@ -3,24 +3,22 @@
 from __future__ import annotations
 
 import json
-import re
 from pathlib import Path
 
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
 from data_contracts.validate import parquet_files
-from tasks import storage
+from tasks import sources, storage
 from tasks.errors import InputError, reason
 from tasks.example_data import is_builtin, materialise
 from tasks.params import DatasetSpec
 from tasks.partitions import compute_with_progress
 from tasks.progress import Progress
-from tasks.retry import SAFE, sanitised
+from tasks.retry import INTERNAL_LOG, SAFE, sanitised
 from tasks.run import StageOutput
 from tasks.sets import ingest_sets, ingest_users
 
-_NUMBER = re.compile(r"^[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?$|^[+-]?(nan|inf|infinity)$", re.IGNORECASE)
 _CSV_BLOCKSIZE = "64MB"
 #: Beside the ingested records, in internal/: how many records lost item ids at or above item_count (raw-derived).
 ITEMS_OUTSIDE = "items_outside.json"
@@ -36,62 +34,43 @@ def count_rows(path: str) -> int:
     return total
 
 
-def _first_lines(path: str, n: int) -> list[str]:
-    """Up to n non-blank lines from the start of a (possibly gzipped) text file, local or in a store."""
-    import fsspec
-
-    lines = []
-    try:
-        with fsspec.open(path, "rt", errors="replace", compression="gzip" if path.endswith(".gz") else None) as fh:
-            for line in fh:
-                if line.strip():
-                    lines.append(line.strip())
-                    if len(lines) == n:
-                        break
-    except (OSError, EOFError) as exc:
-        raise InputError(f"cannot read {path}: {reason(exc)}") from None
-    return lines
-
-
-def _split(line: str, sep: str | None) -> list[str]:
-    return line.split() if sep is None else [t.strip().strip('"') for t in line.split(sep)]
-
-
 def _read_csv(dataset: DatasetSpec, path: str, dtypes: dict[str, str]):
     """The file's columns named in `dtypes` (the spec's), each parsed as given. The other columns are read as text
     and dropped: typed by dask's guess from a sample, one record's blank or 40.5 in an undeclared integer column past
-    the sample refused the whole file. A line with a field count other than the header's is refused."""
+    the sample refused the whole file. Its layout (`sources.csv_layout`: encoding, header, duplicate names) and then
+    every line's number of fields (`sources.check_lines`) are checked first: a line with fewer fields than the header
+    was read with nulls for the missing ones, one with more refused without a hint of where."""
     import dask.dataframe as dd
 
-    lines = _first_lines(path, 2)
-    if not lines:
-        raise InputError(f"dataset '{dataset.id}': {path} is empty")
-    first = lines[0]
-    sep = dataset.delimiter or ("," if "," in first else "\t" if "\t" in first else None)
-    tokens = _split(first, sep)
-    header = dataset.header if dataset.header is not None else not all(_NUMBER.match(t) for t in tokens)
-    if header and len(lines) < 2:
-        raise InputError(f"dataset '{dataset.id}': {path} has a header but no data rows")
-    names, wanted = None, list(dtypes)
-    if header:
-        missing = [c for c in wanted if c not in tokens]
-        if missing:
-            raise InputError(f"dataset '{dataset.id}': columns {missing} are missing from {path}")
-    else:
-        if len(tokens) != len(dataset.columns):
-            # Not the number of fields found: it is a count over the first record.
-            raise InputError(f"dataset '{dataset.id}': the headerless file {path} does not have one field per "
-                             f"column the spec's bounds name ({dataset.columns}); give bounds for every field, in "
-                             f"order")
-        names = dataset.columns
+    layout = sources.csv_layout(dataset, path)
+    bad = sources.check_lines(path, layout, _client())
+    if bad is not None:
+        # The line's number counts the records before it: the run's log file only (the internal log's INFO records
+        # reach neither the terminal nor Prefect's API, tasks/retry.py), never the error's text.
+        INTERNAL_LOG.info("dataset '%s': line %d of %s has %d fields, not %d", dataset.id, bad.line, path,
+                          bad.fields, len(layout.names))
+        raise InputError(f"dataset '{dataset.id}': {path} has a malformed line: {bad.fields} field(s) where the "
+                         f"{'header has' if layout.header else 'spec names'} {len(layout.names)} (its line number is "
+                         f"in the run's internal log)")
+    wanted = list(dtypes)
     gz = path.endswith(".gz")
     # Never dask's guess from a sample: a guess lets one record's value decide how the others are read (or
     # refuse them as "mismatched dtypes"). The other columns are read as text, never typed; every column is read so
     # that a line with more fields than the header is refused, not read as its first fields (a review's ragged line).
-    others = {} if not header else {c: "string" for c in tokens if c not in dtypes}
-    return dd.read_csv(str(path), sep=sep or r"\s+", header=0 if header else None, names=names,
-                       dtype={**others, **dtypes}, blocksize=None if gz else _CSV_BLOCKSIZE,
-                       compression="gzip" if gz else None)[wanted]
+    others = {} if not layout.header else {c: "string" for c in layout.names if c not in dtypes}
+    return dd.read_csv(str(path), sep=layout.sep or r"\s+", header=0 if layout.header else None,
+                       names=None if layout.header else list(layout.names), dtype={**others, **dtypes},
+                       blocksize=None if gz else _CSV_BLOCKSIZE, compression="gzip" if gz else None,
+                       encoding="utf-8-sig")[wanted]
+
+
+def _client():
+    try:
+        from distributed import get_client
+
+        return get_client()
+    except (ImportError, ValueError):  # no client: the lines are counted in this process
+        return None
 
 
 def _unreadable(dataset: DatasetSpec, exc: BaseException) -> InputError:

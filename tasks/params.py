@@ -19,6 +19,15 @@ ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$"
 PUBLIC_INPUTS = ("public_sample", "public_marginals")
 
 
+#: The largest weight a row may carry: the spec's `max_weight`, and every weight of a table whose weights count
+#: records (`weights_count_records`, checked by the ingested data's contract). Counts are float64 sums of weights,
+#: exact below 2^53: a weight of 1e308 was charged, then every release of its counts broke the intervals' contract
+#: (float64 had no digits left for the noise), and a max_weight of 10^400 failed the plan's arithmetic.
+MAX_WEIGHT = 2 ** 48
+#: Bounds must leave float64 room to tell values apart: a width below this fraction of the bounds' magnitude
+#: (or an infinite one, as [-1e308, 1e308]) gave bins or a scaling that are not numbers.
+MIN_RELATIVE_WIDTH = 2.0 ** -40
+
 #: How a dataset is parsed and what one record (the privacy unit) is: bound to the dataset by the operator
 #: (`dprelease budget set --reading-from SPEC...`; budgets set before: by its first release, `tasks.ledger`), so
 #: that a spec cannot vary them (a delimiter of its choice turned the parser's refusals into substring queries on
@@ -43,6 +52,26 @@ def public_inputs(release) -> list[str]:
 
 class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_booleans_for_numbers(cls, data):
+        """A number field given true or false is refused, not read as 1 or 0: YAML reads `yes`, `no`, `on` and `off`
+        as booleans, and `k: on` was a one-cluster release."""
+        if isinstance(data, dict):
+            for name, info in cls.model_fields.items():
+                if isinstance(data.get(name), bool) and _numeric(info.annotation):
+                    raise ValueError(f"{name} must be a number, got {str(data[name]).lower()} (YAML reads yes, no, on "
+                                     f"and off as true and false)")
+        return data
+
+
+def _numeric(annotation) -> bool:
+    """int or float, or either or None."""
+    if annotation in (int, float):
+        return True
+    args = getattr(annotation, "__args__", ())
+    return bool(args) and all(a in (int, float, type(None)) for a in args) and any(a in (int, float) for a in args)
 
 
 class DatasetSpec(Strict):
@@ -75,8 +104,10 @@ class DatasetSpec(Strict):
         None, description="categorical columns: column -> PUBLIC levels; a record with another level is left out")
     weight_column: str | None = Field(None, description="a non-negative integer weight per row; needs max_weight or "
                                                        "weights_count_records")
-    max_weight: int | None = Field(None, ge=1, description="PUBLIC cap of a row's weight (its sensitivity)")
-    weights_count_records: bool = Field(False, description="every unit of weight is one privacy unit")
+    max_weight: int | None = Field(None, ge=1, le=MAX_WEIGHT,
+                                   description="PUBLIC cap of a row's weight (its sensitivity), at most 2^48")
+    weights_count_records: bool = Field(False, description="every unit of weight is one privacy unit (each weight at "
+                                                           "most 2^48, checked by the ingested data's contract)")
     items_column: str | None = Field(None, description="set-valued records: a list<int> column of item ids")
     user_column: str | None = Field(None, description="set-valued records in several rows per user (Parquet): "
                                                       "rows are grouped per user, a user's items merged, before "
@@ -96,6 +127,11 @@ class DatasetSpec(Strict):
                 raise ValueError(f"bounds of column '{col}' must be finite, got [{lo}, {hi}]")
             if lo >= hi:
                 raise ValueError(f"bounds of column '{col}' need lower < upper, got [{lo}, {hi}]")
+            width = hi - lo
+            if not math.isfinite(width) or width < MIN_RELATIVE_WIDTH * max(abs(lo), abs(hi)):
+                raise ValueError(f"bounds of column '{col}' must be a range float64 can scale and bin: its width "
+                                 f"{width:g} is {'infinite' if not math.isfinite(width) else 'too small'} for "
+                                 f"[{lo:g}, {hi:g}]")
         return bounds
 
     @field_validator("categories", mode="before")

@@ -68,7 +68,7 @@ def _transaction_chunks(path: str) -> Iterator[tuple[np.ndarray, np.ndarray]]:
     import fsspec
 
     lengths, values = [], []
-    with fsspec.open(path, "rt", compression="gzip" if path.endswith(".gz") else None) as fh:
+    with fsspec.open(path, "rt", encoding="utf-8-sig", compression="gzip" if path.endswith(".gz") else None) as fh:
         for line in fh:
             tokens = line.split()
             try:

@@ -13,7 +13,6 @@ import re
 from pathlib import Path
 from typing import Annotated, Literal, Union
 
-import yaml
 from pydantic import Field, ValidationError, model_validator
 
 from tasks import settings
@@ -21,6 +20,7 @@ from tasks.errors import SpecError
 from tasks.kinds import REGISTRY
 from tasks.kinds.uncertainty import NOT_MEASURED
 from tasks.params import ID_PATTERN, DaskSpec, DatasetSpec, Strict
+from tasks.specfile import SpecFileError, read_mapping
 
 #: The `release:` section: the parameters model of one registered kind, chosen by its `kind` field.
 ReleaseParams = Annotated[Union[tuple(k.Params for k in REGISTRY.values())], Field(discriminator="kind")]
@@ -85,15 +85,11 @@ def load_spec(path: str | Path, **overrides) -> ReleaseSpec:
     """Read a YAML or JSON spec file; keyword overrides replace top-level fields (None is ignored)."""
     path = Path(path)
     try:
-        data = yaml.safe_load(path.read_text())
+        data = read_mapping(path)
     except FileNotFoundError:
         raise SpecError(f"spec file {path} does not exist") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise SpecError(f"spec file {path} cannot be read ({type(exc).__name__})") from None
-    except yaml.YAMLError as exc:
-        raise SpecError(f"spec file {path} is not valid YAML/JSON: {exc}") from None
-    if not isinstance(data, dict):
-        raise SpecError(f"spec file {path} must hold a mapping at top level")
+    except SpecFileError as exc:
+        raise SpecError(str(exc)) from None
     data.update({k: v for k, v in overrides.items() if v is not None})
     return parse_spec(data, source=str(path))
 

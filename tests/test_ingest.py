@@ -78,7 +78,7 @@ def test_a_line_with_more_fields_than_the_header_is_refused_not_read_as_its_firs
         path = tmp_path / name
         path.write_text(text)
         spec = DatasetSpec(id="t", path=str(path), header=header, bounds={"x": [0, 1], "y": [0, 1]})
-        with pytest.raises(InputError, match="or a malformed line") as refused:  # one text: no line, no value
+        with pytest.raises(InputError, match="has a malformed line: 4 field") as refused:  # no line number, no value
             ingest_dataset(spec, str(tmp_path / f"out-{name}"), tmp_path, logging.getLogger("test"))
         assert "Expected" not in str(refused.value)
     fine = tmp_path / "fine.csv"

@@ -283,13 +283,16 @@ def _text_column(tmp_path):
 BAD_INPUTS = {
     "nan": (_nan_csv, {}, ContractViolation, "expect_column_values_to_not_be_null"),
     "inf": (_inf_csv, {}, ContractViolation, "column 'x': expect_column_values_to_be_between"),
-    "missing column": (lambda p: write_parquet(p / "m.parquet", {"x": np.ones(10)}), {}, InputError,
+    # The file's structure: the admission's (rule 13b), before anything runs.
+    "missing column": (lambda p: write_parquet(p / "m.parquet", {"x": np.ones(10)}), {}, Refused,
                        r"columns \['y'\] are missing"),
-    "non-numeric column": (_text_column, {}, InputError, "must be numeric"),
-    "empty file": (lambda p: (p / "e.csv").write_text("") and None or p / "e.csv", {}, InputError, "is empty"),
-    "header only": (lambda p: write_csv(p / "h.csv", np.empty((0, 2))), {}, InputError, "no data rows"),
+    "non-numeric column": (_text_column, {}, Refused, "must be numeric"),
+    "empty file": (lambda p: (p / "e.csv").write_text("") and None or p / "e.csv", {}, Refused, "is empty"),
+    "header only": (lambda p: write_csv(p / "h.csv", np.empty((0, 2))), {}, Refused, "no data rows"),
     "corrupt parquet": (lambda p: (p / "c.parquet").write_bytes(b"PAR1 not really") and p / "c.parquet", {},
-                        InputError, "cannot read"),
+                        Refused, "is not a Parquet file"),
+    "short line": (lambda p: (p / "s.csv").write_text("x,y\n1,2\n3\n") and p / "s.csv", {}, InputError,
+                   "has a malformed line: 1 field"),  # the ingest's: every line is read
     "missing file": (lambda p: p / "absent.csv", {}, Refused, "does not exist"),  # the admission's (rule 4)
 }
 
@@ -448,9 +451,9 @@ def test_a_failed_run_never_deletes_a_folder_it_did_not_create(tmp_path):
     keep = tmp_path / "runs" / "keep"
     keep.mkdir(parents=True)
     (keep / "precious.txt").write_text("mine")
-    (tmp_path / "c.parquet").write_bytes(b"PAR1 not really")
-    with pytest.raises(InputError, match="cannot read"):  # fails after the run folder was opened
-        _run({**spec_dict(tmp_path, tmp_path / "c.parquet"), "release_id": "keep"})
+    (tmp_path / "c.csv").write_text("x,y\n1,2\n3\n")
+    with pytest.raises(InputError, match="malformed line"):  # fails after the run folder was opened: the ingest's
+        _run({**spec_dict(tmp_path, tmp_path / "c.csv"), "release_id": "keep"})
     assert (keep / "precious.txt").read_text() == "mine"
 
 
@@ -579,10 +582,11 @@ def test_public_marginals_swapped_after_the_check_are_refused_not_released(tmp_p
 
 
 def test_a_probe_refused_while_reading_fixes_the_reading_for_the_next(tmp_path, csv_data):
-    """The third audit: delimiters probed one after another, each refused while reading and so never charged."""
+    """The third audit: delimiters probed one after another, each refused while reading (now by the admission's
+    look at the first line, after the binding) and so never charged."""
     d = spec_dict(tmp_path, csv_data)
     probe = {**d, "dataset": {**d["dataset"], "delimiter": ";", "header": False}, "release_id": "probe-1"}
-    with pytest.raises(InputError):
+    with pytest.raises(Refused, match="does not have one field per column"):
         _run(probe)
     again = {**probe, "dataset": {**probe["dataset"], "delimiter": "|"}, "release_id": "probe-2"}
     with pytest.raises(Refused, match="is read as bound to its budget"):

@@ -28,7 +28,8 @@ The order, and why it is this order:
     6. The ledger accepts how the data is read: the reading fields and the columns the operator bound.
     7. What the spec asks for fits the machine: memory and time estimated from public sizes alone
        (`tasks.admission.footprint`), so that nothing is charged for a release that would run out of memory or
-       time (a 2^24-bin histogram, kernel k-means with 10^7 noisy values per iteration...).
+       time (a 2^24-bin histogram, kernel k-means with 10^7 noisy values per iteration, the bootstrap's replicates,
+       10^6 k-means iterations, a refinement's chain...).
     The spec comes back with its data path resolved once, symlinks included: every stage reads what was judged.
 
   The run (`admit_run`), before the charge:
@@ -42,6 +43,14 @@ The order, and why it is this order:
    12. The charge would pass: budget, delta, release-id conflicts (a dry run of the charge, nothing recorded).
    13. The dataset's binding is committed, if nothing bound it yet (the first run's, before the data is read: a
        run refused while reading still fixes how the dataset is read).
+   13b. The source's structure fits the spec (`tasks.sources.check_structure`): a CSV file is UTF-8 text (a
+       byte-order mark dropped), its header names the spec's columns once each; a Parquet file's schema has them,
+       numeric where they must be. No record is read (each line's number of fields is the ingest's, which reads
+       every line). Asked after the binding: its answers depend on the reading (a delimiter of the spec's choice
+       split a headerless file's first line, a record), so the first refusal fixes the reading for the next. Where
+       the reading is bound already (the operator's `budget set --reading-from`, or an earlier release), nothing
+       a spec chooses changes the answers, and it is asked at once, after rule 7: before the dry run of the charge
+       (whose accountant takes half a second to load).
    14. The data's identity is taken (its objects' versions or ETags, its files' sizes and times): the ingest refuses
        data that changed between these checks and its read.
 
@@ -53,16 +62,15 @@ from __future__ import annotations
 
 import json
 import os
+import tempfile
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-import yaml
-
 from dpalgos.lazy import module
-from tasks import settings, storage
+from tasks import settings, sources, specfile, storage
 from tasks.admission.footprint import check_fits
-from tasks.errors import NoBudget, Refused, ReleaseConflict, SpecError
+from tasks.errors import InputError, NoBudget, Refused, ReleaseConflict, SpecError, Unreachable
 from tasks.example_data import is_builtin
 from tasks.ledger import (
     PrivacyLedger,
@@ -115,7 +123,10 @@ def admit_spec(data: dict, *, source: str = "spec"):
     if not spec.test_mode:
         _ledger_accepts_reading(spec)
     check_fits(spec)
-    return _pinned(spec)
+    spec = _pinned(spec)
+    if spec.test_mode or _reading_bound(spec):
+        _structure(spec)  # rule 13b, early: the reading it depends on is fixed already
+    return spec
 
 
 @dataclass(frozen=True)
@@ -138,8 +149,22 @@ def admit_run(spec, release_id: str) -> Admitted:
     if not spec.test_mode:
         ledger = configured_ledger()
         charge_for(ledger, spec, release_id, run, plan, owner=None, dry_run=True)
+        unbound = ledger.reading(spec.dataset.id) is None
         ledger.bind(spec.dataset.id, spec.dataset.path, dataset_reading(spec.dataset))
-    return Admitted(plan, [] if is_builtin(spec.dataset.path) else storage.identity(spec.dataset.path))
+        if unbound:
+            _structure(spec)  # rule 13b: after the binding this run just made
+    return Admitted(plan, [] if is_builtin(spec.dataset.path) else _identity(spec.dataset.path))
+
+
+def _identity(location: str) -> list:
+    """Rule 14: the data's identity (`storage.identity`); a store that stopped answering since rule 4 is refused in
+    one line."""
+    try:
+        return storage.identity(location)
+    except Exception as exc:
+        if storage.is_url(location) and storage.store_failure(exc):
+            raise Unreachable(f"dataset.path: {storage.unreachable_message(location, exc)}") from None
+        raise
 
 
 def charge_for(ledger: PrivacyLedger, spec, release_id: str, run, plan, owner: str | None, dry_run: bool = False):
@@ -162,18 +187,11 @@ def _in_spec_folders(path: Path) -> None:
 
 def _mapping(path: Path) -> dict:
     if not path.is_file():
-        raise Refused(f"spec file {path} does not exist")
+        raise Refused(f"spec file {path} does not exist" if not path.exists() else f"spec file {path} is not a file")
     try:
-        data = yaml.safe_load(path.read_text())
-    except yaml.MarkedYAMLError as exc:
-        mark = exc.problem_mark
-        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
-        raise Refused(f"spec file {path} is not valid YAML/JSON{where}") from None
-    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
-        raise Refused(f"spec file {path} cannot be read as YAML/JSON: {type(exc).__name__}") from None
-    if not isinstance(data, dict):
-        raise Refused(f"spec file {path} must hold a mapping at top level")
-    return data
+        return specfile.read_mapping(path)
+    except specfile.SpecFileError as exc:
+        raise Refused(str(exc)) from None
 
 
 # ---- 3-7: the spec -----------------------------------------------------------------------------------------------
@@ -210,10 +228,9 @@ def _inputs_exist(data: dict) -> None:
         target = data_source(value)  # the location the ledger judged: `..` past a missing folder asks nothing
         if storage.is_url(target):
             try:  # a store's access rights are its credentials': readable if listed
-                found = storage.exists(target)
-            except Exception as exc:  # no credentials, no endpoint, a network error: its type only
-                problems.append(f"{where}: {target} cannot be reached ({type(exc).__name__}; credentials and endpoint "
-                                f"come from the store's standard environment, e.g. AWS_ENDPOINT_URL)")
+                found = storage.probe(target)
+            except Unreachable as exc:  # no credentials, no endpoint, a silent one: one line, in seconds
+                problems.append(f"{where}: {exc}")
                 continue
             if not found:
                 problems.append(f"{where}: {target} does not exist")
@@ -243,6 +260,22 @@ def _refused():
         raise Refused(str(exc)) from None
 
 
+def _structure(spec) -> None:
+    try:
+        sources.check_structure(spec.dataset, spec.dataset.path)
+    except InputError as exc:  # the file's structure, not a record: refused before anything runs
+        raise Refused(str(exc)) from None
+    except Exception as exc:
+        if storage.is_url(spec.dataset.path) and storage.store_failure(exc):
+            raise Unreachable(f"dataset.path: {storage.unreachable_message(spec.dataset.path, exc)}") from None
+        raise
+
+
+def _reading_bound(spec) -> bool:
+    ledger = configured_ledger(create=False)
+    return ledger is not None and ledger.reading(spec.dataset.id) is not None
+
+
 def _pinned(spec):
     path = data_source(spec.dataset.path)
     return spec if path == spec.dataset.path else \
@@ -263,11 +296,19 @@ def _outside_every_dataset(output_dir: str, release_id: str) -> None:
 
 
 def _writable(output_dir: str) -> None:
+    """The first existing folder on the output path takes a new folder: asked by making one and removing it, since
+    permission bits do not tell (`/proc` looks writable to root, and a read-only mount to anyone)."""
     target = Path(output_dir)
-    while not target.exists():
+    while not target.exists() and target != target.parent:
         target = target.parent
+    if not target.is_dir():
+        raise Refused(f"output_dir: {target} is a file, not a folder")
     if not os.access(target, os.W_OK | os.X_OK):
         raise Refused(f"output_dir: {target} is not writable")
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".dprelease-writable-", dir=target))
+    except OSError as exc:
+        raise Refused(f"output_dir: {target} is not writable ({exc.strerror or type(exc).__name__})") from None
 
 
 def _measurements_are_this_release(spec, run) -> None:

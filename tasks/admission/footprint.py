@@ -1,8 +1,11 @@
 """Rule 7 of the admission: what a release asks of the machine, estimated from its public sizes alone (each kind's
-`footprint`), against what the operator lets one release use: `memory_limit_gib` for its largest step's memory and
-`task_timeout_seconds` for its time. A release that does not fit is refused before anything is charged: a
-2^16-bin matrix mechanism's dense normal matrix, kernel k-means with 10^7 noisy values per iteration, friendly
-k-means on 10^6 subsets were charged and then ran out of memory or time (a review of 132 bad inputs)."""
+`footprint`, and the parametric bootstrap of its postprocessed products), against what the operator lets one
+release use: `memory_limit_gib` for its largest step's memory and `task_timeout_seconds` for its time. A release
+that does not fit is refused before anything is charged: a 2^16-bin matrix mechanism's dense normal matrix, kernel
+k-means with 10^7 noisy values per iteration, friendly k-means on 10^6 subsets were charged and then ran out of
+memory or time (a review of 132 bad inputs); so were `replicates: 10000` on 4,096 bins and a 2^20-bin histogram's
+default replicates, whose bootstrap was left out of the estimate, and k-means with 10^6 iterations, whose time
+counted the noise but not the partition pass of each iteration (a review of 237 bad inputs)."""
 
 from __future__ import annotations
 
@@ -12,19 +15,71 @@ from tasks.errors import Refused
 
 GIB = 2.0 ** 30
 _kinds = module("tasks.kinds")  # loaded by the schema (rule 5) before this rule is asked
+_base = module("tasks.kinds.base")
+_uncertainty = module("tasks.kinds.uncertainty")
+_accounting = module("dpalgos.accounting")
+
+#: The bootstrap (tasks/uncertainty.py) keeps every replicate's products until their intervals are computed, stacks
+#: them, sorts them for the percentiles, and writes and checks the replicates file: its peak memory is about this many
+#: times the values kept, and it spends about BOOTSTRAP_SECONDS_PER_VALUE on each, beside the kind's own rerun
+#: (`replicate_seconds`). Measured on the 2-core machine under load, against the same release with B = 0: a 2^16-bin
+#: tree histogram (196,608 values per replicate), B = 199 took 1.3 GB and 10 s more, B = 599 3.5 GB and 44 s; a
+#: 4,096-bin one (8,465 values), B = 10,000 4.05 GB and 41 s (factors 4.2, 3.7 and 6.0; 2.6e-7 to 4.7e-7 s a value).
+BOOTSTRAP_MEMORY_FACTOR = 6.0
+BOOTSTRAP_SECONDS_PER_VALUE = 5e-7
+
+
+def bootstrap_footprint(spec, plan):
+    """The parametric bootstrap's memory and time: B replicates (the spec's, else the default `replicates_of` picks
+    from the kind's public cost) of `replicate_values` values each."""
+    kind = _kinds.kind_of(spec)
+    if not _uncertainty.bootstrap_planned(kind, spec):
+        return _base.Footprint()
+    count = _uncertainty.replicates_of(kind, spec)
+    if not count:
+        return _base.Footprint()
+    values = kind.replicate_values(spec, plan)
+    return _base.Footprint(BOOTSTRAP_MEMORY_FACTOR * 8.0 * count * values,
+                           count * (kind.replicate_seconds(spec) + values * BOOTSTRAP_SECONDS_PER_VALUE),
+                           f"the bootstrap's {count:,} replicates of {values:,.0f} values each")
+
+
+def release_footprint(spec):
+    """The kind's footprint, then its bootstrap's (after the postprocessing, on the same driver)."""
+    kind = _kinds.kind_of(spec)
+    fp = kind.footprint(spec)
+    try:
+        plan = kind.plan(spec)
+    except _accounting.CalibrationError:  # refused by rule 10, with its reason
+        return fp
+    return fp + bootstrap_footprint(spec, plan)
 
 
 def check_fits(spec) -> None:
-    fp = _kinds.kind_of(spec).footprint(spec)
+    """The kind's footprint first (from formulas alone), then with its bootstrap's, whose size needs the plan: a
+    plan may build what the kind's footprint sizes (a strategy matrix), so it is built only for a release that fits
+    without it."""
+    _check(spec, _kinds.kind_of(spec).footprint(spec))
+    _check(spec, release_footprint(spec))
+
+
+def _check(spec, fp) -> None:
     limits = settings.current()
     if fp.memory > limits.memory_limit_gib * GIB:
         raise Refused(f"this {spec.release.kind} release needs about {fp.memory / GIB:.3g} GiB for {fp.what}, more "
                       f"than the {limits.memory_limit_gib:.3g} GiB one release may use on this machine "
-                      f"({settings.env_of('memory_limit_gib')}): ask for smaller public sizes. Nothing was run")
+                      f"({settings.env_of('memory_limit_gib')}): {_advice(fp.what)}. Nothing was run")
     if fp.seconds > limits.task_timeout_seconds:
-        raise Refused(f"this {spec.release.kind} release needs about {_duration(fp.seconds)} for {fp.what}, more than "
-                      f"a stage may run on this machine ({_duration(limits.task_timeout_seconds)}, "
-                      f"{settings.env_of('task_timeout_seconds')}): ask for smaller public sizes. Nothing was run")
+        slowest = fp.slowest or fp.what
+        raise Refused(f"this {spec.release.kind} release needs about {_duration(fp.seconds)} for {slowest}, more "
+                      f"than a stage may run on this machine ({_duration(limits.task_timeout_seconds)}, "
+                      f"{settings.env_of('task_timeout_seconds')}): {_advice(slowest)}. Nothing was run")
+
+
+def _advice(what: str) -> str:
+    if what.startswith("the bootstrap"):
+        return "ask for fewer replicates (the spec's `replicates`; 0: no bootstrap intervals)"
+    return "ask for smaller public sizes"
 
 
 def _duration(seconds: float) -> str:

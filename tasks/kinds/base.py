@@ -27,6 +27,10 @@ if TYPE_CHECKING:  # the kinds' public face (parameters, shape, checks) loads wi
     from tasks.kinds.uncertainty import Bootstrap, Direct, Predicted
     from tasks.run import RunPaths, StageOutput
 
+#: The words of a caveat (`ReleaseKind.caveats`) saying that the release holds no released values (no friendly core):
+#: the CLI's status line and exit code follow them.
+NOTHING_RELEASED = "nothing was released"
+
 #: Data shapes: numeric points with bounds, one bounded numeric column, categorical columns, set-valued records,
 #: numeric points without bounds.
 Shape = Literal["points", "values", "categories", "sets", "numeric"]
@@ -41,11 +45,18 @@ class Footprint:
     memory: float = 0.0
     seconds: float = 0.0
     what: str = "nothing"
+    #: the step that takes the most time, and its seconds (None: `what` and `seconds`, a single step's)
+    slowest: str | None = None
+    slowest_seconds: float | None = None
+
+    def _slow(self) -> tuple[float, str]:
+        return (self.seconds if self.slowest_seconds is None else self.slowest_seconds), (self.slowest or self.what)
 
     def __add__(self, other: "Footprint") -> "Footprint":
         """Steps one after the other: memory is the larger peak, time adds up."""
         what = self.what if self.memory >= other.memory else other.what
-        return Footprint(max(self.memory, other.memory), self.seconds + other.seconds, what)
+        slow = max(self._slow(), other._slow(), key=lambda s: s[0])
+        return Footprint(max(self.memory, other.memory), self.seconds + other.seconds, what, slow[1], slow[0])
 
 
 #: Rates of this project's work on one core of the reference machine (2 cores, measured under load, see
@@ -174,6 +185,13 @@ class ReleaseKind(ABC):
         sizes, and from the measurements when given (noisy values, public): it sets the default number of
         replicates (`tasks.kinds.uncertainty.replicates_of`)."""
         return 0.0
+
+    def replicate_values(self, spec, plan: Plan) -> float:
+        """A public estimate of the float64 values one bootstrap replicate's products hold (`Bootstrap.rerun`'s
+        arrays): the bootstrap keeps every replicate's until their intervals are computed, and the admission's
+        footprint of it is this times the replicates (`tasks.admission.footprint`). Default: twice the plan's noisy
+        values (products the size of the measurements and of their sums, as a tree's leaves and nodes)."""
+        return 2.0 * sum(float(m.values or 0) * m.repetitions for m in plan.mechanisms)
 
     def accuracy(self, spec, records: int | None = None) -> list[Predicted]:
         """The accuracy planner: the expected error of each published quantity at the spec's epsilon, from the

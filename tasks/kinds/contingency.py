@@ -206,6 +206,9 @@ class ContingencyKind(ReleaseKind):
     def bootstraps(self, spec):
         return True
 
+    def replicate_values(self, spec, plan):
+        return float(table_of(spec).size)  # the table's cells
+
     def replicate_seconds(self, spec, measurements=None):
         return 1e-4 + SECONDS_PER_LS_CELL * table_of(spec).size
 

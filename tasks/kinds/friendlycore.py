@@ -27,7 +27,7 @@ from dpalgos import friendlycore as fc
 from dpalgos.intervals import NoiseLaw
 from dpalgos.lazy import module
 from dpalgos.plan import Plan
-from tasks.kinds.base import Draw, Footprint, ReleaseKind
+from tasks.kinds.base import NOTHING_RELEASED, Draw, Footprint, ReleaseKind
 from tasks.kinds.uncertainty import Bootstrap, Center, Direct, Predicted, Product, UncertaintyParams, exact
 from tasks.params import ReleaseBase
 from tasks.partitions import Partitioned, current_client
@@ -255,6 +255,10 @@ class _FriendlyKind(ReleaseKind):
     def bootstraps(self, spec):
         return True
 
+    def replicate_values(self, spec, plan):
+        """The released mean, or k centres, of d coordinates."""
+        return float(getattr(spec.release, "k", 1) * len(spec.dataset.columns))
+
     def bootstrap(self, spec, measurements, staging, plan):
         """A refined mean c1 + S / D (§13), D = max(noisy n, L): the noise of the clipped sum S (at the clip radius
         C) and of the count n redrawn around S = D (m - c1) and n = D, the division rerun; c1, C and L are kept
@@ -277,7 +281,7 @@ class _FriendlyKind(ReleaseKind):
     def caveats(self, spec, staging):
         info = json.loads((staging / INFO).read_text())
         if not info["released"]:
-            return ["no friendly core: nothing was released (the test of the core's noisy weight failed; the budget "
+            return [f"no friendly core: {NOTHING_RELEASED} (the test of the core's noisy weight failed; the budget "
                     "is spent). A larger radius (r, or r_max) or more records let a core pass"]
         return _left_out(info, spec.release.confidence) if self.name == "mean" else []
 

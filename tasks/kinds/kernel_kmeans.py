@@ -265,6 +265,10 @@ class KernelKMeansKind(ReleaseKind):
     def bootstraps(self, spec):
         return True
 
+    def replicate_values(self, spec, plan):
+        """Each cluster's noisy size and centre in feature space."""
+        return float(spec.release.k * (1 + spec.release.features))
+
     def bootstrap(self, spec, measurements, staging, plan):
         """Around the last iteration: the sums its noisy centres and sizes imply (centre x size), redrawn with the
         plan's Gaussian at the committed clipping bound, the sizes likewise; a replicate's centre is its sum over

@@ -93,6 +93,20 @@ REFERENCE_MAX_ROWS = 200_000
 #: refinement about 1.5 us per MCMC step (30,000 steps at 400 points: 50 ms; 150,000 at 5,000: 0.14 s) and
 #: 20 ms for the k-means of its best dataset.
 SECONDS_PER_STEP, SECONDS_PER_REFINEMENT, SECONDS_UNREFINED = 1.5e-6, 2e-2, 1e-3
+#: One DP Lloyd round's floor beside its noise: a pass over the partitions on the dask workers and back, the round's
+#: noise calls and its log line (14 ms a round with one partition: 300 rounds in 4.2 s on the loaded 2-core machine,
+#: 2026-11-29). Rounds are many passes, not one: 10^6 iterations were estimated at 120 s, then timed out drawing.
+SECONDS_PER_ROUND = 0.02
+#: Lee & Kifer's consistency (§3.2) is an ADMM over the whole trajectory's n = T K (d + 1) counts and sums with a
+#: dense constraint matrix: a peak of about CONSISTENCY_ARRAYS dense n x n float64 arrays (the constraints, A'A + 2I,
+#: its Cholesky factor, the triangles the iterations read), the factorisation's ~2 n^3 operations at BLAS_FLOPS, and
+#: up to about CONSISTENCY_ITERATIONS iterations of SECONDS_PER_SQUARE per n^2. Measured 2026-11-29 on the loaded
+#: 2-core machine: 90 to 1,100 iterations (T = 10..300, K = 3, d = 2); n = 2,700 (T = 300) took 19 s, 1.8 s of them
+#: the factorisation, and every bootstrap replicate reruns it (the estimate had left it out: 119 replicates of 24 s);
+#: n = 7,500 (K = 500, T = 5) 21 s (156 iterations, 1.2e-9 s per n^2 each) and a peak of 3.0 n^2 float64.
+CONSISTENCY_ARRAYS, CONSISTENCY_ITERATIONS, SECONDS_PER_SQUARE, BLAS_FLOPS = 4, 1000, 2e-9, 2e10
+#: A replicate's own trajectory: the plan's noise redrawn and the centroids recomputed, per round.
+SECONDS_PER_REPLICATE_ROUND = 2e-5
 REFERENCE_START_ROWS = 20_000
 REFINEMENT_UNITS = 20
 REFINEMENT_PHASES = {"consistency": "consistency of the trajectory (ADMM)",
@@ -296,6 +310,13 @@ class KMeansKind(ReleaseKind):
         if seeded(spec):
             fp += Footprint(8.0 * first * p.k, 10 * 100 * 3.0 * first * p.k * d / FLOPS,
                             f"the weighted k-means of the {first:,} seeds into {p.k:,} clusters")
+        fp += Footprint(0.0, p.iterations * SECONDS_PER_ROUND,
+                        f"{p.iterations:,} DP Lloyd rounds (each a pass over the partitions)")
+        if p.postprocess:  # whether the refinement runs is known after the draw only: counted as if it does
+            if "consistency" in p.postprocess:
+                fp += consistency_footprint(p.iterations, p.k, d)
+            if "mcmc" in p.postprocess:
+                fp += Footprint(0.0, _chain_seconds(p), f"the refinement's MCMC ({_chain_steps(p):,} steps)")
         return fp
 
     def plan(self, spec):
@@ -410,19 +431,29 @@ class KMeansKind(ReleaseKind):
     def bootstraps(self, spec):
         return True
 
+    def replicate_values(self, spec, plan):
+        """The released and the last-iterate centroids (and the box's in original units): k x d each."""
+        return float(spec.release.k * len(spec.dataset.columns) * (3 if domain_of(spec) == "box" else 2))
+
     def replicate_seconds(self, spec, measurements=None):
         """The refinement's chain dominates, when it runs: its length from the noisy counts when the measurements
         are known (and the refinement is then expected only if the release itself used it)."""
         p = spec.release
-        if "mcmc" not in p.postprocess:
-            return SECONDS_UNREFINED
-        if measurements is None:
-            return SECONDS_PER_REFINEMENT + SECONDS_PER_STEP * (p.mcmc_steps or leekifer.PAPER_STEPS)
-        traj = self.trajectory(spec, measurements)
-        if not _refines(traj, p):
-            return SECONDS_UNREFINED
-        size = int(np.rint(np.maximum(traj.noisy_counts[-1], 0.0)).sum())
-        return SECONDS_PER_REFINEMENT + SECONDS_PER_STEP * (p.mcmc_steps or leekifer.default_steps(size))
+        rounds = SECONDS_PER_REPLICATE_ROUND * p.iterations
+        if not p.postprocess:
+            return SECONDS_UNREFINED + rounds
+        size = None
+        if measurements is not None:
+            traj = self.trajectory(spec, measurements)
+            if not _refines(traj, p):
+                return SECONDS_UNREFINED + rounds
+            size = int(np.rint(np.maximum(traj.noisy_counts[-1], 0.0)).sum())
+        seconds = SECONDS_UNREFINED + rounds
+        if "consistency" in p.postprocess:
+            seconds += consistency_footprint(p.iterations, p.k, len(spec.dataset.columns)).seconds
+        if "mcmc" in p.postprocess:
+            seconds += _chain_seconds(p, size)
+        return seconds
 
     def bootstrap(self, spec, measurements, staging, plan):
         """Around the noisy statistics of the trajectory (counts clipped at zero), its assignment centroids kept:
@@ -565,6 +596,27 @@ def _mean_square_coordinate(domain_name: str, d: int) -> float:
     """E[x_j^2] of a uniform point of the domain (public): 1/3 in the box, 1/(d + 2) in the unit L2 ball,
     2/((d + 1)(d + 2)) in the unit L1 ball."""
     return {"box": 1.0 / 3.0, "l2_ball": 1.0 / (d + 2.0), "l1_ball": 2.0 / ((d + 1.0) * (d + 2.0))}[domain_name]
+
+
+def consistency_footprint(iterations: int, k: int, d: int) -> Footprint:
+    """Lee & Kifer's consistency of a trajectory of T = `iterations` rounds (see CONSISTENCY_ARRAYS)."""
+    if iterations < 2:
+        return Footprint()
+    n = float(iterations * k * (d + 1))
+    return Footprint(CONSISTENCY_ARRAYS * 8.0 * n * n,
+                     2.0 * n ** 3 / BLAS_FLOPS + CONSISTENCY_ITERATIONS * SECONDS_PER_SQUARE * n * n,
+                     f"the consistency of the {iterations:,}-round trajectory (an ADMM over {n:,.0f} values, "
+                     f"dense)")
+
+
+def _chain_steps(p, size: int | None = None) -> int:
+    """The refinement's chain length: the spec's, else the default of the noisy record count (the paper's
+    minimum before the draw, when that count is not known yet)."""
+    return p.mcmc_steps or (leekifer.default_steps(size) if size is not None else leekifer.PAPER_STEPS)
+
+
+def _chain_seconds(p, size: int | None = None) -> float:
+    return SECONDS_PER_REFINEMENT + SECONDS_PER_STEP * _chain_steps(p, size)
 
 
 def _refines(traj: dpkmeans.Trajectory, p) -> bool:

@@ -32,7 +32,9 @@ class MatrixMechanismParams(ConsistencyBase, UncertaintyParams):
                                                           "reconstruction: the admission estimates them, `footprint`)")
     workload: Literal["identity", "predicate", "all_range", "plus_minus_one"] = Field(
         "all_range", description="the queries answered: identity (every bin), predicate (random 0/1 rows), all_range "
-                                 "(every interval of bins), plus_minus_one (random +-1 rows)")
+                                 "(every interval of bins), plus_minus_one (random +-1 rows); their answers are in "
+                                 "workload_answers.parquet, except all_range's n(n+1)/2, which are sums of "
+                                 "estimate.parquet's bins (differences of its prefix sums)")
     workload_queries: int = Field(512, ge=1, description="queries of the random workloads")
     workload_seed: int = Field(0, description="PUBLIC seed of the random workloads")
     strategy: Literal["identity", "hierarchical", "workload"] = Field(
@@ -69,6 +71,16 @@ COUNTING = ("identity", "predicate", "all_range")
 def workload_of(spec) -> mm.Workload:
     p = spec.release
     return mm.workload(p.workload, p.bins, queries=p.workload_queries, seed=p.workload_seed)
+
+
+def _workload_rows(p) -> int:
+    """The rows of the workload matrix as the kind builds it (all_range: none, its answers are prefix sums)."""
+    return {"identity": p.bins, "predicate": p.workload_queries, "plus_minus_one": p.workload_queries,
+            "all_range": 0}[p.workload]
+
+
+def _strategy_rows(p) -> int:
+    return {"identity": p.bins, "hierarchical": 2 * p.bins - 1, "workload": _workload_rows(p)}[p.strategy]
 
 
 def strategy_of(spec):
@@ -108,9 +120,8 @@ class MatrixMechanismKind(ReleaseKind):
         the tree, and the L1 reconstruction, whose ADMM factorises A'A, dense n x n for every strategy but the
         identity."""
         p = spec.release
-        n, q = p.bins, p.workload_queries
-        workload_rows = {"identity": n, "predicate": q, "plus_minus_one": q, "all_range": 0}[p.workload]
-        rows = {"identity": n, "hierarchical": 2 * n - 1, "workload": workload_rows}[p.strategy]
+        n = p.bins
+        workload_rows, rows = _workload_rows(p), _strategy_rows(p)
         fp = dense_footprint(workload_rows, n, 2.0 * workload_rows * n,
                              f"the {p.workload} workload matrix ({workload_rows:,} x {n:,})")
         fp += noise_footprint(rows, "laplace", True, f"the {rows:,} noisy strategy answers")
@@ -173,9 +184,16 @@ class MatrixMechanismKind(ReleaseKind):
     def bootstraps(self, spec):
         return True
 
+    def replicate_values(self, spec, plan):
+        """The estimate's bins, and the workload's answers where they are published (not for all_range)."""
+        p = spec.release
+        return float(p.bins + (p.workload_queries if p.workload in ("predicate", "plus_minus_one") else
+                               p.bins if p.workload == "identity" else 0))
+
     def replicate_seconds(self, spec, measurements=None):
-        A = strategy_of(spec)
-        return SECONDS_PER_LS_CALL + SECONDS_PER_LS_ENTRY * A.shape[0] * A.shape[1]
+        # The strategy's shape from the public sizes (`_strategy_rows`): building it to read its shape cost the
+        # admission a dense matrix.
+        return SECONDS_PER_LS_CALL + SECONDS_PER_LS_ENTRY * _strategy_rows(spec.release) * spec.release.bins
 
     def bootstrap(self, spec, measurements, staging, plan):
         """Around the released signed estimate: the strategy's answers on it are the noiseless measurement it implies.

@@ -129,6 +129,8 @@ def _owner_only(path: Path) -> None:
         previous = os.umask(0o077)
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:  # /proc/x/ledger.sqlite, a read-only mount: one line, not a traceback
+            raise ReleaseError(f"cannot create privacy ledger {path}: {exc.strerror or type(exc).__name__}") from None
         finally:
             os.umask(previous)
     try:

@@ -21,9 +21,12 @@ from tasks.storage.io import (
                               identity,
                               is_dir,
                               makedirs,
+                              probe,
                               read_bytes,
                               read_table,
                               remove,
+                              store_failure,
+                              unreachable_message,
                               upload,
                               write_bytes,
                               write_table,
@@ -43,4 +46,5 @@ from tasks.storage.locations import (
 
 __all__ = ["EXTRAS", "SCHEMES", "canonical", "check_supported", "copy_into", "digest", "download", "exists",
            "file_sha256", "files", "filesystem", "identity", "is_dir", "is_url", "join", "makedirs", "name", "parent",
-           "read_bytes", "read_table", "relative", "remove", "upload", "within", "write_bytes", "write_table"]
+           "probe", "read_bytes", "read_table", "relative", "remove", "store_failure", "unreachable_message", "upload",
+           "within", "write_bytes", "write_table"]

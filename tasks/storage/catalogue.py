@@ -17,8 +17,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from tasks import settings
-from tasks.storage.io import exists, files, read_table, write_table
-from tasks.storage.locations import canonical, join
+from tasks.errors import Refused
+from tasks.storage.io import exists, files, probe, read_table, write_table
+from tasks.storage.locations import canonical, is_url, join
 
 CATALOGUE = "catalogue"
 #: The version of the released files' layout and metadata (their key-value metadata names it).
@@ -51,6 +52,22 @@ def add(output: str, row: dict) -> str:
     where = join(output, CATALOGUE, f"release={row['release_id']}.parquet")
     write_table(table, where, {"dprelease.schema_version": SCHEMA_VERSION})
     return where
+
+
+def check_output_location(output: str, what: str = "--output") -> None:
+    """Refuse, in one line, what cannot be an output location: a missing folder, a file, a store that does not
+    answer. (`releases list` said "0 releases" of all three.) A folder or a store's prefix without a catalogue is
+    one: nothing was published there yet. A store's prefix exists once objects are under it, so only its store is
+    asked."""
+    if is_url(output):
+        probe(output)  # raises Unreachable for a store that does not answer or refuses the credentials
+        return
+    path = Path(output)
+    if not path.exists():
+        raise Refused(f"{what}: {output} does not exist: not an output location (the folder runs write to, or the "
+                      f"operator's `output` setting)")
+    if not path.is_dir():
+        raise Refused(f"{what}: {output} is a file, not an output location (a folder, or a store's URL)")
 
 
 def rows(output: str, dataset_id: str | None = None) -> list[dict]:

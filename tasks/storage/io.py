@@ -23,6 +23,58 @@ def filesystem(location: str):
     return fsspec.core.url_to_fs(location)
 
 
+#: How long the checks before anything runs wait for a store (`probe`): a connection, then each answer, one attempt.
+#: With the clients' defaults (60 s a read, botocore's 5 attempts, s3fs's 5 retries) a silent endpoint (one that
+#: accepts connections and never answers) held `dprelease run` and `releases list` for over 5 minutes.
+PROBE_CONNECT_SECONDS, PROBE_READ_SECONDS = 5.0, 5.0
+#: The packages whose exceptions say that a store did not answer or refused the request (no credentials, a refused
+#: connection, a timeout, an unknown bucket): their texts are the store's, never the data's.
+STORE_PACKAGES = ("botocore", "aiobotocore", "boto3", "aiohttp", "s3fs", "gcsfs", "adlfs", "azure", "google",
+                  "fsspec")
+
+
+def store_failure(exc: BaseException) -> bool:
+    """Whether `exc` is a store's client saying the store cannot be reached or refused the request."""
+    return isinstance(exc, TimeoutError) or any(t.__module__.split(".")[0] in STORE_PACKAGES for t in type(exc).__mro__)
+
+
+def unreachable_message(location: str, exc: BaseException) -> str:
+    """One line for a store that cannot be reached: the location, the exception's type (its text may be long and
+    names endpoints and keys), where credentials come from."""
+    return (f"{location} cannot be reached ({type(exc).__name__}): credentials and endpoint come from the store's "
+            f"standard environment (e.g. AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_ENDPOINT_URL). Nothing was run")
+
+
+def probe(location: str) -> bool:
+    """Whether `location` exists, asked with short timeouts and one attempt (`PROBE_CONNECT_SECONDS`,
+    `PROBE_READ_SECONDS`): the checks before anything runs use it. A store that does not answer, or refuses the
+    credentials, raises `tasks.errors.Unreachable` naming the location, in seconds rather than minutes."""
+    from tasks.errors import Unreachable
+
+    if not is_url(location):
+        return Path(location).exists()
+    try:
+        fs, path = _probe_filesystem(location)
+        return fs.exists(path)
+    except Exception as exc:
+        if store_failure(exc) or isinstance(exc, OSError):
+            raise Unreachable(unreachable_message(location, exc)) from None
+        raise
+
+
+def _probe_filesystem(location: str):
+    import fsspec
+
+    scheme = location.split("://", 1)[0].lower()
+    if scheme != "s3":
+        return filesystem(location)
+    fs = fsspec.filesystem("s3", skip_instance_cache=True, config_kwargs={
+        "connect_timeout": PROBE_CONNECT_SECONDS, "read_timeout": PROBE_READ_SECONDS,
+        "retries": {"max_attempts": 1, "mode": "standard"}})
+    fs.retries = 1  # s3fs's own retries of a timed-out request (its default: 5), on this instance only
+    return fs, fs._strip_protocol(location)
+
+
 def exists(location: str) -> bool:
     if not is_url(location):
         return Path(location).exists()
