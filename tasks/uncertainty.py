@@ -32,14 +32,13 @@ from data_contracts import suites
 from data_contracts.suites import Contract
 from dpalgos.intervals import min_replicates, percentile_interval
 from tasks.kinds.uncertainty import (
-    MAX_DEFAULT_BOOTSTRAP_SECONDS,
     Bootstrap,
     Direct,
     Product,
     bootstrap_planned,
     bounded_interval,
     replicates_of,
-    skipped_seconds,
+    skipped_reason,
 )
 from tasks.run import committed_plan
 
@@ -101,10 +100,8 @@ def add_uncertainty(kind, spec, measurements: Path, staging: Path, log) -> Made:
                  "measurements)", count)
         _replicate(boot, count, seed, staging, confidence, made)
     elif boot is not None:
-        seconds = skipped_seconds(kind, spec, measurements)
-        skipped = (f"skipped by default: its fewest replicates at this confidence would take about {seconds:.0f} s "
-                   f"(more than {MAX_DEFAULT_BOOTSTRAP_SECONDS:.0f} s); the intervals of these products are null. "
-                   f"Set the spec's replicates (at least {min_replicates(confidence)}) to run it")
+        skipped = (f"skipped by default: {skipped_reason(kind, spec, measurements)}; the intervals of these products "
+                   f"are null. Set the spec's replicates (at least {min_replicates(confidence)}) to run it")
         log.info("bootstrap of the postprocessed products %s", skipped)
         _write_null_intervals(boot, staging, made)
         boot = None

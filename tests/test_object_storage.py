@@ -135,9 +135,9 @@ def test_a_release_reads_writes_and_publishes_on_the_store(s3, tmp_path, monkeyp
     prefix = "releases/dataset=sensors/kind=histogram/release=s3-1/"
     public = _keys(s3, "public")
     assert summary["published_at"] == f"s3://public/{prefix.rstrip('/')}"
-    published = ("manifest.json", "histogram.parquet", "tree.parquet", "consistency.json",
-                 "measurements/measurements.json", "measurements/noisy_tree.parquet", "noisy_tree.parquet",
-                 "uncertainty.json", "histogram_replicates.parquet")  # the noisy tree with its intervals at the top
+    published = ("manifest.json", "histogram.parquet", "consistency.json", "measurements/measurements.json",
+                 "measurements/noisy_strategy.parquet", "measurements/strategy.npz", "noisy_strategy.parquet",
+                 "uncertainty.json", "histogram_replicates.parquet")  # the noisy strategy with its intervals at the top
     assert public == sorted([prefix + k for k in published] +
                             ["releases/catalogue/release=s3-1.parquet"])  # nothing raw-derived is public
     private = _keys(s3, "private")
@@ -213,8 +213,8 @@ def test_duckdb_and_polars_read_the_daily_releases_as_one_table(tmp_path, monkey
 
     summary = state.result()
     published = Path(summary["published_at"])
-    wanted = {f"file://{published / f}" for f in ("manifest.json", "histogram.parquet", "tree.parquet",
-                                                 "consistency.json", "measurements/noisy_tree.parquet")}
+    wanted = {f"file://{published / f}" for f in ("manifest.json", "histogram.parquet", "consistency.json",
+                                                 "measurements/noisy_strategy.parquet")}
     events: list[dict] = []
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:  # events reach the server's store asynchronously

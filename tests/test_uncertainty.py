@@ -138,6 +138,23 @@ def test_default_replicates_follow_the_public_cost(tmp_path, monkeypatch):
 
 
 
+def test_the_default_replicates_fit_the_default_bootstrap_memory(tmp_path):
+    """A 2^20-bin tree's time-chosen default (119 replicates, about 24 GB) made the whole release refused: the default
+    B is bounded by MAX_DEFAULT_BOOTSTRAP_BYTES too, and skipped (null intervals, the reason naming the memory) when
+    even the fewest replicates would not fit; a 2^18-bin tree keeps a smaller B within it, a 2^16-bin one all 199."""
+    from tasks.kinds.uncertainty import MAX_DEFAULT_BOOTSTRAP_BYTES, replicate_bytes, skipped_reason
+
+    hist = REGISTRY["histogram"]
+    for bins, expected in ((2 ** 16, lambda b: b == 199), (2 ** 18, lambda b: 39 <= b < 199),
+                           (2 ** 20, lambda b: b == 0)):
+        spec = parse_spec({"dataset": {"id": "u", "path": "x.csv", "bounds": {"v": [0, 1]}},
+                           "release": {"kind": "histogram", "bins": bins, "epsilon": 1.0, "strategy": "tree",
+                                       "branching": 4}})
+        count = replicates_of(hist, spec)
+        assert expected(count) and count * replicate_bytes(hist, spec) <= MAX_DEFAULT_BOOTSTRAP_BYTES
+    assert "GiB" in skipped_reason(hist, spec, tmp_path)
+
+
 def test_a_default_bootstrap_too_costly_is_skipped_with_null_intervals_and_a_reason(tmp_path, monkeypatch):
     """A refinement's replicates grow with the noisy record count: at 1 s each the fewest (39) would take 39 s, past
     MAX_DEFAULT_BOOTSTRAP_SECONDS, so the default skips it (null interval columns that still pass the release

@@ -19,13 +19,9 @@ _base = module("tasks.kinds.base")
 _uncertainty = module("tasks.kinds.uncertainty")
 _accounting = module("dpalgos.accounting")
 
-#: The bootstrap (tasks/uncertainty.py) keeps every replicate's products until their intervals are computed, stacks
-#: them, sorts them for the percentiles, and writes and checks the replicates file: its peak memory is about this many
-#: times the values kept, and it spends about BOOTSTRAP_SECONDS_PER_VALUE on each, beside the kind's own rerun
-#: (`replicate_seconds`). Measured on the 2-core machine under load, against the same release with B = 0: a 2^16-bin
-#: tree histogram (196,608 values per replicate), B = 199 took 1.3 GB and 10 s more, B = 599 3.5 GB and 44 s; a
-#: 4,096-bin one (8,465 values), B = 10,000 4.05 GB and 41 s (factors 4.2, 3.7 and 6.0; 2.6e-7 to 4.7e-7 s a value).
-BOOTSTRAP_MEMORY_FACTOR = 6.0
+#: The bootstrap spends about this on each value it keeps, beside the kind's own rerun (`replicate_seconds`);
+#: its memory is `tasks.kinds.uncertainty.BOOTSTRAP_BYTES_PER_VALUE` a value. Measured on the 2-core machine under
+#: load, against the same release with B = 0: 2.6e-7 to 4.7e-7 s a value.
 BOOTSTRAP_SECONDS_PER_VALUE = 5e-7
 
 
@@ -39,7 +35,7 @@ def bootstrap_footprint(spec, plan):
     if not count:
         return _base.Footprint()
     values = kind.replicate_values(spec, plan)
-    return _base.Footprint(BOOTSTRAP_MEMORY_FACTOR * 8.0 * count * values,
+    return _base.Footprint(_uncertainty.BOOTSTRAP_BYTES_PER_VALUE * count * values,
                            count * (kind.replicate_seconds(spec) + values * BOOTSTRAP_SECONDS_PER_VALUE),
                            f"the bootstrap's {count:,} replicates of {values:,.0f} values each")
 

@@ -231,14 +231,14 @@ class HistogramKind(ReleaseKind):
         return {"kind": "histogram", "bins": 16, "branching": 4, "epsilon": 1.0}
 
     def footprint(self, spec):
-        """One noisy count per measured row, then the estimates over them (about 300 bytes and 10 us per row for the
+        """One noisy count per measured row, then the estimates over them (about 600 bytes and 10 us per row for the
         arrays, the projection, the Parquet files and their contracts, tests/benchmarks/footprint.py); the optimized
         strategy's p x n matrix and, where it is neither shipped nor cached, its optimisation."""
         p = spec.release
         rows = measured_values(spec)
         what = {"tree": "tree nodes", "identity": "bins", "optimized": "strategy answers"}[p.strategy_used]
         fp = (noise_footprint(rows, "laplace", p.strategy_used != "optimized", f"the {rows:,} noisy {what}")
-              + Footprint(300.0 * rows, 1e-5 * rows, f"the consistency of {rows:,} {what}"))
+              + Footprint(600.0 * rows, 1e-5 * rows, f"the consistency of {rows:,} {what}"))
         if p.strategy_used == "optimized":
             k = hdmm.default_rows(p.bins)
             fp += dense_footprint(4 * k, p.bins, strategies.optimise_seconds(p.bins) * 1e9,

@@ -39,6 +39,15 @@ MAX_DEFAULT_REPLICATES = 199
 MAX_DEFAULT_BOOTSTRAP_SECONDS = 30.0
 #: The most replicates a spec may ask for (each is one rerun of the kind's postprocessing).
 MAX_REPLICATES = 10_000
+#: The bootstrap keeps every replicate's products until their intervals are computed, stacks them, sorts them for
+#: the percentiles, and writes and checks the replicates file: its peak memory is about this many bytes per value
+#: kept (6 float64 copies; measured against the same release with B = 0: a 2^16-bin tree histogram, B = 199 took
+#: 1.3 GB and B = 599 3.5 GB; a 4,096-bin one, B = 10,000 4.05 GB: factors 4.2, 3.7 and 6.0 of 8 bytes a value).
+BOOTSTRAP_BYTES_PER_VALUE = 6.0 * 8.0
+#: The default B also keeps the bootstrap within this much memory: a 2^20-bin histogram's time-chosen default (119
+#: replicates, about 24 GB) made the whole release refused where fewer replicates fit. A spec's `replicates` is
+#: checked against the operator's memory limit by the admission instead.
+MAX_DEFAULT_BOOTSTRAP_BYTES = 2.0 * 2 ** 30
 
 
 #: The fields of `UncertaintyParams`: post-processing choices, out of the spec's fingerprint.
@@ -175,23 +184,36 @@ def bootstrap_planned(kind, spec) -> bool:
 
 def replicates_of(kind, spec, measurements: Path | None = None) -> int:
     """B: the spec's `replicates`, else as many as fit BOOTSTRAP_SECONDS at the kind's public cost estimate (from
-    the spec, and the measurements when given), rounded down to a count whose interval ends are exact order
-    statistics ((B + 1)(1 - c) / 2 an integer: 199, 159, ..., 39 at 0.95), never below the fewest the confidence
-    allows; 0 when even the fewest would take longer than MAX_DEFAULT_BOOTSTRAP_SECONDS."""
+    the spec, and the measurements when given) and MAX_DEFAULT_BOOTSTRAP_BYTES at its public size
+    (`replicate_bytes`), rounded down to a count whose interval ends are exact order statistics ((B + 1)(1 - c) / 2
+    an integer: 199, 159, ..., 39 at 0.95), never below the fewest the confidence allows; 0 when even the fewest
+    would take longer than MAX_DEFAULT_BOOTSTRAP_SECONDS or more memory than MAX_DEFAULT_BOOTSTRAP_BYTES."""
     p = spec.release
     if p.replicates is not None:
         return p.replicates
     if not kind.bootstraps(spec):
         return 0
     fewest = min_replicates(p.confidence)
-    cost = kind.replicate_seconds(spec, measurements)
-    if fewest * cost > MAX_DEFAULT_BOOTSTRAP_SECONDS:
+    cost, size = kind.replicate_seconds(spec, measurements), replicate_bytes(kind, spec)
+    if fewest * cost > MAX_DEFAULT_BOOTSTRAP_SECONDS or fewest * size > MAX_DEFAULT_BOOTSTRAP_BYTES:
         return 0
-    fit = MAX_DEFAULT_REPLICATES if cost <= 0 else int(min(BOOTSTRAP_SECONDS / cost, MAX_DEFAULT_REPLICATES))
+    fit = min(MAX_DEFAULT_REPLICATES, BOOTSTRAP_SECONDS / cost if cost > 0 else MAX_DEFAULT_REPLICATES,
+              MAX_DEFAULT_BOOTSTRAP_BYTES / size if size > 0 else MAX_DEFAULT_REPLICATES)
     step = fewest + 1 if (fewest + 1) * (1.0 - p.confidence) / 2.0 > 1.0 - 1e-9 else 1
-    return max(fewest, (fit + 1) // step * step - 1)
+    return max(fewest, (int(fit) + 1) // step * step - 1)
 
 
-def skipped_seconds(kind, spec, measurements: Path) -> float:
-    """The estimated seconds of the fewest replicates of a default bootstrap that `replicates_of` skipped."""
-    return min_replicates(spec.release.confidence) * kind.replicate_seconds(spec, measurements)
+def replicate_bytes(kind, spec) -> float:
+    """The bootstrap's memory per replicate, from the kind's public count of the values a replicate keeps."""
+    return BOOTSTRAP_BYTES_PER_VALUE * kind.replicate_values(spec, kind.plan(spec))
+
+
+def skipped_reason(kind, spec, measurements: Path) -> str:
+    """Why `replicates_of` skipped a default bootstrap: the fewest replicates' estimated time or memory."""
+    fewest = min_replicates(spec.release.confidence)
+    seconds, size = fewest * kind.replicate_seconds(spec, measurements), fewest * replicate_bytes(kind, spec)
+    if size > MAX_DEFAULT_BOOTSTRAP_BYTES:
+        return (f"its fewest replicates at this confidence would hold about {size / 2 ** 30:.1f} GiB (more than "
+                f"{MAX_DEFAULT_BOOTSTRAP_BYTES / 2 ** 30:.0f} GiB)")
+    return (f"its fewest replicates at this confidence would take about {seconds:.0f} s (more than "
+            f"{MAX_DEFAULT_BOOTSTRAP_SECONDS:.0f} s)")
