@@ -154,6 +154,8 @@ def test_failed_postprocessing_keeps_measurements_and_a_rerun_finishes_without_n
         tmp_path, csv_data, count_dp_runs, monkeypatch):
     from prefect import task
 
+    monkeypatch.setenv("DPRELEASE_SCRATCH_KEEP_DAYS", "1")  # the stage outputs outlive the publication: compared below
+
     @task(name="postprocess")
     def broken(*args, **kwargs):
         raise OSError("disk full while writing the release")
@@ -550,6 +552,7 @@ def test_a_spec_cannot_choose_how_the_data_is_parsed_once_a_release_has(tmp_path
 def test_the_data_path_is_resolved_once_for_the_check_and_the_read(tmp_path, csv_data, monkeypatch):
     """An audit swapped a symlink between the ledger's check of the bound source and the ingest: the run reads
     the file the check resolved."""
+    monkeypatch.setenv("DPRELEASE_SCRATCH_KEEP_DAYS", "1")  # the ingested records outlive the publication: read below
     (tmp_path / "bound").mkdir()
     real = tmp_path / "bound" / "blobs.csv"
     shutil.copy(csv_data, real)
