@@ -511,7 +511,7 @@ def test_a_spec_cannot_make_a_file_public_by_naming_it(tmp_path):
     data = tmp_path / "t.csv"
     data.write_text("a,count\nu,7\nv,3\n")
     ledger().set_budget("t", 10.0, 1e-6, source=str(data))
-    with pytest.raises(ReleaseConflict, match="was not declared public"):
+    with pytest.raises(Refused, match="was not declared public"):  # refused by the admission, before the run
         _run(_contingency(tmp_path, data, data, "self-public", 0.01))
     assert not (tmp_path / "runs" / "self-public").exists() and ledger().releases("t") == []
     with pytest.raises(ReleaseConflict, match="holds the data of dataset 't'"):
@@ -543,7 +543,7 @@ def test_a_spec_cannot_choose_how_the_data_is_parsed_once_a_release_has(tmp_path
     d = {**spec_dict(tmp_path, csv_data), "release_id": "first"}
     _run(d)
     probe = {**d, "dataset": {**d["dataset"], "delimiter": "5", "header": False}, "release_id": "probe"}
-    with pytest.raises(ReleaseConflict, match="is read as bound to its budget") as refused:
+    with pytest.raises(Refused, match="is read as bound to its budget") as refused:  # by the admission
         _run(probe)
     assert "fields per line" not in str(refused.value) and not (tmp_path / "runs" / "probe").exists()
     assert [r["release_id"] for r in ledger().releases("blobs")] == ["first"]
