@@ -110,7 +110,8 @@ def retried(fn: Callable[[], T], what: str, transient: Callable[[BaseException],
             tries += 1
             left = deadline - time.monotonic()
             if left <= 0:
-                raise Unavailable(f"{what} could not be reached for {window:g} s ({_kind(exc)}; {tries} tr{'y' if tries == 1 else 'ies'}): "
+                said = f"{tries} tr{'y' if tries == 1 else 'ies'}"
+                raise Unavailable(f"{what} could not be reached for {window:g} s ({_kind(exc)}; {said}): "
                                   f"the release can be resumed once it is back (rerun its release id)") from None
             _LOG.warning("%s could not be reached (%s): try %d, again in %.1f s", what, _kind(exc), tries,
                          min(delay, left))
