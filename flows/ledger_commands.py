@@ -36,6 +36,7 @@ def add_parsers(lsub, ledger_help: str) -> None:
 def cmd_ledger_reconcile(args) -> int:
     from flows.cli import _ledger
     from tasks import storage
+    from tasks.errors import ReleaseError
     from tasks.reconcile import AGREES, DISAGREES, PENDING, REPAIRED, SWEPT, reconcile
 
     ledger, shown = _ledger(args, create=False)
@@ -44,7 +45,14 @@ def cmd_ledger_reconcile(args) -> int:
         return 1
     if args.output:
         storage.check_supported(args.output, "--output")
-    findings = reconcile(ledger, output=args.output, output_dirs=args.output_dirs, apply=not args.dry_run)
+    try:
+        findings = reconcile(ledger, output=args.output, output_dirs=args.output_dirs, apply=not args.dry_run)
+    except ReleaseError:
+        raise  # the ledger's own one line (the CLI prints it)
+    except Exception as exc:  # a store unreachable, a file unreadable: its type, not its text (it may quote a path)
+        print(f"error: reconciling stopped: {type(exc).__name__} while reading the releases or the catalogue (what "
+              f"it changed before is kept; run it again)", file=sys.stderr)
+        return 1
     states = (AGREES, REPAIRED, PENDING, DISAGREES, SWEPT)
     counts = {state: sum(f.state == state for f in findings) for state in states}
     if args.json:
