@@ -86,6 +86,7 @@ def prefect_server(tmp_path_factory):
     env.pop("PREFECT_FLOWS_HEARTBEAT_FREQUENCY", None)
     server = start([sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port", str(port),
                     "--analytics-off"], env, home / "server.log")
+    env["TEST_PREFECT_SERVER_PID"] = str(server.pid)  # (tests/operations/test_session_kill.py)
     try:
         wait_http(f"http://127.0.0.1:{port}/api/health", 90)
         yield env
