@@ -19,6 +19,7 @@ from tasks.progress import Progress
 from tasks.retry import SAFE, sanitised
 from tasks.run import StageOutput
 from tasks.sets import ingest_sets, ingest_users
+from tasks.transient import written_not_read
 
 _NUMBER = re.compile(r"^[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?$|^[+-]?(nan|inf|infinity)$", re.IGNORECASE)
 _CSV_BLOCKSIZE = "64MB"
@@ -218,6 +219,8 @@ def ingest_dataset(dataset: DatasetSpec, out: str, internal: Path, log) -> Stage
         compute_with_progress(ddf.to_parquet(out, write_index=False, compute=False), "toparquetdata-",
                               Progress(log, "partitions ingested", ddf.npartitions))
     except Exception as exc:  # a value that does not parse surfaces here unless it is in dask's first sample
+        if written_not_read(exc):  # the scratch full or out of reach: the write failed, not the data
+            raise
         raise _unreadable(dataset, exc) from None
     rows = count_rows(out)
     if rows == 0:

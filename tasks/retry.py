@@ -85,7 +85,9 @@ def sanitised(fn):
             if ours(exc):
                 raise
             INTERNAL_LOG.error("stage '%s' failed", fn.__name__, exc_info=True)
-            raise StageFailed(f"{type(exc).__name__} in stage '{fn.__name__}' (details in the run's internal "
+            # An OSError's strerror is the system's text ("No space left on device"), never the data's or a path.
+            said = f" ({exc.strerror})" if isinstance(exc, OSError) and exc.strerror else ""
+            raise StageFailed(f"{type(exc).__name__}{said} in stage '{fn.__name__}' (details in the run's internal "
                               f"log)", transient=may_pass(exc)) from None
     return wrapper
 

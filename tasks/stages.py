@@ -110,7 +110,7 @@ def _draw_and_commit(spec, release_id, run, prepared, plan, ledger, owner, log) 
         INTERNAL_LOG.error("the DP measurement failed after drawing noise", exc_info=True)
         trouble = None if isinstance(exc, ReleaseError) else cluster.trouble(before)
         cause = (f"{type(exc).__name__}; details in the run's internal log" if trouble is None else
-                 "the dask cluster was interrupted" if trouble == cluster.BACK else trouble)
+                 "the dask cluster was interrupted" if trouble == cluster.BACK else "the dask cluster was lost")
         raise DrawFailed(f"the DP measurement failed after noise was drawn ({cause}): nothing was committed and the "
                          f"release was charged; rerunning its release id charges it again") from None
     meta = {"release_id": release_id, "dataset_id": spec.dataset.id, "kind": spec.release.kind,

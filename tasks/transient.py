@@ -72,6 +72,12 @@ def connection_error(exc: BaseException) -> bool:
     return False
 
 
+def written_not_read(exc: BaseException) -> bool:
+    """A stage's failure that is its storage's, not its input's: a location full (ENOSPC, EDQUOT) or out of reach
+    (`connection_error`). Reported as such, and retried as I/O, rather than as an input that cannot be read."""
+    return (isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT)) or connection_error(exc)
+
+
 _STATE = threading.local()
 #: How many releases of this process are riding outages out (`riding_out`): process-wide, since Prefect may run a
 #: task body on a thread of its own.
