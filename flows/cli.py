@@ -598,7 +598,8 @@ def build_parser() -> argparse.ArgumentParser:
                                                       f"operator's `output` setting, else {DEFAULT_OUTPUT})")
     rlist.add_argument("--json", action="store_true", help="machine-readable output")
     rlist.set_defaults(func=cmd_releases_list)
-    ledger = sub.add_parser("ledger", help="move the privacy ledger to a database several hosts share",
+    ledger = sub.add_parser("ledger", help="move the privacy ledger to a shared database, or reconcile it with the "
+                                           "published releases",
                             description="The privacy ledger's store: a SQLite file on one machine, or a PostgreSQL "
                                         "database that every host running releases shares.")
     lsub = ledger.add_subparsers(dest="ledger_command", required=True)
@@ -616,6 +617,9 @@ def build_parser() -> argparse.ArgumentParser:
                          help="the SQLite ledger to copy (default: the `ledger` setting, which must then be a "
                               "SQLite file)")
     migrate.set_defaults(func=cmd_ledger_migrate)
+    from flows.ledger_commands import add_parsers as _ledger_parsers
+
+    _ledger_parsers(lsub, LEDGER_HELP)
 
     kinds = sub.add_parser("kinds", help="list the release kinds (a Markdown table)",
                            description="Print every registered release kind, its data shape and its method.")

@@ -34,10 +34,11 @@ from tasks.errors import Refused, StageFailed
 from tasks.ingest import ingest
 from tasks.kinds import kind_of
 from tasks.ledger import configured_ledger
-from tasks.manifest import publish_public, publish_release
+from tasks.manifest import adopt_public, complete_publication, publish_release
 from tasks.params import MAX_WEIGHT
 from tasks.partitions import dask_client
 from tasks.progress import stage_listener
+from tasks.reconcile import after_publication
 from tasks.report import write_report
 from tasks.resume import forget, reusable, stage_key, stamp
 from tasks.retry import INTERNAL_LOG, ours
@@ -45,6 +46,7 @@ from tasks.run import RunPaths, StageOutput, discard_failed, open_run
 from tasks.spec import ReleaseSpec
 from tasks.stages import evaluate, measure, postprocess, prepare
 from tasks.storage.catalogue import release_location
+from tasks.transient import riding_out
 
 Period = Literal["daily", "weekly", "monthly"]
 #: The status of a test-mode run: it made its products, and nothing was published.
@@ -208,7 +210,7 @@ def release(spec: ReleaseSpec | None = None, spec_file: str | None = None, relea
     # Started by a Prefect worker, not the CLI: the same split of the logs (library records and tracebacks to the
     # run's internal log file only, never the worker's console or Prefect's API).
     with _owner_only(), (nullcontext() if in_run_logging() else
-                         run_logging(log_path(spec.output_dir, release_id), configure=False)):
+                         run_logging(log_path(spec.output_dir, release_id), configure=False)), riding_out():
         try:
             return _release(spec, release_id, log, period, source)
         except Exception as exc:
@@ -237,9 +239,9 @@ def _release(spec: ReleaseSpec, release_id: str, log, period: str | None = None,
     created = not (output_dir / release_id).exists()
     run = open_run(output_dir, release_id, test=spec.test_mode)
     run.clear_stale_staging()
-    published = run.published()
-    if published and not spec.test_mode:  # a copy or a catalogue row a failure left undone
-        publish_public(spec, release_id, run, json.loads(run.manifest.read_text()))
+    published = adopt_public(spec, release_id, run)
+    if published:  # a public copy, a catalogue row or the ledger's `published` a failure left undone
+        complete_publication(spec, release_id, run, json.loads(run.manifest.read_text()))
     if published and (run.internal / "report.md").exists():
         log.info("release %s is already published at %s; nothing to do", release_id, run.release)
         return _summary(spec, release_id, run, json.loads(run.manifest.read_text()), {}, "already published")
@@ -259,6 +261,9 @@ def _release(spec: ReleaseSpec, release_id: str, log, period: str | None = None,
                        TEST_RUN if spec.test_mode else "published")
     (run.internal / "summary.json").write_text(json.dumps(summary, indent=2))
     summary["report"] = str(write_report(spec, release_id, run, manifest, evaluation, timer.seconds))
+    if not spec.test_mode:  # raw-derived scratch: removed once published (the operator's scratch_keep_days)
+        INTERNAL_LOG.info("stage outputs removed: %s", after_publication(configured_ledger(), release_id,
+                                                                           spec.dataset.id, run) or "none")
     log.info("data docs of the contracts: %s (internal)", gx.index)
     _announce(spec, summary, manifest, run, evaluation, published)
     return summary

@@ -18,6 +18,7 @@ from tasks.progress import Progress
 from tasks.retry import INTERNAL_LOG, SAFE, sanitised
 from tasks.run import StageOutput
 from tasks.sets import ingest_sets, ingest_users
+from tasks.transient import written_not_read
 
 _CSV_BLOCKSIZE = "64MB"
 #: Beside the ingested records, in internal/: how many records lost item ids at or above item_count (raw-derived).
@@ -164,11 +165,18 @@ def _ingest_sets(dataset: DatasetSpec, source: str, out: str, internal: Path, lo
 def ingest(dataset: DatasetSpec, out: str, internal: Path, admitted: list[list]) -> StageOutput:
     """Read the source with dask and write it as partitioned Parquet (float64 columns) to the location `out` (the
     run's scratch: a local folder, or a store's prefix every worker reads); small diagnostics to `internal`. The
-    source must still be what the run was admitted to read (`admitted`, its `storage.identity`)."""
+    source must be what the run was admitted to read (`admitted`, its `storage.identity`: each object's version id
+    or ETag, each file's size, times and inode) before the read and still after it: what was read is the version
+    the checks took (an object replaced during the read is refused, its partitions removed)."""
     if not is_builtin(dataset.path) and storage.identity(dataset.path) != admitted:
         raise InputError(f"dataset '{dataset.id}': {dataset.path} changed since the run's checks (an object or file "
                          f"was replaced, added or removed): nothing was read; rerun the release")
-    return ingest_dataset(dataset, out, internal, get_run_logger())
+    output = ingest_dataset(dataset, out, internal, get_run_logger())
+    if not is_builtin(dataset.path) and storage.identity(dataset.path) != admitted:
+        storage.remove(out)
+        raise InputError(f"dataset '{dataset.id}': {dataset.path} changed while it was read (an object or file was "
+                         f"replaced, added or removed): what was read was discarded; rerun the release")
+    return output
 
 
 def ingest_dataset(dataset: DatasetSpec, out: str, internal: Path, log) -> StageOutput:
@@ -190,6 +198,8 @@ def ingest_dataset(dataset: DatasetSpec, out: str, internal: Path, log) -> Stage
         compute_with_progress(ddf.to_parquet(out, write_index=False, compute=False), "toparquetdata-",
                               Progress(log, "partitions ingested", ddf.npartitions))
     except Exception as exc:  # a value that does not parse surfaces here unless it is in dask's first sample
+        if written_not_read(exc):  # the scratch full or out of reach: the write failed, not the data
+            raise
         raise _unreadable(dataset, exc) from None
     rows = count_rows(out)
     if rows == 0:

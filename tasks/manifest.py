@@ -14,8 +14,8 @@ from prefect.cache_policies import NO_CACHE
 from tasks import storage
 from tasks.kinds import kind_of
 from tasks.ledger import configured_ledger
-from tasks.retry import SAFE, sanitised
-from tasks.run import RunPaths, publish, read_meta
+from tasks.retry import INTERNAL_LOG, SAFE, sanitised
+from tasks.run import RunPaths, commit_once, publish, read_meta
 from tasks.spec import ReleaseSpec
 from tasks.stages import Measured
 from tasks.storage import catalogue
@@ -68,8 +68,13 @@ def publish_release(spec: ReleaseSpec, release_id: str, run: RunPaths, staging: 
     """Manifest: the privacy guarantee and its accounting, the mechanisms (the plan recorded with the
     measurements), the dataset's budget after this release, the public parameters, the randomness and a
     checksum of every file. Every released Parquet file describes itself (`describe`). Then release/ (test-output/
-    in test mode) appears atomically, and a release is copied to the public output location and catalogued
-    (`publish_public`)."""
+    in test mode) appears atomically, and a release is copied to the public output location, catalogued and marked
+    published in the ledger (`complete_publication`). Idempotent: a retry after release/ was committed (the public
+    copy, the catalogue or the ledger failed) completes the same release."""
+    if run.published():
+        manifest = json.loads(run.manifest.read_text())
+        complete_publication(spec, release_id, run, manifest)
+        return manifest
     meta = read_meta(measured.path)
     privacy = {"epsilon": measured.guarantee.epsilon, "delta": measured.guarantee.delta,
                "accounting": measured.guarantee.method, "mechanisms": meta["mechanisms"], "dp_event": meta["event"]}
@@ -115,10 +120,7 @@ def publish_release(spec: ReleaseSpec, release_id: str, run: RunPaths, staging: 
                          for p in sorted(staging.rglob("*")) if p.is_file()}
     manifest["manifest_sha256"] = {"sha256": digest, "over": DIGEST_COVERS}
     publish(run, staging, manifest)
-    if not spec.test_mode:
-        publish_public(spec, release_id, run, manifest)
-    if ledger is not None and ledger.status(release_id) != "published":
-        ledger.mark(release_id, "published")
+    complete_publication(spec, release_id, run, manifest)
     get_run_logger().info("%s release %s to %s", "wrote the TEST-MODE (not private)" if spec.test_mode else
                           "published", release_id, release_location(spec.output_dir, spec.dataset.id,
                                                                     spec.release.kind, release_id))
@@ -149,24 +151,78 @@ def describe(staging: Path, manifest: dict, digest: str) -> None:
         storage.write_table(pq.read_table(path), str(path), metadata)
 
 
+def complete_publication(spec: ReleaseSpec, release_id: str, run: RunPaths, manifest: dict) -> None:
+    """Everything that follows the commit of release/, each step idempotent, in the order that keeps the three
+    records agreeing: the public copy (its manifest last), its catalogue row, then the ledger's `published`. A
+    failure at any step (an object store or the ledger's database unreachable) leaves a release that a rerun of its
+    id, or `dprelease ledger reconcile`, completes: never a ledger saying published before the release is public.
+    Test mode publishes nothing and charges nothing."""
+    if spec.test_mode:
+        return
+    publish_public(spec, release_id, run, manifest)
+    mark_published(release_id)
+
+
+def mark_published(release_id: str) -> None:
+    """The release's row in the ledger is `published` (a no-op if it is)."""
+    ledger = configured_ledger()
+    status = ledger.status(release_id)
+    if status is None:  # a release published under another ledger: reconcile reports it, the run does not fail
+        get_run_logger().warning("release %s is published but has no row in the ledger %s: see `dprelease ledger "
+                                 "reconcile`", release_id, ledger.name)
+    elif status != "published":
+        ledger.mark(release_id, "published")
+
+
+def adopt_public(spec: ReleaseSpec, release_id: str, run: RunPaths) -> bool:
+    """Whether the release is published, in the run folder or else at the public output location, whence it is
+    then copied into the run folder's release/ (a release published by a run on another host, or whose run folder
+    was lost): the rerun completes the same release, never a second one beside it (postprocessing again would
+    write another manifest for the files already public)."""
+    if run.published():
+        return True
+    if spec.test_mode:
+        return False
+    public = release_location(spec.output_dir, spec.dataset.id, spec.release.kind, release_id)
+    if public == str(run.release.resolve()) or not storage.exists(storage.join(public, "manifest.json")):
+        return False
+    commit_once(run.release, lambda folder: storage.download(public, folder))
+    get_run_logger().info("release %s is already public at %s: completing it from there", release_id, public)
+    return run.published()
+
+
 def publish_public(spec: ReleaseSpec, release_id: str, run: RunPaths, manifest: dict) -> str:
     """The published release at the public output location (the operator's `output`; else it is release/ itself),
     its manifest written last, then its row in the output's catalogue. Idempotent: a rerun of a published release
-    finishes what a failure left (a manifest already there is the whole release)."""
+    finishes what a failure left (a manifest already there is the whole release, and its catalogue row is made from
+    that manifest)."""
     public = release_location(spec.output_dir, spec.dataset.id, spec.release.kind, release_id)
-    if public != str(run.release.resolve()) and not storage.exists(storage.join(public, "manifest.json")):
-        written: list[str] = []
-        try:
-            storage.upload(run.release, public, last="manifest.json", written=written)
-        except BaseException:
-            for location in written:  # a failed copy removes what it wrote, never a published release
-                storage.remove(location)
-            raise
-    catalogue.add(catalogue.output_location(spec.output_dir), {
-        "release_id": release_id, "dataset_id": spec.dataset.id, "kind": spec.release.kind,
-        "period": manifest.get("period"), "epsilon": manifest["privacy"]["epsilon"],
-        "delta": manifest["privacy"]["delta"], "published_at": manifest["created_at"],
-        "manifest_sha256": manifest["manifest_sha256"]["sha256"], "location": public,
-        "files": [storage.join(public, f) for f in sorted(manifest["files"])]
-        + [storage.join(public, "manifest.json")]})
+    held = storage.join(public, "manifest.json")
+    if public != str(run.release.resolve()):
+        if storage.exists(held):
+            manifest = json.loads(storage.read_bytes(held))
+        else:
+            copy_public(run.release, public)
+    catalogue.add(catalogue.output_location(spec.output_dir), catalogue.row_from_manifest(manifest, public))
     return public
+
+
+def copy_public(release: Path, public: str) -> None:
+    """A committed release/ copied to its public location, its manifest last; a failed copy removes what it wrote."""
+    written: list[str] = []
+    try:
+        storage.upload(release, public, last="manifest.json", written=written)
+    except BaseException:
+        _remove_partial(written)
+        raise
+
+
+def _remove_partial(written: list[str]) -> None:
+    """A failed copy removes what it wrote (never a published release: its manifest is written last), as far as the
+    store lets it: a store that went away leaves files without a manifest, which no reader takes for a release and
+    the next copy overwrites."""
+    for location in written:
+        try:
+            storage.remove(location)
+        except Exception as exc:
+            INTERNAL_LOG.warning("could not remove %s after a failed copy (%s)", location, type(exc).__name__)

@@ -248,14 +248,18 @@ def dask_client(spec: DaskSpec, scratch: Path | None = None) -> Iterator:
     from tasks.threads import limit_threads  # imports distributed, as this function does
 
     address = settings.current().dask_address
+    wait = settings.current().dask_wait_seconds
     if address:
+        # The client's timeout bounds its first connection and its reconnection to a restarted scheduler alike: the
+        # operator's dask_wait_seconds (tasks/cluster.py), at least the 30 s a connection took before it.
         try:
-            client = Client(address, timeout="30s", set_as_default=True, security=operator_security())
+            client = Client(address, timeout=f"{max(wait, 30.0)}s", set_as_default=True,
+                            security=operator_security())
         except (OSError, TimeoutError) as exc:  # before any data is sent; its type is enough
             raise ReleaseError(f"cannot reach the operator's dask scheduler {address} "
                                f"({settings.env_of('dask_address')} or dask_address in {settings.config_file()}): "
                                f"{type(exc).__name__}") from None
-        with client:
+        with client, _watched(client, f"the operator's dask scheduler ({settings.env_of('dask_address')})", wait):
             limit_threads(client)
             yield client
         return
@@ -267,6 +271,18 @@ def dask_client(spec: DaskSpec, scratch: Path | None = None) -> Iterator:
                       processes=spec.processes, host="127.0.0.1", security=True,
                       dashboard_address="127.0.0.1:0" if settings.current().dask_dashboard else None,
                       local_directory=str(scratch) if scratch is not None else None) as cluster, \
-            Client(cluster, set_as_default=True) as client:
+            Client(cluster, set_as_default=True) as client, _watched(client, "the run's local dask scheduler", wait):
         limit_threads(client)
         yield client
+
+
+@contextlib.contextmanager
+def _watched(client, shown: str, seconds: float) -> Iterator:
+    """The cluster's health watched while the release runs (`tasks.cluster.Watch`)."""
+    from tasks.cluster import Watch
+
+    watch = Watch(client, shown, seconds).start()
+    try:
+        yield watch
+    finally:
+        watch.stop()

@@ -14,6 +14,7 @@ directory is removed, so a failed run leaves nothing behind.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import tempfile
@@ -27,6 +28,10 @@ from tasks import settings, storage
 from tasks.errors import ReleaseConflict
 
 META = "measurements.json"
+#: What a run writes in its scratch besides the measurements, each a folder named after its stage: raw-derived
+#: records (as read, scaled and projected, binned, encoded; a built-in dataset generated), and the parts of
+#: synthetic records the workers write. Removed once the release is published (`RunPaths.remove_stage_outputs`).
+STAGE_OUTPUTS = ("ingested", "normalised", "encoded", "builtin-source", "synthetic")
 
 
 @dataclass(frozen=True)
@@ -79,6 +84,19 @@ class RunPaths:
     def stage(self, name: str) -> str:
         """The location of a stage's partitioned output (ingested, normalised, encoded...)."""
         return str(self.internal / name) if self.scratch is None else storage.join(self.scratch, name)
+
+    def remove_stage_outputs(self) -> list[str]:
+        """Remove the run's stage outputs (`STAGE_OUTPUTS`) from its scratch (the operator's scratch location, else
+        internal/), their stamps first (a resume then makes them again); the measurements stay. Returns the
+        locations removed."""
+        shutil.rmtree(self.internal / "stages", ignore_errors=True)
+        removed = []
+        for name in STAGE_OUTPUTS:
+            location = self.stage(name)
+            if storage.exists(location):
+                storage.remove(location)
+                removed.append(location)
+        return removed
 
     @property
     def measurements(self) -> Path:
@@ -215,6 +233,12 @@ def discard_failed(run: RunPaths, created: bool) -> str:
     if run.measurements.exists():
         return (f"the noisy measurements in {run.measurements} are kept: rerun with the same release id to "
                 f"finish this release without spending budget again")
+    if run.scratch is not None:  # nothing to resume: the raw-derived outputs in the scratch store go too
+        try:
+            run.remove_stage_outputs()
+        except Exception as exc:  # the store may be what failed: the next run of the id removes them
+            logging.getLogger("dprelease.internal").warning("scratch of %s not removed (%s)", run.root.name,
+                                                            type(exc).__name__)
     quarantine = run.root.parent / ".quarantine" / f"{run.root.name}-{datetime.now(timezone.utc):%Y%m%dT%H%M%S%fZ}"
     if run.internal.exists():
         quarantine.parent.mkdir(parents=True, exist_ok=True)

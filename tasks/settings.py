@@ -110,6 +110,16 @@ def _positive_seconds(value: Any, where: str) -> float:
     return seconds
 
 
+def _days(value: Any, where: str) -> float:
+    try:
+        days = float(value)
+    except (TypeError, ValueError):
+        days = math.nan
+    if not (math.isfinite(days) and days >= 0):
+        raise ReleaseError(f"{where} must be a number of days >= 0, got {value!r}")
+    return days
+
+
 def _fraction(value: Any, where: str) -> float:
     try:
         fraction = float(value)
@@ -247,11 +257,31 @@ class OperatorSettings:
         "it).", "14400 (4 hours)")
     task_retry_delay_seconds: float = setting(
         "DPRELEASE_TASK_RETRY_DELAY_SECONDS", 2.0, _positive_seconds,
-        "Pause before Prefect retries a stage that failed transiently (I/O, a lost dask worker).", "2")
+        "Pause before Prefect retries a stage that failed transiently (I/O, a lost dask worker, an object store's "
+        "connection on a dask worker); the second retry waits four times as long.", "2")
     flow_timeout_seconds: float = setting(
         "DPRELEASE_FLOW_TIMEOUT_SECONDS", 6 * 3600.0, _positive_seconds,
         "The longest one release may run; the flow run then fails and the next run of the release id resumes it.",
         "21600 (6 hours)")
+    dask_wait_seconds: float = setting(
+        "DPRELEASE_DASK_WAIT_SECONDS", 180.0, _positive_seconds,
+        "How long a release waits for its dask cluster when the scheduler is unreachable or no worker is left (a "
+        "lost scheduler, every worker gone): then it fails with one line, and a rerun of its release id resumes it "
+        "(committed measurements reused). Without it a stage waited for workers up to the task timeout.",
+        "180 (3 minutes)")
+    outage_retry_seconds: float = setting(
+        "DPRELEASE_OUTAGE_RETRY_SECONDS", 120.0, _positive_seconds,
+        "How long an operation on the privacy ledger's database (unreachable, connection lost) or on an object store "
+        "(connection refused, reset or timed out) is retried, with exponential backoff (0.5 s, 1 s, 2 s, ... at most "
+        "30 s between tries), before the run fails with one line naming it. Refusals, budgets and lock waits are not "
+        "retried.", "120 (2 minutes)")
+    scratch_keep_days: float = setting(
+        "DPRELEASE_SCRATCH_KEEP_DAYS", 0.0, _days,
+        "How long the raw-derived stage outputs of a published release (`ingested/`, `normalised/`, `encoded/` in "
+        "the scratch location, else in `internal/`) are kept after its publication, in days: 0 removes them when the "
+        "run that published the release ends (after its evaluation); with N > 0 every later run of the dataset, and "
+        "`dprelease ledger reconcile`, remove those published more than N days ago. The committed measurements are "
+        "kept (a release id is drawn once).", "0 (removed once published)")
     gx_folder: str | None = setting(
         "DPRELEASE_GX_FOLDER", None, _optional_path,
         "Where the great-expectations projects are: one File Data Context per dataset id (`<folder>/<dataset id>/gx/`) "

@@ -25,9 +25,9 @@ from prefect.cache_policies import NO_CACHE
 
 from dpalgos import accounting
 from dpalgos.noise import ExactNoise, Measure, SeededNoise
-from tasks import admission
+from tasks import admission, cluster
 from tasks.contracts import check_contract
-from tasks.errors import DrawFailed, ReleaseConflict
+from tasks.errors import DrawFailed, ReleaseConflict, ReleaseError
 from tasks.kinds import kind_of
 from tasks.ledger import configured_ledger
 from tasks.retry import INTERNAL_LOG, SAFE, sanitised
@@ -100,6 +100,7 @@ def measure(spec: ReleaseSpec, release_id: str, run: RunPaths, prepared: StageOu
 def _draw_and_commit(spec, release_id, run, prepared, plan, ledger, owner, log) -> None:
     noise, public_rng = randomness(spec)
     measure_ = Measure(plan, noise, on_first_draw=lambda: ledger and ledger.begin_draw(release_id, owner))
+    before = cluster.episodes()
     try:
         draw = kind_of(spec).draw(spec, prepared, measure_, public_rng, log)
     except Exception as exc:
@@ -107,9 +108,11 @@ def _draw_and_commit(spec, release_id, run, prepared, plan, ledger, owner, log) 
             raise
         # A retry would be a second run of the mechanism, charged again: never retried, whatever failed.
         INTERNAL_LOG.error("the DP measurement failed after drawing noise", exc_info=True)
-        raise DrawFailed(f"the DP measurement failed after noise was drawn ({type(exc).__name__}; details in the "
-                         f"run's internal log): nothing was committed and the release was charged; rerunning its "
-                         f"release id charges it again") from None
+        trouble = None if isinstance(exc, ReleaseError) else cluster.trouble(before)
+        cause = (f"{type(exc).__name__}; details in the run's internal log" if trouble is None else
+                 "the dask cluster was interrupted" if trouble == cluster.BACK else "the dask cluster was lost")
+        raise DrawFailed(f"the DP measurement failed after noise was drawn ({cause}): nothing was committed and the "
+                         f"release was charged; rerunning its release id charges it again") from None
     meta = {"release_id": release_id, "dataset_id": spec.dataset.id, "kind": spec.release.kind,
             "fingerprint": spec.fingerprint(), "event": accounting.event_to_json(plan.event()), "plan": plan.to_json(),
             "extra_delta": plan.extra_delta, "extra_delta_argument": plan.extra_delta_argument,

@@ -13,8 +13,10 @@ import pytest
 
 from flows.environment import apply_defaults
 from tests import postgres as pg
+from tests.reaper import guard, stop_on_sigterm
 
 apply_defaults()  # the CLI's process settings, before prefect is imported
+stop_on_sigterm()  # a session killed by a CI timeout still stops its servers (tests/reaper.py)
 os.environ.setdefault("DPRELEASE_TASK_RETRY_DELAY_SECONDS", "0")  # retries at once: the tests force failures
 
 SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
@@ -24,10 +26,18 @@ SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 def prefect_api():
     """A temporary Prefect API for the whole session (heartbeats off: they add ~1 s per flow call)."""
     os.environ.pop("PREFECT_FLOWS_HEARTBEAT_FREQUENCY", None)
+    from prefect.server.api.server import SubprocessASGIServer
     from prefect.testing.utilities import prefect_test_harness
 
     with prefect_test_harness(server_startup_timeout=90):
-        yield
+        server = SubprocessASGIServer._instances.get(None)
+        process = getattr(server, "server_process", None)
+        reaper = guard(group=process.pid) if process is not None else None
+        try:
+            yield
+        finally:
+            if reaper is not None:
+                reaper.release()
 
 
 @pytest.fixture(autouse=True)
@@ -53,10 +63,14 @@ def postgres():
         pytest.skip("no PostgreSQL server binaries (initdb, pg_ctl) on the PATH or in /usr/lib/postgresql/*/bin: "
                     "install Debian's postgresql package (.ci/run does)")
     server = pg.Server.start(bin_dir)
+    user = server.user
+    reaper = guard(pgdata=(bin_dir, server.data, user.pw_uid if user else os.geteuid(),
+                           user.pw_gid if user else os.getegid()), rmtree=server.dir)
     try:
         yield server
     finally:
         server.stop()
+        reaper.release()
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])

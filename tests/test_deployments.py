@@ -35,7 +35,30 @@ def test_every_flow_parameter_has_a_description_in_the_ui():
 
 
 def test_the_job_variables_are_the_process_defaults():
+    """And the flow runs' heartbeat, which only deployment runs need (the zombie-run automation watches it)."""
     from flows.environment import DEFAULTS
 
     pool = yaml.safe_load((REPO / "deployments" / "prefect.yaml").read_text())["definitions"]["work_pool"]
-    assert pool["job_variables"]["env"] == DEFAULTS
+    assert pool["job_variables"]["env"] == {**DEFAULTS, "PREFECT_FLOWS_HEARTBEAT_FREQUENCY": "30"}
+
+
+def test_the_zombie_run_automation_crashes_a_run_only_after_heartbeats_stopped():
+    """Prefect's proactive "flow run heartbeat" trigger (Prefect 3.9's schema): after a heartbeat, expect another
+    heartbeat or a final state within the window, per flow run, else change the run's state to Crashed. The window
+    leaves room for at least two missed heartbeats on a loaded machine (a heartbeat is a thread of the flow
+    process): a run alive but slow to beat must not be crashed."""
+    from prefect.client.schemas.objects import StateType
+    from prefect.events.schemas.automations import AutomationCore, Posture
+
+    pool = yaml.safe_load((REPO / "deployments" / "prefect.yaml").read_text())["definitions"]["work_pool"]
+    heartbeat = int(pool["job_variables"]["env"]["PREFECT_FLOWS_HEARTBEAT_FREQUENCY"])
+    [zombie] = [AutomationCore.model_validate(a) for a in
+                yaml.safe_load((REPO / "deployments" / "zombie-runs.yaml").read_text())["automations"]]
+    trigger = zombie.trigger
+    assert trigger.posture == Posture.Proactive and trigger.after == {"prefect.flow-run.heartbeat"}
+    assert {"prefect.flow-run.heartbeat", "prefect.flow-run.Completed", "prefect.flow-run.Failed",
+            "prefect.flow-run.Crashed", "prefect.flow-run.Cancelled"} == trigger.expect
+    assert trigger.for_each == {"prefect.resource.id"} and trigger.threshold == 1
+    assert 30 <= heartbeat and trigger.within.total_seconds() >= 3 * heartbeat
+    [action] = zombie.actions
+    assert action.type == "change-flow-run-state" and action.state == StateType.CRASHED

@@ -15,6 +15,7 @@ import pytest
 import yaml
 
 from tests.conftest import ledger
+from tests.reaper import guard
 
 moto_server = pytest.importorskip("moto.server", reason="moto[server] (the test extra) runs the S3 API")
 S3_ENV = ("AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION")
@@ -140,9 +141,9 @@ def test_a_release_reads_writes_and_publishes_on_the_store(s3, tmp_path, monkeyp
                  "uncertainty.json", "histogram_replicates.parquet")  # the noisy strategy with its intervals at the top
     assert public == sorted([prefix + k for k in published] +
                             ["releases/catalogue/release=s3-1.parquet"])  # nothing raw-derived is public
-    private = _keys(s3, "private")
-    assert any(k.startswith("scratch/s3-1/ingested/") for k in private) and \
-        "scratch/s3-1/measurements/measurements.json" in private
+    private = _keys(s3, "private")  # the raw-derived stage outputs removed once published; the measurements kept
+    assert "scratch/s3-1/measurements/measurements.json" in private and \
+        all(k.startswith("scratch/s3-1/measurements/") for k in private), private
     manifest = json.loads(storage.read_bytes(f"s3://public/{prefix}manifest.json"))
     described = storage.read_table(f"s3://public/{prefix}histogram.parquet").schema.metadata
     assert described[b"dprelease.release_id"] == b"s3-1" and described[b"dprelease.kind"] == b"histogram"
@@ -151,13 +152,20 @@ def test_a_release_reads_writes_and_publishes_on_the_store(s3, tmp_path, monkeyp
     assert row["release_id"] == "s3-1" and row["epsilon"] == manifest["privacy"]["epsilon"]
     assert row["location"] == summary["published_at"] and f"s3://public/{prefix}manifest.json" in row["files"]
 
-    # Another host resumes the release: no run folder here, the measurements come from the scratch store.
+    # Another host resumes the release as if its publication had failed (nothing public, the ledger at `measured`):
+    # no run folder here, the measurements come from the scratch store, and nothing is drawn again.
     import shutil
 
+    for key in _keys(s3, "public"):
+        s3.delete_object(Bucket="public", Key=key)
+    ledger().mark("s3-1", "measured")
     shutil.rmtree(tmp_path / "runs")
     again = release(spec=_histogram(source, tmp_path, release_id="s3-1"))
-    assert again["status"] == "published"
+    assert again["status"] == "published" and sorted(_keys(s3, "public")) == public
     assert [(r["status"], r["attempts"]) for r in ledger().releases("sensors")] == [("published", 1)]
+    # A third host finds the release public: it completes it from there, publishing nothing twice.
+    shutil.rmtree(tmp_path / "runs")
+    assert release(spec=_histogram(source, tmp_path, release_id="s3-1"))["status"] == "already published"
 
     # The data changed between the checks and the read: refused, nothing drawn or charged.
     from tasks import admission
@@ -303,7 +311,9 @@ def test_releases_on_a_cluster_whose_workers_share_no_disk(s3, s3_server, tmp_pa
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    env = {**os.environ, **s3_server, "DASK_DISTRIBUTED__WORKER__DAEMON": "False"}
+    env = {**os.environ, **s3_server, "DASK_DISTRIBUTED__WORKER__DAEMON": "False",
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(Path(__file__).resolve().parents[1]),
+                                                       os.environ.get("PYTHONPATH")]))}
     procs = [subprocess.Popen([sys.executable, "-m", "distributed.cli.dask_scheduler", "--host", "127.0.0.1", "--port",
                                str(port), "--dashboard-address", "127.0.0.1:0"], env=env, cwd=tmp_path,
                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)]
@@ -316,6 +326,7 @@ def test_releases_on_a_cluster_whose_workers_share_no_disk(s3, s3_server, tmp_pa
                  "--local-directory", str(home / "tmp"), "--host", "127.0.0.1", "--dashboard-address", "127.0.0.1:0"],
                 env={**env, "TMPDIR": str(home / "tmp")}, cwd=home, stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL))
+        reapers = [guard(group=p.pid) for p in procs]  # stopped if this test process is killed
         _wait_for_workers(f"tcp://127.0.0.1:{port}", 2)
         monkeypatch.setenv("DPRELEASE_DASK_ADDRESS", f"tcp://127.0.0.1:{port}")
         monkeypatch.setenv("DPRELEASE_SCRATCH", "s3://private/scratch")
@@ -329,12 +340,15 @@ def test_releases_on_a_cluster_whose_workers_share_no_disk(s3, s3_server, tmp_pa
             proc.terminate()
         for proc in procs:
             proc.wait(30)
+        for reaper in locals().get("reapers", []):
+            reaper.release()
     for row in catalogue.rows("s3://public/releases"):
         assert _structure(row["location"]) == expected[row["kind"]], row["kind"]
     assert len(catalogue.rows("s3://public/releases")) == 3
     for i in range(2):  # the workers wrote nothing where they run
         assert [p for p in (tmp_path / f"worker-{i}").rglob("*.parquet")] == []
-    assert any("/ingested/" in f for f in storage.files("s3://private/scratch"))
+    kept = storage.files("s3://private/scratch")  # once published, only the measurements stay in the scratch
+    assert kept and all("/measurements/" in f for f in kept), kept
 
 
 def _wait_for_workers(address: str, n: int, timeout: float = 120) -> None:

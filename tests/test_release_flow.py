@@ -154,6 +154,8 @@ def test_failed_postprocessing_keeps_measurements_and_a_rerun_finishes_without_n
         tmp_path, csv_data, count_dp_runs, monkeypatch):
     from prefect import task
 
+    monkeypatch.setenv("DPRELEASE_SCRATCH_KEEP_DAYS", "1")  # the stage outputs outlive the publication: compared below
+
     @task(name="postprocess")
     def broken(*args, **kwargs):
         raise OSError("disk full while writing the release")
@@ -512,7 +514,7 @@ def test_a_spec_cannot_make_a_file_public_by_naming_it(tmp_path):
     data = tmp_path / "t.csv"
     data.write_text("a,count\nu,7\nv,3\n")
     ledger().set_budget("t", 10.0, 1e-6, source=str(data))
-    with pytest.raises(ReleaseConflict, match="was not declared public"):
+    with pytest.raises(Refused, match="was not declared public"):  # refused by the admission, before the run
         _run(_contingency(tmp_path, data, data, "self-public", 0.01))
     assert not (tmp_path / "runs" / "self-public").exists() and ledger().releases("t") == []
     with pytest.raises(ReleaseConflict, match="holds the data of dataset 't'"):
@@ -544,7 +546,7 @@ def test_a_spec_cannot_choose_how_the_data_is_parsed_once_a_release_has(tmp_path
     d = {**spec_dict(tmp_path, csv_data), "release_id": "first"}
     _run(d)
     probe = {**d, "dataset": {**d["dataset"], "delimiter": "5", "header": False}, "release_id": "probe"}
-    with pytest.raises(ReleaseConflict, match="is read as bound to its budget") as refused:
+    with pytest.raises(Refused, match="is read as bound to its budget") as refused:  # by the admission
         _run(probe)
     assert "fields per line" not in str(refused.value) and not (tmp_path / "runs" / "probe").exists()
     assert [r["release_id"] for r in ledger().releases("blobs")] == ["first"]
@@ -553,6 +555,7 @@ def test_a_spec_cannot_choose_how_the_data_is_parsed_once_a_release_has(tmp_path
 def test_the_data_path_is_resolved_once_for_the_check_and_the_read(tmp_path, csv_data, monkeypatch):
     """An audit swapped a symlink between the ledger's check of the bound source and the ingest: the run reads
     the file the check resolved."""
+    monkeypatch.setenv("DPRELEASE_SCRATCH_KEEP_DAYS", "1")  # the ingested records outlive the publication: read below
     (tmp_path / "bound").mkdir()
     real = tmp_path / "bound" / "blobs.csv"
     shutil.copy(csv_data, real)

@@ -33,7 +33,9 @@ The order, and why it is this order:
     The spec comes back with its data path resolved once, symlinks included: every stage reads what was judged.
 
   The run (`admit_run`), before the charge:
-    8. The run folder is neither inside nor around a dataset's data (a run writes there and clears its own stale
+    8. The operator's scratch location is neither inside nor around the public output location (the `output`
+       setting, else the spec's output_dir): raw-derived records must never land under a published prefix. The run
+       folder is neither inside nor around a dataset's data (a run writes there and clears its own stale
        folders: a review had runs write into a data folder and tell names in it apart by their errors), then it is
        writable (asked second: the answer names the first existing folder on the path).
     9. Measurements already in the run folder are this release's (same fingerprint).
@@ -84,6 +86,7 @@ from tasks.ledger import (
 )
 from tasks.ledger.public import content_sha256
 from tasks.params import PUBLIC_INPUTS, dataset_reading
+from tasks.storage.placement import check_apart
 
 __all__ = ["admit_file", "admit_flow_run", "admit_run", "admit_spec", "charge_for", "require_budget",
            "require_public"]
@@ -139,6 +142,7 @@ class Admitted:
 
 def admit_run(spec, release_id: str) -> Admitted:
     """Rules 8-14 for the release id."""
+    check_apart(spec.output_dir)  # 8: the scratch apart from the public output location
     run = _run.RunPaths.of(spec.output_dir, release_id, spec.test_mode)
     if not spec.test_mode:
         _outside_every_dataset(spec.output_dir, release_id)

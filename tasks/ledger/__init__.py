@@ -10,6 +10,8 @@ database several hosts share (`store`); every caller opens it with `configured_l
 
 from __future__ import annotations
 
+import functools
+import inspect
 from pathlib import Path
 
 from tasks import settings
@@ -25,8 +27,9 @@ from tasks.ledger.bindings import (
 )
 from tasks.ledger.public import PublicInputs, content_sha256, public_copy
 from tasks.ledger.spends import MAX_LIFETIME_EPSILON, Charge, Spends, no_budget_message
-from tasks.ledger.store import Store
+from tasks.ledger.store import LedgerUnreachable, Store
 from tasks.settings import is_database, masked
+from tasks.transient import retried
 
 __all__ = ["Charge", "LEDGER_ENV", "MAX_LIFETIME_EPSILON", "PrivacyLedger", "check_reading", "configured_ledger",
            "configured_location", "content_sha256", "data_source", "ledger_at", "no_budget_message", "public_copy",
@@ -36,6 +39,35 @@ __all__ = ["Charge", "LEDGER_ENV", "MAX_LIFETIME_EPSILON", "PrivacyLedger", "che
 LEDGER_ENV = settings.env_of("ledger")
 
 
+def _outages_retried(cls):
+    """Every public method of the ledger (and opening it) retried while its database cannot be reached or its
+    connection is lost (`LedgerUnreachable`), with backoff, for the operator's `outage_retry_seconds`
+    (`tasks.transient`): a PostgreSQL server restarted under a running release delays it instead of failing it. Each
+    method is one transaction, written so that repeating it after a commit whose answer was lost changes nothing
+    more (`Spends.charge`, `Spends.begin_draw`, `Spends.mark`)."""
+    def wrap(fn):
+        @functools.wraps(fn)
+        def call(self, *args, **kwargs):
+            where = getattr(self, "name", None) or "the privacy ledger"
+            return retried(lambda: fn(self, *args, **kwargs), f"the privacy ledger {where}",
+                           lambda exc: isinstance(exc, LedgerUnreachable))
+        return call
+
+    for base in (Spends, Bindings, PublicInputs):
+        for name, member in vars(base).items():
+            if not name.startswith("_") and inspect.isfunction(member):
+                setattr(cls, name, wrap(member))
+    opening = Store.__init__
+
+    @functools.wraps(opening)
+    def __init__(self, location):
+        retried(lambda: opening(self, location), f"the privacy ledger {masked(str(location))}",
+                lambda exc: isinstance(exc, LedgerUnreachable))
+    cls.__init__ = __init__
+    return cls
+
+
+@_outages_retried
 class PrivacyLedger(Spends, Bindings, PublicInputs, Store):
     """One ledger: its budgets and spends, its dataset bindings and its public inputs, over one store."""
 

@@ -15,7 +15,10 @@ SERIALIZABLE with retries: every writer would need a retry loop, and a charge wo
 same events whatever the retry. Readers run at REPEATABLE READ, READ ONLY: a consistent view across their
 statements, and a write outside the writers' lock is refused by the server.
 
-A connection or database error is the one-line `ReleaseError` the SQLite file gives, with the password masked.
+A connection or database error is the one-line `ReleaseError` the SQLite file gives, with the password masked. A
+server that cannot be reached, or a connection lost (the server stopped or restarted, the network dropped), is a
+`LedgerUnreachable`, which the ledger retries with backoff for the operator's `outage_retry_seconds`
+(`tasks.transient`); a lock wait that timed out, a refused role, a constraint are not retried.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from psycopg.rows import dict_row
 
 from tasks.errors import ReleaseError
 from tasks.ledger.schema import TABLES
+from tasks.ledger.store import LedgerUnreachable
 from tasks.settings import masked
 
 #: How long a writer waits for the ledger's lock before its transaction fails (SQLite's busy timeout is the same).
@@ -79,6 +83,9 @@ class Database:
             yield Connection(conn)
             conn.execute("COMMIT" if keep else "ROLLBACK")
         except psycopg.Error as exc:
+            if _connection_lost(exc, conn):
+                raise LedgerUnreachable(f"privacy ledger {self.shown}: the connection was lost "
+                                        f"({self._line(exc)})") from None
             raise ReleaseError(f"privacy ledger {self.shown} is unusable: {self._line(exc)}") from None
         finally:
             conn.close()  # a transaction left open (by an exception) is rolled back by the server
@@ -86,6 +93,8 @@ class Database:
     def _connect(self) -> psycopg.Connection:
         try:
             return psycopg.connect(**self._params, autocommit=True, row_factory=dict_row)
+        except psycopg.OperationalError as exc:  # no server, refused, timed out, shutting down: may pass
+            raise LedgerUnreachable(f"cannot open privacy ledger {self.shown}: {self._line(exc)}") from None
         except psycopg.Error as exc:
             raise ReleaseError(f"cannot open privacy ledger {self.shown}: {self._line(exc)}") from None
 
@@ -107,6 +116,21 @@ class Database:
         for secret in self._secrets:
             text = text.replace(secret, "***")
         return masked(text)
+
+
+#: SQLSTATEs of a server going away: connection exceptions (class 08) and operator intervention (admin shutdown,
+#: crash shutdown, cannot connect now).
+_GONE = ("08", "57P01", "57P02", "57P03")
+
+
+def _connection_lost(exc: psycopg.Error, conn: psycopg.Connection) -> bool:
+    """The error is the connection's, not the statement's: the client lost it (no SQLSTATE, the connection closed or
+    broken) or the server said it is going away. A lock timeout (55P03), a serialisation failure, a constraint are
+    the statement's."""
+    state = getattr(exc, "sqlstate", None)
+    if state is None:
+        return conn.closed or conn.broken or isinstance(exc, psycopg.OperationalError)
+    return state.startswith(_GONE)
 
 
 def _passwords(url: str) -> list[str]:

@@ -214,10 +214,12 @@ class Spends:
     def begin_draw(self, release_id: str, owner: str | None) -> None:
         """The lease to draw: status charged -> drawing, only for the run that holds the release (compare and
         set). Called before the first noise draw; a run that lost the release to a newer one is refused here,
-        before it draws anything."""
+        before it draws anything. Repeated by the same run (a retry after a commit whose answer was lost: the
+        lease is already its own), it changes nothing and succeeds."""
         with self._transaction(immediate=True) as db:
-            n = db.execute("UPDATE spends SET status='drawing', updated_at=? WHERE release_id=? AND status='charged' "
-                           "AND owner IS ?", (now(), release_id, owner)).rowcount
+            n = db.execute("UPDATE spends SET status='drawing', updated_at=? WHERE release_id=? AND "
+                           "status IN ('charged', 'drawing') AND owner IS ?",
+                           (now(), release_id, owner)).rowcount
         if n != 1:
             raise ReleaseConflict(f"release '{release_id}' was taken over by another run before this one drew any "
                                   f"noise; nothing was drawn here")
@@ -239,6 +241,16 @@ class Spends:
         with self._transaction() as db:
             rows = db.execute("SELECT release_id, kind, epsilon, delta, status, attempts, location, created_at "
                               "FROM spends WHERE dataset_id=?", (dataset_id,)).fetchall()
+        return sorted((dict(r) for r in rows), key=_in_order)
+
+    def every_release(self, dataset_id: str | None = None) -> list[dict]:
+        """Every release of the ledger (or of one dataset), with what reconciling it needs: its dataset, kind, status,
+        where it was drawn and when its status last changed; in the order they were charged."""
+        with self._transaction() as db:
+            columns = ("SELECT release_id, dataset_id, kind, epsilon, delta, status, attempts, location, created_at, "
+                       "updated_at FROM spends")
+            rows = (db.execute(columns).fetchall() if dataset_id is None else
+                    db.execute(columns + " WHERE dataset_id=?", (dataset_id,)).fetchall())
         return sorted((dict(r) for r in rows), key=_in_order)
 
     def spent(self, dataset_id: str) -> accounting.Guarantee:

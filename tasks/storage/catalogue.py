@@ -70,6 +70,24 @@ def check_output_location(output: str, what: str = "--output") -> None:
         raise Refused(f"{what}: {output} is a file, not an output location (a folder, or a store's URL)")
 
 
+def row_from_manifest(manifest: dict, public: str) -> dict:
+    """The catalogue row of the release whose manifest this is, published at `public`."""
+    return {"release_id": manifest["release_id"], "dataset_id": manifest["dataset_id"], "kind": manifest["kind"],
+            "period": manifest.get("period"), "epsilon": manifest["privacy"]["epsilon"],
+            "delta": manifest["privacy"]["delta"], "published_at": manifest["created_at"],
+            "manifest_sha256": manifest["manifest_sha256"]["sha256"], "location": public,
+            "files": [join(public, f) for f in sorted(manifest["files"])] + [join(public, "manifest.json")]}
+
+
+def row_of(output: str, release_id: str) -> dict | None:
+    """The catalogue row of one release, or None."""
+    where = join(output, CATALOGUE, f"release={release_id}.parquet")
+    if not exists(where):
+        return None
+    found = read_table(where).to_pylist()
+    return found[0] if found else None
+
+
 def rows(output: str, dataset_id: str | None = None) -> list[dict]:
     """The catalogue of an output location (its releases, oldest first), of one dataset or all."""
     folder = join(output, CATALOGUE)

@@ -1,9 +1,15 @@
 """Reading and writing locations (local paths or store URLs, `tasks.storage.locations`). Local paths go through the
 standard library and pyarrow as before; URLs through fsspec (imported on first use: a store's package takes a second
-to load), with each store's credentials from the standard environment of the process, on every host."""
+to load), with each store's credentials from the standard environment of the process, on every host.
+
+Every operation on a store is retried while the store refuses, drops or times out connections, with backoff, for the
+operator's `outage_retry_seconds` (`tasks.transient`), then fails with one line naming the store: a store restarted
+under a running release delays it instead of failing it. A write retried writes the same object again.
+"""
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import shutil
@@ -11,9 +17,28 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from tasks.storage.locations import is_url, join, relative
+from tasks.transient import connection_error, retried
 
 if TYPE_CHECKING:
     import pyarrow as pa
+
+
+def _store(fn):
+    """Retry the operation on a store's location (its first argument a URL, or its second: `_put`) through an
+    outage; local paths as they are."""
+    @functools.wraps(fn)
+    def call(*args, **kwargs):
+        location = next((a for a in args[:2] if isinstance(a, str) and is_url(a)), None)
+        if location is None:
+            return fn(*args, **kwargs)
+        return retried(lambda: fn(*args, **kwargs), f"the object store {store_of(location)}", connection_error)
+    return call
+
+
+def store_of(location: str) -> str:
+    """A store's URL as messages name it: its scheme and bucket (or container)."""
+    scheme, rest = location.split("://", 1)
+    return f"{scheme}://{rest.split('/', 1)[0]}"
 
 
 def filesystem(location: str):
@@ -75,6 +100,7 @@ def _probe_filesystem(location: str):
     return fs, fs._strip_protocol(location)
 
 
+@_store
 def exists(location: str) -> bool:
     if not is_url(location):
         return Path(location).exists()
@@ -82,6 +108,7 @@ def exists(location: str) -> bool:
     return fs.exists(path)
 
 
+@_store
 def is_dir(location: str) -> bool:
     if not is_url(location):
         return Path(location).is_dir()
@@ -89,6 +116,7 @@ def is_dir(location: str) -> bool:
     return fs.isdir(path)
 
 
+@_store
 def files(location: str, suffix: str = "") -> list[str]:
     """Every file at or under `location` whose name ends with `suffix`, in order (a file: itself)."""
     if not is_url(location):
@@ -102,6 +130,7 @@ def files(location: str, suffix: str = "") -> list[str]:
     return [f"{scheme}://{p}" for p in sorted(fs.find(path)) if p.endswith(suffix)]
 
 
+@_store
 def identity(location: str) -> list[list]:
     """What identifies the content of every file at or under `location` without reading it: on a store, each object's
     path, size and version id or ETag (an object's identity, never its modification time); on a local disk, each
@@ -151,6 +180,7 @@ def file_sha256(path: Path) -> str:
     return h.hexdigest()
 
 
+@_store
 def read_bytes(location: str) -> bytes:
     if not is_url(location):
         return Path(location).read_bytes()
@@ -158,6 +188,7 @@ def read_bytes(location: str) -> bytes:
     return fs.cat_file(path)
 
 
+@_store
 def write_bytes(location: str, data: bytes) -> None:
     if not is_url(location):
         Path(location).parent.mkdir(parents=True, exist_ok=True)
@@ -173,6 +204,7 @@ def makedirs(location: str) -> None:
         Path(location).mkdir(parents=True, exist_ok=True)
 
 
+@_store
 def remove(location: str) -> None:
     """Remove a file or a folder (a prefix of objects), if there."""
     if not is_url(location):
@@ -187,6 +219,7 @@ def remove(location: str) -> None:
         fs.rm(path, recursive=True)
 
 
+@_store
 def read_table(location: str, columns: list[str] | None = None) -> pa.Table:
     import pyarrow.parquet as pq
 
@@ -196,6 +229,7 @@ def read_table(location: str, columns: list[str] | None = None) -> pa.Table:
     return pq.read_table(path, columns=columns, filesystem=fs)
 
 
+@_store
 def write_table(table: pa.Table, location: str, metadata: dict | None = None) -> None:
     """Write a Parquet file; `metadata` (str -> str) goes into its key-value metadata."""
     import pyarrow.parquet as pq
@@ -223,6 +257,7 @@ def upload(folder: Path, location: str, last: str | None = None, written: list[s
     return written
 
 
+@_store
 def _put(source: Path, location: str) -> str:
     if not is_url(location):
         Path(location).parent.mkdir(parents=True, exist_ok=True)
@@ -239,10 +274,15 @@ def download(location: str, folder: Path) -> None:
         target = folder / (relative(f, location) if f != location else Path(f).name)
         target.parent.mkdir(parents=True, exist_ok=True)
         if is_url(f):
-            fs, path = filesystem(f)
-            fs.get_file(path, str(target))
+            _get(f, str(target))
         else:
             shutil.copyfile(f, target)
+
+
+@_store
+def _get(location: str, target: str) -> None:
+    fs, path = filesystem(location)
+    fs.get_file(path, target)
 
 
 def copy_into(location: str, folder: Path) -> Path:
@@ -251,9 +291,8 @@ def copy_into(location: str, folder: Path) -> Path:
     if is_url(location) and is_dir(location) or not is_url(location) and Path(location).is_dir():
         download(location, target)
     elif is_url(location):
-        fs, path = filesystem(location)
         folder.mkdir(parents=True, exist_ok=True)
-        fs.get_file(path, str(target))
+        _get(location, str(target))
     else:
         folder.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(location, target)

@@ -15,7 +15,16 @@ from pathlib import Path
 
 import pytest
 
+from tests.reaper import guard
+
 REPO = Path(__file__).resolve().parents[2]
+
+
+def python_path() -> str:
+    """PYTHONPATH for the processes the tests start (the CLI, Prefect workers and the flow runs they start, dask
+    workers): this checkout first, whatever the venv's editable install points at."""
+    return os.pathsep.join([str(REPO)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep)
+                                          if p and p != str(REPO)])
 
 
 def free_port() -> int:
@@ -26,22 +35,31 @@ def free_port() -> int:
 
 def stop(proc: subprocess.Popen) -> None:
     """Prefect workers ignore the first SIGTERM: TERM, wait, TERM again, then KILL (the whole group)."""
-    for sig, wait in ((signal.SIGTERM, 10), (signal.SIGTERM, 5), (signal.SIGKILL, 5)):
-        if proc.poll() is not None:
-            return
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            proc.wait(wait)
-        except subprocess.TimeoutExpired:
-            continue
+    try:
+        for sig, wait in ((signal.SIGTERM, 10), (signal.SIGTERM, 5), (signal.SIGKILL, 5)):
+            if proc.poll() is not None:
+                return
+            try:
+                os.killpg(proc.pid, sig)
+            except ProcessLookupError:
+                return
+            try:
+                proc.wait(wait)
+            except subprocess.TimeoutExpired:
+                continue
+    finally:
+        reaper = getattr(proc, "reaper", None)
+        if reaper is not None:
+            reaper.release()
 
 
 def start(args: list[str], env: dict, log: Path, cwd: Path = REPO) -> subprocess.Popen:
-    return subprocess.Popen(args, env=env, cwd=cwd, stdout=open(log, "w"), stderr=subprocess.STDOUT,
+    """A process in a session of its own (killed whole by `stop`), stopped too if this test process is killed
+    (tests/reaper.py)."""
+    proc = subprocess.Popen(args, env=env, cwd=cwd, stdout=open(log, "w"), stderr=subprocess.STDOUT,
                             start_new_session=True)
+    proc.reaper = guard(group=proc.pid)
+    return proc
 
 
 def wait_http(url: str, timeout: float) -> None:
@@ -64,10 +82,11 @@ def prefect_server(tmp_path_factory):
     env = {**os.environ, "PREFECT_HOME": str(home), "PREFECT_API_URL": f"http://127.0.0.1:{port}/api",
            "DO_NOT_TRACK": "1", "PREFECT_SERVER_ANALYTICS_ENABLED": "false", "PYTHONUNBUFFERED": "1",
            "DPRELEASE_REPO": str(REPO), "PREFECT_WORKER_QUERY_SECONDS": "2",
-           "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "90"}
+           "PREFECT_SERVER_EPHEMERAL_STARTUP_TIMEOUT_SECONDS": "90", "PYTHONPATH": python_path()}
     env.pop("PREFECT_FLOWS_HEARTBEAT_FREQUENCY", None)
     server = start([sys.executable, "-m", "prefect", "server", "start", "--host", "127.0.0.1", "--port", str(port),
                     "--analytics-off"], env, home / "server.log")
+    env["TEST_PREFECT_SERVER_PID"] = str(server.pid)  # (tests/operations/test_session_kill.py)
     try:
         wait_http(f"http://127.0.0.1:{port}/api/health", 90)
         yield env
@@ -92,7 +111,7 @@ def run_cli(args: list[str], env: dict, log: Path, timeout: float = 300) -> int:
 def dask_cluster(tmp: Path):
     """`dask scheduler` and two `dask worker` processes on loopback; yields the scheduler address."""
     port = free_port()
-    env = {**os.environ, "DASK_LOGGING__DISTRIBUTED": "warning"}
+    env = {**os.environ, "DASK_LOGGING__DISTRIBUTED": "warning", "PYTHONPATH": python_path()}
     bin_dir = Path(sys.executable).parent
     scheduler = start([str(bin_dir / "dask"), "scheduler", "--host", "127.0.0.1", "--port", str(port),
                        "--dashboard-address", "127.0.0.1:0"], env, tmp / "scheduler.log")

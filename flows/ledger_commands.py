@@ -1,0 +1,72 @@
+"""`dprelease ledger reconcile`: the ledger, the catalogue and the published releases made to agree after a fault
+(`tasks.reconcile`). A subcommand of `dprelease ledger` (flows/cli.py wires it in)."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+RECONCILE_DESCRIPTION = (
+    "Check every release of the ledger against its manifest at the public output location and its catalogue row, and "
+    "complete what a fault left undone, printing each change: a release whose manifest is public is catalogued and "
+    "marked published in the ledger; a release committed in its run folder whose public copy failed is copied, "
+    "catalogued and marked. Releases not published yet are listed as pending (a rerun of their release id finishes "
+    "them). Records that disagree otherwise (the ledger says published and no manifest is there; a catalogue row "
+    "without its manifest or its ledger row) are reported, not changed, and the command exits 1. It also removes the "
+    "stage outputs of releases published longer ago than the `scratch_keep_days` setting. Every run completes its "
+    "own release's records by itself; run this after an outage, or on a schedule, for all of them.")
+
+
+def add_parsers(lsub, ledger_help: str) -> None:
+    """The `reconcile` subcommand of `dprelease ledger`."""
+    rec = lsub.add_parser("reconcile", help="make the ledger, the catalogue and the published releases agree",
+                          description=RECONCILE_DESCRIPTION)
+    rec.add_argument("--output", default=None,
+                     help="the public output location (default: the operator's `output` setting; without one, each "
+                          "release's run folder)")
+    rec.add_argument("--output-dir", dest="output_dirs", metavar="DIR", nargs="+", default=[],
+                     help="output_dir folders of the specs, where run folders are (needed for releases drawn in a "
+                          "scratch location, whose run folder the ledger does not name)")
+    rec.add_argument("--dry-run", action="store_true", help="say what would change, change nothing")
+    rec.add_argument("--json", action="store_true", help="machine-readable output: every finding")
+    rec.add_argument("--ledger", default=None, help=ledger_help)
+    rec.set_defaults(func=cmd_ledger_reconcile)
+
+
+def cmd_ledger_reconcile(args) -> int:
+    from flows.cli import _ledger
+    from tasks import storage
+    from tasks.errors import ReleaseError
+    from tasks.reconcile import AGREES, DISAGREES, PENDING, REPAIRED, SWEPT, reconcile
+
+    ledger, shown = _ledger(args, create=False)
+    if ledger is None:
+        print(f"error: no privacy ledger at {shown}", file=sys.stderr)
+        return 1
+    if args.output:
+        storage.check_supported(args.output, "--output")
+    try:
+        findings = reconcile(ledger, output=args.output, output_dirs=args.output_dirs, apply=not args.dry_run)
+    except ReleaseError:
+        raise  # the ledger's own one line (the CLI prints it)
+    except Exception as exc:  # a store unreachable, a file unreadable: its type, not its text (it may quote a path)
+        print(f"error: reconciling stopped: {type(exc).__name__} while reading the releases or the catalogue (what "
+              f"it changed before is kept; run it again)", file=sys.stderr)
+        return 1
+    states = (AGREES, REPAIRED, PENDING, DISAGREES, SWEPT)
+    counts = {state: sum(f.state == state for f in findings) for state in states}
+    if args.json:
+        print(json.dumps({"ledger": shown, "dry_run": args.dry_run, "counts": counts,
+                          "findings": [f.as_dict() for f in findings]}, indent=2))
+    else:
+        for f in findings:
+            if f.state != AGREES:
+                print(f"  {f.state:<10} {f.release_id:<44} {f.text}")
+        print(f"ledger {shown}: " + ", ".join(f"{n} {state}" for state, n in counts.items())
+              + (" (dry run: nothing changed)" if args.dry_run else ""))
+    disagree = counts.get(DISAGREES, 0)
+    if disagree:
+        print(f"error: {disagree} record(s) disagree and were left as they are: see the lines marked "
+              f"'{DISAGREES}'", file=sys.stderr)
+        return 1
+    return 0
