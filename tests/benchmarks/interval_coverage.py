@@ -470,8 +470,8 @@ def cell_line(key: str, r: dict) -> str:
 
 
 def corpus_main(args) -> None:
-    names = list(CASES) if args.kinds is None else [c for c in CASES if KIND_OF_CASE[c].split(" ")[0] in
-                                                    args.kinds.split(",") or c in args.kinds.split(",")]
+    chosen = None if args.kinds is None else args.kinds.split(",")  # a case's name or a kind's: that case only
+    names = list(CASES) if chosen is None else [c for c in CASES if c in chosen or KIND_OF_CASE[c] in chosen]
     results_path = Path(args.results)
     results = json.loads(results_path.read_text()) if results_path.exists() else {}
     wanted = args.datasets.split(",") if args.datasets else None
@@ -543,8 +543,9 @@ def main() -> None:
         "histogramtree", "histogramunit", "contingencybayes", "contingencymarginals"}))
     ap.add_argument("--dataset", help="with --kind: the corpus dataset (default: one per data shape)")
     ap.add_argument("--corpus", action="store_true", help="every kind over the corpus of shapes")
-    ap.add_argument("--kinds", help="with --corpus: only these kinds (comma-separated; histogramunit, "
-                                    "contingencybayes name the variants)")
+    ap.add_argument("--kinds", help="with --corpus: only these cases (comma-separated: a kind's name is its default "
+                                    "case; histogramtree, histogramunit, contingencybayes, contingencymarginals "
+                                    "name the variants)")
     ap.add_argument("--datasets", help="with --corpus: only these datasets (comma-separated names)")
     ap.add_argument("--eps", help="with --corpus: the epsilons (default: each kind's two, Case.epsilons)")
     ap.add_argument("--results", default="interval-coverage-corpus.json", help="with --corpus: results kept here")
