@@ -544,8 +544,8 @@ def spec_cases() -> list[Case]:
              2, "the bootstrap's 10,000 replicates"),
         Case("histogram 4096 bins, 10,000 replicates, 2 GiB", K("histogram", bins=4096, replicates=10_000), 2,
              "fewer replicates", env={"DPRELEASE_MEMORY_LIMIT_GIB": "2"}),
-        Case("histogram 2^20 bins, default replicates, 4 GiB", K("histogram", bins=2 ** 20, branching=2), 2,
-             "the bootstrap's", env={"DPRELEASE_MEMORY_LIMIT_GIB": "4"}),
+        Case("histogram 2^20 bins, 199 replicates, 4 GiB", K("histogram", bins=2 ** 20, branching=2, replicates=199),
+             2, "the bootstrap's", env={"DPRELEASE_MEMORY_LIMIT_GIB": "4"}),
         Case("matrix 2^16 bins", K("matrix_mechanism", bins=2 ** 16), 2, "Nothing was run"),
         Case("matrix bins 2^40", K("matrix_mechanism", bins=2 ** 40), 2, "bins"),
         Case("contingency 10^12 cells", lambda w: ["spec", "check", w.spec("cc", w.spec_dict("contingency"), dataset={

@@ -134,12 +134,14 @@ def s3_endpoint():
 @pytest.fixture
 def s3(s3_endpoint, monkeypatch):
     import boto3
-    import fsspec
+    import s3fs
 
     for key, value in {"AWS_ENDPOINT_URL": s3_endpoint.url, "AWS_ACCESS_KEY_ID": "test",
                        "AWS_SECRET_ACCESS_KEY": "test", "AWS_DEFAULT_REGION": "us-east-1"}.items():
         monkeypatch.setenv(key, value)
-    fsspec.filesystem("s3").invalidate_cache()
+    # s3fs caches one filesystem per constructor arguments, with the endpoint it read from the environment then:
+    # another module's server (another port) would otherwise be asked.
+    s3fs.S3FileSystem.clear_instance_cache()
     client = boto3.client("s3")
     for bucket in ("data", "private", "public"):
         if bucket in {b["Name"] for b in client.list_buckets()["Buckets"]}:

@@ -35,11 +35,13 @@ def s3_server():
 def s3(s3_server, monkeypatch, request):
     """Fresh buckets `data`, `private` and `public` for the test, the client environment set as a host's would be."""
     import boto3
-    import fsspec
+    import s3fs
 
     for key, value in s3_server.items():
         monkeypatch.setenv(key, value)
-    fsspec.filesystem("s3").invalidate_cache()
+    # s3fs caches one filesystem per constructor arguments, with the endpoint it read from the environment then:
+    # another module's server (another port) would otherwise be asked.
+    s3fs.S3FileSystem.clear_instance_cache()
     client = boto3.client("s3")
     for bucket in ("data", "private", "public"):
         existing = client.list_objects_v2(Bucket=bucket).get("Contents", []) if _exists(client, bucket) else []

@@ -112,7 +112,8 @@ def distinguishable(v, c, delta: float, sampler: str, scale: float, log2_grid: i
 
 def make_release(spec, out: Path) -> Path:
     """Production release of `spec` into `out`, charged to a ledger of its own there; returns the run folder.
-    The internal evaluation is skipped: it changes nothing published."""
+    The internal evaluation is skipped: it changes nothing published. The raw-derived stage outputs the attack reads
+    are kept a day (the operator's scratch_keep_days; by default a published release's are removed)."""
     import os
 
     from flows.release import release
@@ -120,6 +121,7 @@ def make_release(spec, out: Path) -> Path:
 
     out = Path(out).resolve()
     os.environ[LEDGER_ENV] = str(out / "privacy-ledger.sqlite")  # this attack's own ledger, as its operator
+    os.environ["DPRELEASE_SCRATCH_KEEP_DAYS"] = "1"
     out.mkdir(parents=True, exist_ok=True)
     configured_ledger().set_budget(spec.dataset.id, 100.0, 1e-5)
     spec = spec.model_copy(update={"output_dir": str(out), "mode": "production", "seed": None, "evaluate": False})
