@@ -164,12 +164,12 @@ def optimized_plan(bins: int, *, epsilon: float, unit_weight: int = 1) -> Plan:
 def committed_strategy(measurements: Path):
     """The p-Identity strategy a release measured with, from its measurements (never recomputed)."""
     with np.load(measurements / STRATEGY) as f:
-        return hdmm.PIdentity(f["B"])
+        return hdmm.PIdentity.of(f["B"])
 
 
 def strategy_now(spec):
     """The p-Identity strategy for the spec's bins (shipped, cached or optimised now: `tasks.strategies`)."""
-    return hdmm.PIdentity(strategies.pidentity(spec.release.bins))
+    return hdmm.PIdentity.of(strategies.pidentity(spec.release.bins))
 
 
 def node_columns(tree: hierarchy.Tree) -> dict[str, np.ndarray]:
@@ -211,7 +211,7 @@ def estimates(spec, noisy: np.ndarray, scale: float, strategy=None) -> tuple[np.
         estimate = strategy.least_squares(noisy)
         return np.maximum(estimate, 0.0), estimate, {
             "method": "optimized (HDMM p-Identity for all ranges, least squares; counts: negatives set to 0)",
-            "strategy_rows": int(strategy.rows), "expected_range_loss": strategy.loss()}
+            "strategy_rows": int(strategy.rows), "expected_range_loss": strategy.loss}
     p, tree = spec.release, tree_of(spec)
     count, info = consistent_leaves(tree, noisy, p.consistency_method, noise_scale=scale, penalty=p.penalty,
                                     alpha=p.alpha, rho=p.rho)
