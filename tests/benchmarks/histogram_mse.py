@@ -30,6 +30,7 @@ import json
 import sys
 import tempfile
 import time
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -89,8 +90,10 @@ def _release_path(dataset: Dataset, epsilon: float, workload: str, folder: Path,
 
 
 def _peer_errors(name: str, h: np.ndarray, epsilon: float, runs: int, starts, stops, seed: int, values=None,
-                 bounds=None) -> dict[str, np.ndarray]:
-    """Per run: range and unit MSE of the peer's answers as published and cut at zero."""
+                 bounds=None, cell: str = "") -> dict[str, np.ndarray]:
+    """Per run: range and unit MSE of the peer's answers as published and cut at zero. A peer's noise is seeded by
+    the cell (and --seed): with one seed for all cells, a data-independent peer's error is the same few draws in
+    every cell, and their luck (or bad luck) would enter every ratio alike instead of averaging out."""
     cs = np.concatenate([[0.0], np.cumsum(h)])
     truth = cs[stops] - cs[starts]
     if name == "tumult":
@@ -100,7 +103,7 @@ def _peer_errors(name: str, h: np.ndarray, epsilon: float, runs: int, starts, st
     else:
         import _histogram_peers
 
-        rng = np.random.default_rng(seed)
+        rng = np.random.default_rng([seed, zlib.crc32(f"{cell}/{name}".encode())])
         estimates = [getattr(_histogram_peers, name)(h, epsilon, rng) for _ in range(runs)]
     out = {"ranges": [], "unit": [], "ranges_cut": [], "unit_cut": []}
     for est in estimates:
@@ -125,7 +128,7 @@ def run_cell(dataset: Dataset, epsilon: float, runs: int, peers: list[str], fold
             "ranges_cut": {}, "unit_cut": {}, "ranges_se": {"ours": float(ours_r.std(ddof=1) / np.sqrt(runs))}}
     for name in peers:
         errors = _peer_errors(name, exact.astype(np.float64), epsilon, runs, starts, stops, seed, values,
-                              dataset.bounds)
+                              dataset.bounds, f"{dataset.name}/{epsilon:g}")
         for key, values_ in errors.items():
             cell[key][name] = float(values_.mean())
         cell["ranges_se"][name] = float(errors["ranges"].std(ddof=1) / np.sqrt(runs))
