@@ -9,6 +9,9 @@ traceback; the full log of a run, tracebacks included, is in <output_dir>/.logs/
 prints tracebacks too).
 Prefect, dask and the release kinds are imported only by the commands that need them, after the checks
 that need none of them: a spec naming a missing file fails in well under two seconds.
+
+Reading one release's path (docs/explanation/architecture.md): start at `cmd_run` and `admitted_run` here; next,
+tasks/admission/__init__.py (the rules `admitted_run` asks), then flows/release.py.
 """
 
 from __future__ import annotations
