@@ -23,11 +23,3 @@ def laplace_mechanism(value, *, sensitivity: float, epsilon: float, rng: np.rand
     value = np.asarray(value, dtype=np.float64)
     return value + rng.laplace(0.0, scale, size=value.shape)
 
-
-def gaussian_mechanism(value, *, sensitivity: float, noise_multiplier: float,
-                       rng: np.random.Generator) -> np.ndarray:
-    """value + N(0, (noise_multiplier * sensitivity)^2), coordinate-wise, for an L2 sensitivity
-    `sensitivity`. Its privacy is `dp_accounting.GaussianDpEvent(noise_multiplier)`."""
-    std = _check_positive("sensitivity", sensitivity) * _check_positive("noise_multiplier", noise_multiplier)
-    value = np.asarray(value, dtype=np.float64)
-    return value + rng.normal(0.0, std, size=value.shape)

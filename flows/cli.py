@@ -9,6 +9,9 @@ traceback; the full log of a run, tracebacks included, is in <output_dir>/.logs/
 prints tracebacks too).
 Prefect, dask and the release kinds are imported only by the commands that need them, after the checks
 that need none of them: a spec naming a missing file fails in well under two seconds.
+
+Reading one release's path (docs/explanation/architecture.md): start at `cmd_run` and `admitted_run` here; next,
+tasks/admission/__init__.py (the rules `admitted_run` asks), then flows/release.py.
 """
 
 from __future__ import annotations
@@ -27,6 +30,8 @@ from pathlib import Path
 from typing import NoReturn
 
 from flows.environment import apply_defaults
+from flows.ledger_commands import add_parsers as add_reconcile_parser
+from flows.ledger_commands import ledger_from
 from tasks import admission
 from tasks.errors import Refused, ReleaseError, SpecError
 from tasks.ledger.spends import MAX_LIFETIME_EPSILON
@@ -214,19 +219,8 @@ def cmd_generate(args) -> int:
     return 0
 
 
-def _ledger(args, create: bool = True):
-    """The ledger of --ledger, else the machine's configured one (`tasks.ledger.configured_ledger`; create=False:
-    None where nothing was ever recorded), and its name as messages show it (a URL's password masked)."""
-    from tasks.ledger import configured_ledger, configured_location, ledger_at
-    from tasks.settings import masked
-
-    if args.ledger:
-        return ledger_at(args.ledger, create), masked(args.ledger)
-    return configured_ledger(create), configured_location()
-
-
 def cmd_budget_show(args) -> int:
-    ledger, shown = _ledger(args, create=False)
+    ledger, shown = ledger_from(args, create=False)
     if ledger is None:
         print(f"error: no privacy ledger at {shown}", file=sys.stderr)
         return 1
@@ -265,7 +259,7 @@ def cmd_budget_show(args) -> int:
 def cmd_budget_set(args) -> int:
     from tasks.errors import ReleaseConflict, SpecError
 
-    ledger, shown = _ledger(args)
+    ledger, shown = ledger_from(args)
     if (args.source is None or args.reading_from is None) and ledger.source(args.dataset) is None:
         print(f"error: dataset '{args.dataset}' is bound to no data yet: give its --source (the file or folder its "
               f"releases read; a dataset id spends the budget of its own data only) and --reading-from (the specs "
@@ -333,7 +327,7 @@ def cmd_public_register(args) -> int:
     if not storage.probe(storage.canonical(args.path)):
         print(f"error: {args.path} does not exist", file=sys.stderr)
         return 2
-    ledger, shown = _ledger(args)
+    ledger, shown = ledger_from(args)
     try:
         digest = ledger.register_public(args.path, args.source)
     except ReleaseConflict as exc:
@@ -344,7 +338,7 @@ def cmd_public_register(args) -> int:
 
 
 def cmd_public_list(args) -> int:
-    ledger, _ = _ledger(args, create=False)
+    ledger, _ = ledger_from(args, create=False)
     rows = ledger.public_inputs() if ledger else []
     for r in rows:
         print(f"{r['path']}  sha256 {r['sha256'][:16]}...  {r['source']}  (registered {r['registered_at']})")
@@ -617,9 +611,7 @@ def build_parser() -> argparse.ArgumentParser:
                          help="the SQLite ledger to copy (default: the `ledger` setting, which must then be a "
                               "SQLite file)")
     migrate.set_defaults(func=cmd_ledger_migrate)
-    from flows.ledger_commands import add_parsers as _ledger_parsers
-
-    _ledger_parsers(lsub, LEDGER_HELP)
+    add_reconcile_parser(lsub, LEDGER_HELP)
 
     kinds = sub.add_parser("kinds", help="list the release kinds (a Markdown table)",
                            description="Print every registered release kind, its data shape and its method.")

@@ -15,31 +15,25 @@ import signal
 import sys
 import time
 
+from tasks.processes import alive
+
 POLL_SECONDS = 0.5
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
 
 
 def stop(pid: int, grace: float = 5.0) -> None:
     for sig in (signal.SIGTERM, signal.SIGKILL):
         try:
             os.kill(pid, sig)
-        except ProcessLookupError:
+        except (ProcessLookupError, PermissionError):  # gone, or its pid now another user's: nothing of ours to stop
             return
         deadline = time.monotonic() + grace
-        while _alive(pid) and time.monotonic() < deadline:
+        while alive(pid) and time.monotonic() < deadline:
             time.sleep(0.1)
 
 
 def main(parent: int, server: int) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    while _alive(server):
+    while alive(server):
         if os.getppid() != parent:
             stop(server)
             return

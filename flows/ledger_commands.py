@@ -1,10 +1,15 @@
 """`dprelease ledger reconcile`: the ledger, the catalogue and the published releases made to agree after a fault
-(`tasks.reconcile`). A subcommand of `dprelease ledger` (flows/cli.py wires it in)."""
+(`tasks.reconcile`). A subcommand of `dprelease ledger` (flows/cli.py wires it in), and `ledger_from`, the ledger a
+command's `--ledger` names, which every ledger command of flows/cli.py opens through: it lives here, below the CLI,
+so that this module imports nothing of flows/cli.py."""
 
 from __future__ import annotations
 
 import json
 import sys
+
+from tasks.ledger import configured_ledger, configured_location, ledger_at
+from tasks.settings import masked
 
 RECONCILE_DESCRIPTION = (
     "Check every release of the ledger against its manifest at the public output location and its catalogue row, and "
@@ -15,6 +20,14 @@ RECONCILE_DESCRIPTION = (
     "without its manifest or its ledger row) are reported, not changed, and the command exits 1. It also removes the "
     "stage outputs of releases published longer ago than the `scratch_keep_days` setting. Every run completes its "
     "own release's records by itself; run this after an outage, or on a schedule, for all of them.")
+
+
+def ledger_from(args, create: bool = True):
+    """The ledger of --ledger, else the machine's configured one (`tasks.ledger.configured_ledger`; create=False:
+    None where nothing was ever recorded), and its name as messages show it (a URL's password masked)."""
+    if args.ledger:
+        return ledger_at(args.ledger, create), masked(args.ledger)
+    return configured_ledger(create), configured_location()
 
 
 def add_parsers(lsub, ledger_help: str) -> None:
@@ -34,12 +47,11 @@ def add_parsers(lsub, ledger_help: str) -> None:
 
 
 def cmd_ledger_reconcile(args) -> int:
-    from flows.cli import _ledger
     from tasks import storage
     from tasks.errors import ReleaseError
     from tasks.reconcile import AGREES, DISAGREES, PENDING, REPAIRED, SWEPT, reconcile
 
-    ledger, shown = _ledger(args, create=False)
+    ledger, shown = ledger_from(args, create=False)
     if ledger is None:
         print(f"error: no privacy ledger at {shown}", file=sys.stderr)
         return 1

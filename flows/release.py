@@ -1,5 +1,8 @@
 """The `release` flow: ingest -> prepare -> DP measurement -> postprocessing -> publish -> evaluation -> report,
-with a data contract between every two stages (DESIGN.md, "The data path of one release")."""
+with a data contract between every two stages (docs/design.md, "The data path of one release").
+
+Reading one release's path (docs/explanation/architecture.md): `release`, then `_release` and `_stages`; next,
+tasks/kinds/base.py, what a release kind supplies to the stages."""
 
 from __future__ import annotations
 

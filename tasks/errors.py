@@ -18,6 +18,12 @@ class Unreachable(Refused):
     refused the process's credentials: nothing was run (the CLI exits 2)."""
 
 
+class LedgerUnreachable(ReleaseError):
+    """The ledger's database could not be reached, or the connection to it was lost: an outage that may pass, retried
+    by the ledger (`tasks.transient`), then one line. Raised by the PostgreSQL backend and caught by the ledger: it
+    lives here, below both, so that the backend imports nothing of the store that loads it."""
+
+
 class ServiceUnavailable(ReleaseError):
     """A service the run needs (its temporary Prefect API) did not start: nothing was charged or written."""
 

@@ -26,6 +26,7 @@ from typing import Callable
 from dpalgos.plan import Plan
 from tasks import settings, storage
 from tasks.errors import ReleaseConflict
+from tasks.processes import alive
 
 META = "measurements.json"
 #: What a run writes in its scratch besides the measurements, each a folder named after its stage: raw-derived
@@ -149,23 +150,13 @@ class RunPaths:
         alive: a run killed while postprocessing or committing."""
         for scratch in self.root.glob(".*-*-*"):
             pid = scratch.name.rsplit("-", 2)[1]  # the name may hold dashes (test-output); mkdtemp's suffix not
-            if scratch.is_dir() and not (pid.isdigit() and _alive(int(pid))):
+            if scratch.is_dir() and not (pid.isdigit() and alive(int(pid))):
                 shutil.rmtree(scratch, ignore_errors=True)
 
 
 def _scratch(name: str, parent: Path) -> Path:
     """A temporary folder .<name>-<pid>-<random>: named after its process, so a later run tells a dead run's."""
     return Path(tempfile.mkdtemp(prefix=f".{name}-{os.getpid()}-", dir=parent))
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def open_run(output_dir: str | Path, release_id: str, test: bool = False) -> RunPaths:

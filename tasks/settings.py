@@ -20,7 +20,7 @@ from typing import Any, Callable
 from urllib.parse import urlsplit
 
 from tasks.errors import ReleaseError
-from tasks.storage.locations import check_supported
+from tasks.schemes import check_supported
 
 __all__ = ["OperatorSettings", "config_file", "current", "env_of", "is_database", "masked", "table"]
 

@@ -84,6 +84,12 @@ def not_text(path: str) -> str | None:
     return None
 
 
+def delimiter_of(line: str) -> str | None:
+    """The delimiter a CSV file's first line shows, where nothing names one: a comma, else a tab, else runs of
+    whitespace (None). The one rule of the pipeline's readers and of the experiments' point files."""
+    return "," if "," in line else "\t" if "\t" in line else None
+
+
 def split(line: str, sep: str | None) -> list[str]:
     return line.split() if sep is None else [t.strip().strip('"') for t in line.split(sep)]
 
@@ -99,7 +105,7 @@ def csv_layout(dataset, path: str) -> CsvLayout:
     if not lines:
         raise InputError(f"dataset '{dataset.id}': {path} is empty")
     first = lines[0]
-    sep = dataset.delimiter or ("," if "," in first else "\t" if "\t" in first else None)
+    sep = dataset.delimiter or delimiter_of(first)
     tokens = split(first, sep)
     header = dataset.header if dataset.header is not None else not all(_NUMBER.match(t) for t in tokens)
     if header and len(lines) < 2:

@@ -1,4 +1,4 @@
-"""Every published value with its uncertainty (DESIGN.md, "Downstream"), made in the postprocess stage after the
+"""Every published value with its uncertainty (docs/design.md, "Downstream"), made in the postprocess stage after the
 kind's own products:
 
 * direct measurements (`ReleaseKind.direct_values`): each measurement file holding them is published at the

@@ -26,20 +26,9 @@ import sys
 import time
 from pathlib import Path
 
+from tasks.processes import alive
+
 POLL_SECONDS = 0.5
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:  # a zombie (dead, not yet reaped by its parent) is gone
-        return ") Z" not in Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return True
 
 
 def _stop_group(pid: int) -> None:
@@ -52,9 +41,9 @@ def _stop_group(pid: int) -> None:
             except ProcessLookupError:
                 return
         deadline = time.monotonic() + wait
-        while _alive(pid) and time.monotonic() < deadline:
+        while alive(pid) and time.monotonic() < deadline:
             time.sleep(0.1)
-        if not _alive(pid):
+        if not alive(pid):
             return
 
 
@@ -68,8 +57,8 @@ def main(argv: list[str] | None = None) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     released = []
     signal.signal(signal.SIGTERM, lambda *_: released.append(True))  # the server was stopped normally
-    while not released and _alive(args.watched):
-        if args.group and not _alive(args.group):
+    while not released and alive(args.watched):
+        if args.group and not alive(args.group):
             return
         time.sleep(POLL_SECONDS)
     if released:

@@ -1,4 +1,4 @@
-"""FriendlyCore (dpalgos/friendlycore.py; proofs in docs/friendlycore.md, cited as §n).
+"""FriendlyCore (dpalgos/friendlycore/; proofs in docs/friendlycore.md, cited as §n).
 
 What is checked, and how:
   * the friend counters against the defining predicate formulas (brute force, thresholds hit exactly);
@@ -652,7 +652,7 @@ def test_branch_free_labels_and_sums_are_argmin_and_the_masked_sums():
 def test_batched_subsets_get_the_tuples_each_gets_alone_from_its_own_stream(monkeypatch):
     """subset_tuples runs the subsets in padded batches (bounded by BATCH_FLOATS); a subset's tuple must be the
     one it gets run alone on its own points from its own stream (Lemma 9.1's coupling)."""
-    monkeypatch.setattr(fc, "BATCH_FLOATS", 3_000)  # several batches of uneven subsets
+    monkeypatch.setattr(fc.kmeans, "BATCH_FLOATS", 3_000)  # several batches of uneven subsets
     X = np.random.default_rng(21).normal(size=(900, 2)) * 5
     k, m = 3, 16
     tuples = fc.subset_tuples(X, k, m, np.random.default_rng(4))

@@ -56,6 +56,9 @@ The order, and why it is this order:
    14. The data's identity is taken (its objects' versions or ETags, its files' sizes and times): the ingest refuses
        data that changed between these checks and its read.
 
+Reading one release's path (docs/explanation/architecture.md): next, flows/release.py, the flow the admitted spec
+runs.
+
 Test mode (seeded, not private, allowed only by the operator) reads no ledger: rules 3, 6, 8, 12 and 13 are
 skipped. Every refusal is one line per problem naming the problem, never a value of the data.
 """

@@ -94,32 +94,3 @@ def range_query_table(name: str, h: np.ndarray, *, runs: int, seed: int, epsilon
                     rows.append({"dataset": name, "epsilon": eps, "method": m, "run": r, "range_length": L,
                                  "mse": float(np.mean(err ** 2))})
     return pd.DataFrame(rows)
-
-
-def workload_table(name: str, h: np.ndarray, *, runs: int, seed: int, epsilons=RANGE_EPSILONS, methods=METHODS,
-                   branching: int = 16, ranges: int = RANGES_PER_LENGTH) -> pd.DataFrame:
-    """MSE of three workloads on the same releases (one release per method, epsilon and run): every unit-length
-    query ("unit"), `ranges` random ranges of each length 2^1 .. 2^(log2 n) ("length 2^j"), and `ranges` random
-    ranges [lo, hi) with lo < hi uniform among all pairs of bin boundaries ("random"). Unit queries alone favour
-    the plain Laplace mechanism (each bin is measured once, with the whole budget), ranges the tree methods."""
-    hp = padded(h, branching)
-    rng = np.random.default_rng(seed)
-    n = h.size
-    lengths = [2 ** j for j in range(1, int(np.log2(n)) + 1) if 2 ** j <= n]
-    cs = np.concatenate([[0.0], np.cumsum(hp)])
-    starts = {L: rng.integers(0, n - L + 1, ranges) for L in lengths}
-    pairs = np.sort(rng.choice(n + 1, size=(ranges, 2)), axis=1)
-    pairs = pairs[pairs[:, 0] < pairs[:, 1]]
-    rows = []
-    for eps in epsilons:
-        for m in methods:
-            for r in range(runs):
-                answer = release(m, hp, epsilon=eps, rng=rng, branching=branching)
-                base = {"dataset": name, "epsilon": eps, "method": m, "run": r}
-                rows.append({**base, "workload": "unit", "range_length": 1, "mse": unit_mse(answer, hp, n)})
-                for L, lo in starts.items():
-                    err = answer(lo, lo + L) - (cs[lo + L] - cs[lo])
-                    rows.append({**base, "workload": f"length {L}", "range_length": L, "mse": float(np.mean(err ** 2))})
-                err = answer(pairs[:, 0], pairs[:, 1]) - (cs[pairs[:, 1]] - cs[pairs[:, 0]])
-                rows.append({**base, "workload": "random", "range_length": 0, "mse": float(np.mean(err ** 2))})
-    return pd.DataFrame(rows)

@@ -7,6 +7,9 @@ measurements and public parameters only) -> publish -> evaluate. The privacy fac
 and nothing else: the ledger's event, the noise of every draw and the manifest's mechanism list all come
 from it. Registering a kind (tasks/kinds/__init__.py) gives it the spec union, the column checks, the CLI's
 kind table and the conformance suite (tests/test_conformance.py).
+
+Reading one release's path (docs/explanation/architecture.md): next, one kind (tasks/kinds/histogram.py), then
+tasks/stages.py, where the DP measurement charges the ledger and draws through the plan.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """The `mean` and `friendly_kmeans` release kinds: FriendlyCore framework after Tsfadia et al., ICML 2022;
-filter and analysis derived in this project (dpalgos/friendlycore.py, proofs in docs/friendlycore.md).
+filter and analysis derived in this project (dpalgos/friendlycore/, proofs in docs/friendlycore.md).
 
 Neither needs public bounds: the soft core keeps the points with many friends within radius r, and the noise
 scales with r and the noisy core weight, not with a domain diameter. Both are zCDP mechanisms with one

@@ -15,6 +15,7 @@ import inspect
 from pathlib import Path
 
 from tasks import settings
+from tasks.errors import LedgerUnreachable
 from tasks.ledger.bindings import (
     Bindings,
     check_reading,
@@ -27,7 +28,7 @@ from tasks.ledger.bindings import (
 )
 from tasks.ledger.public import PublicInputs, content_sha256, public_copy
 from tasks.ledger.spends import MAX_LIFETIME_EPSILON, Charge, Spends, no_budget_message
-from tasks.ledger.store import LedgerUnreachable, Store
+from tasks.ledger.store import Store
 from tasks.settings import is_database, masked
 from tasks.transient import retried
 

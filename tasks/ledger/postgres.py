@@ -32,9 +32,8 @@ import psycopg
 from psycopg.conninfo import conninfo_to_dict
 from psycopg.rows import dict_row
 
-from tasks.errors import ReleaseError
+from tasks.errors import LedgerUnreachable, ReleaseError
 from tasks.ledger.schema import TABLES
-from tasks.ledger.store import LedgerUnreachable
 from tasks.settings import masked
 
 #: How long a writer waits for the ledger's lock before its transaction fails (SQLite's busy timeout is the same).

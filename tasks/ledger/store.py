@@ -24,11 +24,6 @@ from tasks.ledger.schema import ADDED, SCHEMA, TABLES
 from tasks.settings import is_database, masked
 
 
-class LedgerUnreachable(ReleaseError):
-    """The ledger's database could not be reached, or the connection to it was lost: an outage that may pass, retried
-    by the ledger (`tasks.transient`), then one line."""
-
-
 def now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
 

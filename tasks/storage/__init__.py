@@ -10,6 +10,8 @@ standard environment gives them (`AWS_ACCESS_KEY_ID`, `AWS_ENDPOINT_URL`, `GOOGL
 `AZURE_STORAGE_*`) on every host.
 """
 
+# The schemes live below this package and the operator's settings, which check a configured location with them.
+from tasks.schemes import EXTRAS, SCHEMES, check_supported
 from tasks.storage.io import (
                               copy_into,
                               digest,
@@ -32,10 +34,7 @@ from tasks.storage.io import (
                               write_table,
 )
 from tasks.storage.locations import (
-                              EXTRAS,
-                              SCHEMES,
                               canonical,
-                              check_supported,
                               is_url,
                               join,
                               name,
