@@ -45,10 +45,6 @@ its private choice), `refine` (the clipped sum of §13), `mean` (averaging: para
 
 from __future__ import annotations
 
-import sys
-import types
-
-from dpalgos.friendlycore import constants, core, friends, kmeans, mean, radius, refine
 from dpalgos.friendlycore.constants import (
     COUNT_SENSITIVITY,
     MAX_RADIUS,
@@ -129,20 +125,3 @@ __all__ = ["BATCH_FLOATS", "COUNT_SENSITIVITY", "EuclideanFriends", "FriendCount
            "soft_weights", "sq_dist_pairs", "subset_tuples", "total_weight", "weighted_mean"]
 
 
-#: The sections, in the order they import each other.
-_SECTIONS = (constants, friends, core, radius, refine, mean, kmeans)
-
-
-class _Package(types.ModuleType):
-    """Setting a name on the package sets it in the section that defines it too, so that a patch of `fc.<name>`
-    still reaches the code that looks the name up in its own module: tests/benchmarks/timing_channel.py wraps
-    `fc._sq_dists` and `fc._kmeanspp` to count Lloyd passes, as it did when this package was one module."""
-
-    def __setattr__(self, name, value):
-        for section in _SECTIONS:
-            if name in vars(section):
-                setattr(section, name, value)
-        super().__setattr__(name, value)
-
-
-sys.modules[__name__].__class__ = _Package

@@ -56,6 +56,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from dpalgos import friendlycore as fc  # noqa: E402
+from dpalgos.friendlycore import kmeans as lloyd  # noqa: E402
 from dpalgos.noise import ExactNoise, Measure  # noqa: E402
 
 FAR = 1e6
@@ -69,10 +70,11 @@ CALLS = {"_sq_dists": 0, "_kmeanspp": 0}   # since the last reset; their differe
 # --------------------------------------------------------------------------------------------------------------
 def install_pass_counter() -> None:
     """Count calls of `_sq_dists` (once per Lloyd pass, plus once per restart for its cost) and of `_kmeanspp`
-    (once per restart): `_batched_kmeans` looks both up in the module, so wrappers see every call. One Python call
-    per pass: a microsecond against a pass's ~0.1 ms, and the same on D and D'."""
+    (once per restart): `_batched_kmeans` looks both up in its module (`dpalgos.friendlycore.kmeans`), so wrappers
+    set there see every call. One Python call per pass: a microsecond against a pass's ~0.1 ms, and the same on D
+    and D'."""
     for name in CALLS:
-        setattr(fc, name, _counted(name, getattr(fc, name)))
+        setattr(lloyd, name, _counted(name, getattr(lloyd, name)))
 
 
 def _counted(name, f):
@@ -91,21 +93,21 @@ def lloyd_passes() -> int:
 
 
 def stop_when_settled(P, mask, k, rng, restarts, max_iter):
-    """`fc._batched_kmeans` as it was before LLOYD_PASSES: Lloyd stopped once a subset's labels settled (at most
+    """`lloyd._batched_kmeans` as it was before LLOYD_PASSES: Lloyd stopped once a subset's labels settled (at most
     max_iter passes). For comparison only; it uses the module's helpers, so the pass counter sees its calls."""
     m, s, d = P.shape
     sizes = mask.sum(axis=1)
     best_C, best_cost = np.full((m, k, d), np.nan), np.full(m, np.inf)
     for _ in range(restarts):
-        C, prev = fc._kmeanspp(P, mask, sizes, k, rng), None
+        C, prev = lloyd._kmeanspp(P, mask, sizes, k, rng), None
         for _ in range(max_iter):
-            lab = fc._nearest(fc._sq_dists(P, C))
+            lab = lloyd._nearest(lloyd._sq_dists(P, C))
             if prev is not None and np.array_equal(lab, prev):
                 break
             prev = lab
-            cnt, sums = fc._cluster_sums(P, lab, mask, k)
+            cnt, sums = lloyd._cluster_sums(P, lab, mask, k)
             C = np.where(cnt[..., None] > 0, sums / np.maximum(cnt, 1.0)[..., None], C)
-        cost = fc._seq_sum(np.where(mask, fc._sq_dists(P, C).min(axis=-1), 0.0), 1)
+        cost = lloyd._seq_sum(np.where(mask, lloyd._sq_dists(P, C).min(axis=-1), 0.0), 1)
         better = cost < best_cost
         best_C[better], best_cost[better] = C[better], cost[better]
     return best_C, best_cost
@@ -145,7 +147,7 @@ def candidates(centres: np.ndarray) -> dict[str, np.ndarray]:
 
 def subset_passes(P: np.ndarray, params: fc.KMeansParams, seed: int) -> int:
     reset_passes()
-    fc._batched_kmeans(P[None], np.ones((1, len(P)), dtype=bool), params.k, np.random.default_rng(seed),
+    lloyd._batched_kmeans(P[None], np.ones((1, len(P)), dtype=bool), params.k, np.random.default_rng(seed),
                        params.restarts, params.max_iter)
     return lloyd_passes()
 
@@ -335,10 +337,10 @@ def main() -> None:
     plan = fc.kmeans_plan(params)
     eps = plan.guarantee(args.delta).epsilon
     install_pass_counter()
-    shipped = fc._batched_kmeans
+    shipped = lloyd._batched_kmeans
 
     with threadpool_limits(limits=args.threads):
-        fc._batched_kmeans = stop_when_settled
+        lloyd._batched_kmeans = stop_when_settled
         extra = pilot(D, params, candidates(centres), args.pilot, rng)
         worst = max(extra, key=extra.get)
         D1 = np.vstack([D, candidates(centres)[worst]])
@@ -350,11 +352,11 @@ def main() -> None:
         results = {}
         for label, variant, reps in (("shipped", shipped, args.reps), ("stop when settled", stop_when_settled,
                                                                         args.settled_reps)):
-            fc._batched_kmeans = variant
+            lloyd._batched_kmeans = variant
             for X in (D, D1):                                  # imports, OpenDP constructors, caches
                 release_once(X, params, plan)
             results[label] = summarise(label, timed_pairs(D, D1, params, plan, reps, rng), args.boot, rng)
-        fc._batched_kmeans = shipped
+        lloyd._batched_kmeans = shipped
         ref = {name: summarise_reference(name, r, args.boot, rng) for name, r in reference_times(args, rng).items()}
     bound = dp_bound(eps)
     ship, settled = results["shipped"], results["stop when settled"]
@@ -371,10 +373,10 @@ def check_same_output(X, params, shipped, settled) -> None:
     point of Lloyd): the comparison is between two timings of one algorithm."""
     out = []
     for variant in (shipped, settled):
-        fc._batched_kmeans = variant
+        lloyd._batched_kmeans = variant
         out.append(fc.subset_tuples(X, params.k, params.subsets, np.random.default_rng(1),
                                     restarts=params.restarts, max_iter=params.max_iter))
-    fc._batched_kmeans = shipped
+    lloyd._batched_kmeans = shipped
     if not np.array_equal(*out, equal_nan=True):
         print("  note: some subset had not settled within LLOYD_PASSES (the tuples differ)")
 
