@@ -47,7 +47,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
-from data_contracts.validate import RESULT_FORMAT
+from data_contracts.validate import RESULT_FORMAT, no_fingerprint
 
 #: Expectation fields that carry values derived from the spec (bounds, counts, levels; column names are the
 #: schema and stay literal).
@@ -115,6 +115,7 @@ def opened(root: Path) -> Iterator:
 def _context(root: Path):
     import great_expectations as gx
 
+    no_fingerprint()
     config = root / "gx" / "great_expectations.yml"
     if not config.exists():
         _create(root)
