@@ -210,3 +210,21 @@ def test_narrow_integer_columns_are_checked_as_arrays_and_still_fail_when_out_of
     bad = write_parquet(tmp_path / "bad.parquet", {"bin": np.array([0, 4, 2], dtype=np.int16)})
     with pytest.raises(ContractViolation, match="expect_column_values_to_be_between"):
         validate_parquet(bad, contract)
+
+
+def test_a_partition_is_validated_a_batch_at_a_time_into_one_result(tmp_path, monkeypatch):
+    """A worker holds a batch of a partition, not the partition (memory flat in the records): the batches' results
+    are one result of the file, counts summed, a value breaking the range in the last batch found."""
+    from data_contracts import validate
+
+    monkeypatch.setattr(validate, "BATCH_BYTES", 1)  # the smallest batch, 2^16 rows
+    x = np.linspace(0.0, 1.0, 3 * 2 ** 16 + 5)
+    x[-1] = 2.0
+    path = tmp_path / "out"
+    path.mkdir()
+    write_parquet(path / "part.0.parquet", {"x": x})
+    failures, rows, result = validate.validate_partition(str(path / "part.0.parquet"), suites.encoded("x", 2))
+    assert rows == x.size and len(failures) == 1 and failures[0].detail == "1 rows break it"
+    between, = [r for r in result["results"] if r["expectation_config"]["type"] == "expect_column_values_to_be_between"]
+    assert between["result"]["element_count"] == x.size and between["result"]["unexpected_count"] == 1
+    assert result["statistics"]["unsuccessful_expectations"] == 1 and not result["success"]
