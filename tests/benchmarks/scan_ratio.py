@@ -104,8 +104,8 @@ def duckdb_scan(kind: str, data: Path):
             f"count(*) FROM {files} GROUP BY b").fetchall()
     scaled = ", ".join(f"2 * ({c} - {LOW}) / {HIGH - LOW} - 1 AS {c}" for c in COLUMNS[kind])
     C = _centres(kind)
-    dist = [" + ".join(f"({c} - {C[j, i]!r}) * ({c} - {C[j, i]!r})" for i, c in enumerate(COLUMNS[kind]))
-            for j in range(K)]
+    dist = [" + ".join(f"({c} - {float(C[j, i])!r}) * ({c} - {float(C[j, i])!r})"
+                       for i, c in enumerate(COLUMNS[kind])) for j in range(K)]
     nearest = "CASE " + " ".join(
         f"WHEN {' AND '.join(f'd{j} <= d{o}' for o in range(K) if o != j)} THEN {j}" for j in range(K - 1)) + \
         f" ELSE {K - 1} END"
