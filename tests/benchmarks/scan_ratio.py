@@ -126,8 +126,13 @@ def polars_scan(kind: str, data: Path):
     scaled = [(2 * (pl.col(c) - LOW) / (HIGH - LOW) - 1).alias(c) for c in COLUMNS[kind]]
     C = _centres(kind)
     dist = [sum((pl.col(c) - C[j, i]) ** 2 for i, c in enumerate(COLUMNS[kind])) for j in range(K)]
-    nearest = pl.concat_list(dist).list.arg_min().alias("cluster")
-    query = (pl.scan_parquet(files).select(scaled).with_columns(nearest).group_by("cluster")
+    m = pl.min_horizontal(*[pl.col(f"d{j}") for j in range(K)])
+    nearest = pl.when(pl.col("d0") == m).then(0)
+    for j in range(1, K - 1):
+        nearest = nearest.when(pl.col(f"d{j}") == m).then(j)
+    nearest = nearest.otherwise(K - 1).alias("cluster")
+    query = (pl.scan_parquet(files).select(scaled).with_columns(*[d.alias(f"d{j}") for j, d in enumerate(dist)])
+             .with_columns(nearest).group_by("cluster")
              .agg(pl.len(), *[pl.col(c).sum() for c in COLUMNS[kind]]))
     return lambda: [query.collect() for _ in range(ROUNDS)]
 
