@@ -53,9 +53,7 @@ def compute_with_progress(collection, prefix: str, progress) -> None:
 
 def read_points(path: str, columns: Sequence[str]) -> np.ndarray:
     """One partition as a float64 array (n, d), columns in the given order."""
-    table = storage.read_table(path, columns=list(columns))
-    return np.column_stack([table.column(c).to_numpy().astype(np.float64, copy=False) for c in columns]) \
-        if table.num_rows else np.empty((0, len(columns)))
+    return table_points(storage.read_table(path, columns=list(columns)), columns)
 
 
 def write_points(path: str, X: np.ndarray, columns: Sequence[str]) -> None:
@@ -269,6 +267,53 @@ class Partitioned:
 
     def close(self) -> None:
         self._client.cancel(self._parts)
+
+
+class Streamed:
+    """The partitions of a Parquet output of points, read a batch at a time (`read_batches`) in every pass and never
+    kept: `reduce` as `Partitioned.reduce`, with the workers' memory a batch per thread whatever the records (10^8
+    points of 2 columns kept in memory were 1.6 GB). A pass reads the files again, from the page cache or the store:
+    2.6 ns a value (pyarrow 26, 2026-11-29) against the pass's own work on it."""
+
+    def __init__(self, client, files: Sequence[str], columns: Sequence[str]):
+        self._client, self._files, self._columns = client, [str(f) for f in files], list(columns)
+        self.n_partitions = len(self._files)
+
+    def reduce(self, fn: Callable, *args, progress=None):
+        futures = self._client.map(reduce_file, self._files, fn=fn, args=args, columns=self._columns, pure=False)
+        if progress is not None:
+            from distributed import as_completed
+
+            for _ in as_completed(futures):
+                progress.advance()
+        total = None
+        for result in self._client.gather(futures):  # in partition order, whatever order they arrive in
+            total = result if total is None else _add(total, result)
+        return total
+
+    def close(self) -> None:
+        pass
+
+
+@storage.on_store
+def reduce_file(path: str, fn: Callable, args: tuple, columns: list[str]):
+    """The sum over one file's batches of fn(points of the batch, *args)."""
+    total = None
+    for table in read_batches(path, columns):
+        result = fn(table_points(table, columns), *args)
+        total = result if total is None else _add(total, result)
+    return total
+
+
+def table_points(table: pa.Table, columns: Sequence[str], order: str = "C") -> np.ndarray:
+    """A table's columns as a float64 array (n, d), in the given order. `order="F"` (each column contiguous) for
+    numpy's element-wise work over the columns: scaling 2-d points into the box took 50 ns a value row by row (numpy's
+    inner loop runs over the d values of a row) and 13 column by column; the L2 projection 25 and 10 (2026-11-29).
+    C (rows contiguous) for the compiled per-point kernels (Lloyd's statistics: 5.4 against 7.6)."""
+    out = np.empty((table.num_rows, len(columns)), order=order)
+    for j, c in enumerate(columns):
+        out[:, j] = table.column(c).to_numpy()
+    return out
 
 
 class InMemory:
