@@ -132,9 +132,11 @@ def _partition_order(location: str):
 
 #: Bytes of a batch's values (8 a value) in per-partition work: a worker holds a batch per thread, not a partition,
 #: whatever the partitions' size (a source of 10^8 records in 8 files made partitions of 12.5 million rows, and the
-#: memory grew with the records). 32 MiB: 4 million values of one column, where great-expectations' fixed cost per
-#: validation (20 ms) is 5 ns a record.
-BATCH_BYTES = 32 * 2 ** 20
+#: memory grew with the records). A step holds about 4 times its batch beside a fixed 130 MB. 8 MiB (a million values
+#: of one column): the histogram release's peak memory 1.27 times from 10^7 to 10^8 records (1.42 with 16 MiB, 1.88
+#: with 32), paid in great-expectations' fixed cost per validation (20 ms for 4 expectations: 20 ns a record; 140 ms
+#: for the 14 of 2-d points; 2026-11-29, tests/benchmarks/scan_ratio.py, load 11 to 13).
+BATCH_BYTES = 8 * 2 ** 20
 
 
 def batch_rows(columns: int) -> int:
