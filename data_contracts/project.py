@@ -47,7 +47,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
-from data_contracts.validate import RESULT_FORMAT
+from data_contracts.validate import RESULT_FORMAT, merged_result, no_fingerprint, result_key
 
 #: Expectation fields that carry values derived from the spec (bounds, counts, levels; column names are the
 #: schema and stay literal).
@@ -115,6 +115,7 @@ def opened(root: Path) -> Iterator:
 def _context(root: Path):
     import great_expectations as gx
 
+    no_fingerprint()
     config = root / "gx" / "great_expectations.yml"
     if not config.exists():
         _create(root)
@@ -457,10 +458,10 @@ def merge_partitions(expectations: list, partitions: list[PartitionResult]) -> l
     from great_expectations.expectations.expectation_configuration import ExpectationConfiguration
 
     merged = []
-    by_expectation = [{_key(r["expectation_config"]): r for r in p.result["results"]} if p.result else None
+    by_expectation = [{result_key(r["expectation_config"]): r for r in p.result["results"]} if p.result else None
                       for p in partitions]  # great-expectations orders results its own way
     for exp in expectations:
-        key = _key(exp.configuration.to_json_dict())
+        key = result_key(exp.configuration.to_json_dict())
         parts = [(p.file, found[key]) for p, found in zip(partitions, by_expectation) if found is not None]
         unchecked = [p.file for p in partitions if p.result is None]
         failed = [f for f, r in parts if not r["success"]]
@@ -469,33 +470,9 @@ def merge_partitions(expectations: list, partitions: list[PartitionResult]) -> l
         merged.append(ExpectationValidationResult(
             success=not failed and not unchecked,
             expectation_config=ExpectationConfiguration(type=config["type"], kwargs=config["kwargs"]),
-            result=_merged_result([r.get("result") or {} for _, r in parts]),
+            result=merged_result([r.get("result") or {} for _, r in parts]),
             meta={"partitions": len(partitions), "failed_partitions": failed, "unchecked_partitions": unchecked},
             exception_info=errors[0] if errors else None))
-    return merged
-
-
-def _key(config: dict) -> str:
-    kwargs = {k: v for k, v in config["kwargs"].items() if k != "batch_id"}
-    return json.dumps([config["type"], kwargs], sort_keys=True, default=str)
-
-
-def _merged_result(results: list[dict]) -> dict:
-    if not results:
-        return {}
-    if any("element_count" in r for r in results):
-        total = {k: sum(r.get(k, 0) for r in results) for k in ("element_count", "missing_count", "unexpected_count")}
-        present = total["element_count"] - total["missing_count"]
-        pct = lambda n, d: 100.0 * n / d if d else 0.0
-        return {**total, "partial_unexpected_list": [],
-                "missing_percent": pct(total["missing_count"], total["element_count"]),
-                "unexpected_percent": pct(total["unexpected_count"], present),
-                "unexpected_percent_total": pct(total["unexpected_count"], total["element_count"]),
-                "unexpected_percent_nonmissing": pct(total["unexpected_count"], present)}
-    observed = {json.dumps(r.get("observed_value"), sort_keys=True, default=str) for r in results}
-    merged = {k: v for k, v in results[0].items() if k != "details"}
-    if len(observed) > 1:
-        merged["observed_value"] = sorted(observed)
     return merged
 
 

@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
-import functools
+import contextlib
+import json
+import threading
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Iterator
 
 from data_contracts.suites import Contract
 
 if TYPE_CHECKING:  # pandas and pyarrow load on the first validation, not with the contracts (see `_read`)
     import pandas as pd
+    import pyarrow as pa
 
     from data_contracts.project import GxRun
 
@@ -47,15 +50,51 @@ class ContractViolation(Exception):
                          f"\n  {shown}")
 
 
-@functools.lru_cache(maxsize=1)
+#: One great-expectations context per thread: a context's pandas execution engine keeps the frame it validates and
+#: the metrics it computed under one batch id, the same for every frame of the asset, so two worker threads validating
+#: at once read each other's frame (measured: a partition breaking its contract passed, a good one failed, in 9 of
+#: 60 concurrent validations on 2 threads).
+_PER_THREAD = threading.local()
+
+
 def _batch_definition():
+    if not hasattr(_PER_THREAD, "batch_definition"):
+        _PER_THREAD.batch_definition = _new_batch_definition()
+    return _PER_THREAD.batch_definition
+
+
+def _new_batch_definition():
     import great_expectations as gx
     from great_expectations.data_context.types.base import ProgressBarsConfig
 
+    no_fingerprint()
     ctx = gx.get_context(mode="ephemeral")
     ctx.variables.progress_bars = ProgressBarsConfig(globally=False)
     asset = ctx.data_sources.add_pandas("stage").add_dataframe_asset("frame")
     return asset.add_batch_definition_whole_dataframe("whole")
+
+
+def no_fingerprint() -> None:
+    """great-expectations hashes every frame under 1 GB it validates into the result's batch markers (a fingerprint of
+    the rows, which `data_contracts.project` dropped before storing a merged result): most of a row suite's time on a
+    partition of floats (measured 2026-11-29, tests/benchmarks/scan_ratio.py). A threshold of 0 skips the hash, for
+    every result (no stored result holds one); if a great-expectations release renames the constant, nothing
+    breaks: the hash is computed again and dropped from merged results as before."""
+    from great_expectations.execution_engine import pandas_execution_engine as engine
+
+    if hasattr(engine, "HASH_THRESHOLD"):
+        engine.HASH_THRESHOLD = 0
+
+
+def _widened(frame: pd.DataFrame) -> pd.DataFrame:
+    """Integer columns narrower than 64 bits as int64: great-expectations' pandas `ExpectColumnValuesToBeBetween`
+    compares int64 and float64 columns as arrays, and any other dtype value by value in Python (an int32 bin index:
+    550 ns a record against 5, measured 2026-11-29). Widening changes no value."""
+    import numpy as np
+
+    narrow = {c: "int64" for c, t in frame.dtypes.items()
+              if isinstance(t, np.dtype) and t.kind in "iu" and t.itemsize < 8}
+    return frame.astype(narrow) if narrow else frame
 
 
 def parquet_files(path: str | Path) -> list[str]:
@@ -91,6 +130,37 @@ def _partition_order(location: str):
     return (int(digits) if digits else -1, file)
 
 
+#: Bytes of a batch's values (8 a value) in per-partition work: a worker holds a batch per thread, not a partition,
+#: whatever the partitions' size (a source of 10^8 records in 8 files made partitions of 12.5 million rows, and the
+#: memory grew with the records). A step holds about 4 times its batch beside a fixed 130 MB. 8 MiB (a million values
+#: of one column): the histogram release's peak memory 1.27 times from 10^7 to 10^8 records (1.42 with 16 MiB, 1.88
+#: with 32), paid in great-expectations' fixed cost per validation (20 ms for 4 expectations: 20 ns a record; 140 ms
+#: for the 14 of 2-d points; 2026-11-29, tests/benchmarks/scan_ratio.py, load 11 to 13).
+BATCH_BYTES = 8 * 2 ** 20
+
+
+def batch_rows(columns: int) -> int:
+    return max(2 ** 16, BATCH_BYTES // (8 * max(1, columns)))
+
+
+def read_batches(location: str, columns: list[str] | None = None) -> Iterator[pa.Table]:
+    """A Parquet file's rows (the given columns) as tables of at most `batch_rows` rows, in order (a local path or a
+    store's URL); an empty file as one empty table of its schema."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    fs, path = _filesystem(str(location))
+    with (contextlib.nullcontext(path) if fs is None else fs.open(path, "rb")) as source:  # local: pyarrow's reader
+        parquet = pq.ParquetFile(source)
+        names = columns if columns is not None else parquet.schema_arrow.names
+        empty = True
+        for batch in parquet.iter_batches(batch_size=batch_rows(len(names)), columns=columns):
+            empty = False
+            yield pa.Table.from_batches([batch])
+        if empty:
+            yield parquet.schema_arrow.empty_table().select(names)
+
+
 def _filesystem(location: str):
     """(filesystem, path) for pyarrow: None and the path for a local file, an fsspec filesystem for a URL."""
     if "://" not in location or location.startswith("file://"):
@@ -101,12 +171,16 @@ def _filesystem(location: str):
 
 
 def _describe(result) -> str:
+    return _describe_json({"result": result.result, "exception_info": result.exception_info})
+
+
+def _describe_json(result: dict) -> str:
     """What failed, without any value read off the data: the count of offending rows is the one number a
     failure may state (an observed value, e.g. a row count or a column's levels, would be raw-derived)."""
-    r = result.result or {}
+    r = result.get("result") or {}
     if "unexpected_count" in r:
         return f"{r['unexpected_count']} rows break it"
-    if (result.exception_info or {}).get("raised_exception"):
+    if (result.get("exception_info") or {}).get("raised_exception"):
         return "expectation could not be evaluated"
     return "failed"
 
@@ -133,18 +207,29 @@ def _name(f: str) -> str:
     return str(f).rstrip("/").rsplit("/", 1)[-1]
 
 
+def pq_schema(path: str, fs):
+    import pyarrow.parquet as pq
+
+    return pq.read_schema(path, filesystem=fs)
+
+
 def _read(f: str, contract: Contract) -> tuple[pd.DataFrame | None, list[Failure]]:
+    """A small output's file whole (`validate_partition` reads a partition's in batches)."""
     import pyarrow.parquet as pq
 
     name = _name(f)
     try:
         fs, path = _filesystem(str(f))
-        if contract.schema is not None and pq.read_schema(path, filesystem=fs).names != contract.schema:
+        if contract.schema is not None and pq_schema(path, fs).names != contract.schema:
             return None, [Failure(contract.stage, name, None, "expect_table_columns_to_match_ordered_list",
                                   f"expected {contract.schema!r}")]
-        frame = pq.read_table(path, columns=contract.load_columns, filesystem=fs).to_pandas()
+        frame = _widened(pq.read_table(path, columns=contract.load_columns, filesystem=fs).to_pandas())
     except Exception as exc:  # a corrupt file is a contract failure of the stage that wrote it
         return None, [Failure(contract.stage, name, None, "readable_parquet", type(exc).__name__)]
+    return _derived(frame, contract, name)
+
+
+def _derived(frame: pd.DataFrame, contract: Contract, name: str) -> tuple[pd.DataFrame | None, list[Failure]]:
     try:
         return (contract.derive(frame) if contract.derive is not None else frame), []
     except Exception as exc:  # a column of the wrong type breaks the derived checks: the stage's failure too
@@ -152,13 +237,49 @@ def _read(f: str, contract: Contract) -> tuple[pd.DataFrame | None, list[Failure
 
 
 def validate_partition(f: str, contract: Contract) -> tuple[list[Failure], int, dict | None]:
-    """The row suite on one file, where the file is (a dask worker): its failures, its row count and the result (safe
-    format: counts, no row values; None when the file could not be read). Only these leave the worker, never a row."""
-    frame, failures = _read(f, contract)
-    if frame is None:
-        return failures, 0, None
-    failures, result = _validate(frame, contract.rows, contract, _name(f))
-    return failures, len(frame), result
+    """The row suite on one file, where the file is (a dask worker), a batch at a time (`read_batches`: the worker's
+    memory is a batch's, whatever the file's size): its failures, its row count and the result merged over the
+    batches (safe format: counts, no row values; None when the file could not be read). Only these leave the worker,
+    never a row."""
+    name, results, rows = _name(f), [], 0
+    try:
+        fs, path = _filesystem(str(f))
+        if contract.schema is not None and pq_schema(path, fs).names != contract.schema:
+            return [Failure(contract.stage, name, None, "expect_table_columns_to_match_ordered_list",
+                            f"expected {contract.schema!r}")], 0, None
+        for table in read_batches(f, contract.load_columns):
+            frame, failures = _derived(_widened(table.to_pandas()), contract, name)
+            if frame is None:
+                return failures, 0, None
+            results.append(_validate(frame, contract.rows, contract, name)[1])
+            rows += len(frame)
+    except Exception as exc:  # a corrupt file is a contract failure of the stage that wrote it
+        return [Failure(contract.stage, name, None, "readable_parquet", type(exc).__name__)], 0, None
+    result = merged_results(results)
+    failures = [Failure(contract.stage, name, r["expectation_config"]["kwargs"].get("column"),
+                        r["expectation_config"]["type"], _describe_json(r))
+                for r in result["results"] if not r["success"]]
+    return failures, rows, result
+
+
+def merged_results(results: list[dict]) -> dict:
+    """A suite's results on the batches of one file as one result of the file (`merged_result` per expectation)."""
+    if len(results) == 1:
+        return results[0]
+    first = results[0]
+    by_key = [{result_key(r["expectation_config"]): r for r in res["results"]} for res in results]
+    merged = []
+    for r in first["results"]:
+        parts = [found[result_key(r["expectation_config"])] for found in by_key]
+        errors = [p["exception_info"] for p in parts if (p.get("exception_info") or {}).get("raised_exception")]
+        merged.append({**r, "success": all(p["success"] for p in parts),
+                       "result": merged_result([p.get("result") or {} for p in parts]),
+                       "exception_info": errors[0] if errors else r.get("exception_info")})
+    ok = sum(r["success"] for r in merged)
+    statistics = {"evaluated_expectations": len(merged), "successful_expectations": ok,
+                  "unsuccessful_expectations": len(merged) - ok,
+                  "success_percent": 100.0 * ok / len(merged) if merged else None}
+    return {**first, "success": ok == len(merged), "results": merged, "statistics": statistics}
 
 
 def _partitions(files: list[str], contract: Contract, client, on_partition) -> list[tuple[list[Failure], int, dict]]:
@@ -228,6 +349,33 @@ def validate_parquet(path: str | Path, contract: Contract, gx: GxRun | None = No
 def _failures(results: list, contract: Contract, name: str) -> list[Failure]:
     return [Failure(contract.stage, name, r.expectation_config.kwargs.get("column"), r.expectation_config.type,
                     _describe(r)) for r in results if not r.success]
+
+
+def result_key(config: dict) -> str:
+    """An expectation's identity in a result (great-expectations orders results its own way)."""
+    kwargs = {k: v for k, v in config["kwargs"].items() if k != "batch_id"}
+    return json.dumps([config["type"], kwargs], sort_keys=True, default=str)
+
+
+def merged_result(results: list[dict]) -> dict:
+    """One expectation's results over parts of an output (batches of a file, files of an output) as one: counts
+    summed (elements, missing, unexpected; the percentages from the sums), an observed value kept when they agree."""
+    if not results:
+        return {}
+    if any("element_count" in r for r in results):
+        total = {k: sum(r.get(k, 0) for r in results) for k in ("element_count", "missing_count", "unexpected_count")}
+        present = total["element_count"] - total["missing_count"]
+        pct = lambda n, d: 100.0 * n / d if d else 0.0
+        return {**total, "partial_unexpected_list": [],
+                "missing_percent": pct(total["missing_count"], total["element_count"]),
+                "unexpected_percent": pct(total["unexpected_count"], present),
+                "unexpected_percent_total": pct(total["unexpected_count"], total["element_count"]),
+                "unexpected_percent_nonmissing": pct(total["unexpected_count"], present)}
+    observed = {json.dumps(r.get("observed_value"), sort_keys=True, default=str) for r in results}
+    merged = {k: v for k, v in results[0].items() if k != "details"}
+    if len(observed) > 1:
+        merged["observed_value"] = sorted(observed)
+    return merged
 
 
 def failure_report(error: ContractViolation) -> dict:

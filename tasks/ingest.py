@@ -13,8 +13,8 @@ from tasks import sources, storage
 from tasks.errors import InputError, reason
 from tasks.example_data import is_builtin, materialise
 from tasks.params import DatasetSpec
-from tasks.partitions import compute_with_progress
-from tasks.progress import Progress
+from tasks.partitions import compute_with_progress, ingest_file, typed_frame
+from tasks.progress import Progress, gather
 from tasks.retry import INTERNAL_LOG, SAFE, sanitised
 from tasks.run import StageOutput
 from tasks.sets import ingest_sets, ingest_users
@@ -111,31 +111,7 @@ def read_source(dataset: DatasetSpec, path: str):
     if wrong:
         raise InputError(f"dataset '{dataset.id}': columns must be numeric, but {wrong} are not")
     meta = {c: ("string" if c in categorical else "float64") for c in wanted}
-    return ddf.map_partitions(_typed, numeric, categorical, meta=meta)
-
-
-def _typed(frame, numeric: list[str], categorical: list[str]):
-    import pandas as pd
-
-    out = {c: frame[c].astype("float64") for c in numeric}
-    out.update({c: _level_text(frame[c]) for c in categorical})
-    return pd.DataFrame(out, index=frame.index)[list(frame.columns)]
-
-
-def _level_text(col):
-    """A categorical column's values as text, each by itself: a whole number stored as a float (Parquet) prints
-    as "1", not "1.0". Never by a test over the partition: one record's 1.5 would then turn every other record's
-    "1" into "1.0", outside the public levels (one record moving every count), and change the work done."""
-    import pandas as pd
-
-    if isinstance(col.dtype, pd.CategoricalDtype):  # a writer's categories may be floats: 1.0 for 1
-        return _level_text(col.astype(col.dtype.categories.dtype))
-    if not pd.api.types.is_float_dtype(col):
-        return col.astype("string")
-    col = col.astype("float64")  # a nullable Float64's NA as NaN, which the comparisons below leave null
-    whole = (col % 1 == 0) & (col.abs() < 2.0 ** 53)  # NaN compares False: nulls stay null
-    text = col.astype("string")
-    return text.where(~whole, col.where(whole, 0.0).astype("int64").astype("string"))
+    return ddf.map_partitions(typed_frame, numeric, categorical, meta=meta)
 
 
 def _ingest_sets(dataset: DatasetSpec, source: str, out: str, internal: Path, log) -> StageOutput:
@@ -192,6 +168,16 @@ def ingest_dataset(dataset: DatasetSpec, out: str, internal: Path, log) -> Stage
         source = dataset.path
     if dataset.items_column:
         return _ingest_sets(dataset, source, out, Path(internal), log)
+    files = _flat_parquet(dataset, source)
+    rows = _ingest_files(dataset, source, files, out, log) if files else _ingest_dask(dataset, source, out, log)
+    if rows == 0:
+        raise InputError(f"dataset '{dataset.id}': {dataset.path} has no data rows")
+    parts = len(parquet_files(out))
+    log.info("ingested the %d columns of the spec", len(dataset.columns) + bool(dataset.weight_column))
+    return StageOutput(out, rows, parts)
+
+
+def _ingest_dask(dataset: DatasetSpec, source: str, out: str, log) -> int:
     ddf = read_source(dataset, source)
     storage.remove(out)
     try:  # the partitions written are the stage's progress (tasks/partitions.py)
@@ -201,9 +187,43 @@ def ingest_dataset(dataset: DatasetSpec, out: str, internal: Path, log) -> Stage
         if written_not_read(exc):  # the scratch full or out of reach: the write failed, not the data
             raise
         raise _unreadable(dataset, exc) from None
-    rows = count_rows(out)
-    if rows == 0:
-        raise InputError(f"dataset '{dataset.id}': {dataset.path} has no data rows")
-    parts = len(parquet_files(out))
-    log.info("ingested the %d columns of the spec", len(ddf.columns))
-    return StageOutput(out, rows, parts)
+    return count_rows(out)
+
+
+def _flat_parquet(dataset: DatasetSpec, source: str) -> list[str] | None:
+    """The source's Parquet files when it is one, or a folder of them and nothing else to read: each is ingested by
+    itself, a batch at a time (`_ingest_files`). None for anything dask must read (CSV, nested or hive-partitioned
+    folders, files without the suffix), as before."""
+    if dataset.source_format != "parquet" and not is_builtin(dataset.path):
+        return None
+    if not storage.is_dir(source):
+        return [source] if source.endswith(".parquet") else None
+    found = parquet_files(source)
+    read = [f for f in storage.files(source) if not storage.name(f).startswith(("_", "."))]
+    folder = storage.parent(storage.join(source, "_"))  # the source as its files' parents spell it
+    flat = all(storage.parent(f) == folder for f in read)
+    return found if flat and sorted(read) == sorted(found) else None
+
+
+def _ingest_files(dataset: DatasetSpec, source: str, files: list[str], out: str, log) -> int:
+    """Every source file typed into a partition of `out` on the dask workers, a batch at a time: a worker holds a
+    batch per thread, whatever the files' size, and the records go from Arrow to Parquet without a pandas frame
+    (dask's read, map and write held each file whole, three copies of it). Returns the rows written."""
+    from distributed import get_client
+
+    storage.remove(out)
+    storage.makedirs(out)
+    weight = [dataset.weight_column] if dataset.weight_column else []
+    numeric = list(dataset.bounds or {}) + list(dataset.numeric or []) + weight
+    client = get_client()
+    futures = client.map(ingest_file, files, [storage.join(out, f"part.{i}.parquet") for i in range(len(files))],
+                         wanted=dataset.columns + weight, numeric=numeric, categorical=list(dataset.categories or {}),
+                         dataset_id=dataset.id, source=str(source), pure=False)
+    try:
+        return sum(gather(client, futures, Progress(log, "partitions ingested", len(files))))
+    except InputError:
+        raise
+    except Exception as exc:
+        if written_not_read(exc):  # the scratch full or out of reach: the write failed, not the data
+            raise
+        raise _unreadable(dataset, exc) from None

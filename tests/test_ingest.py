@@ -102,3 +102,34 @@ def test_a_null_item_in_a_record_is_refused_not_dropped(tmp_path):
         ingest_sets(path, "parquet", "items", tmp_path / "a", item_count=10)
     with pytest.raises(InputError, match="null item ids"):
         ingest_users(path, "items", "u", tmp_path / "b", item_count=10)
+
+
+def test_a_parquet_file_is_ingested_by_arrow_as_dask_reads_it(tmp_path):
+    """A Parquet source is typed file by file from Arrow, a batch at a time (`ingest_file`), not by dask and pandas:
+    the same columns in the same order, the same values and levels, the same refusals."""
+    import pyarrow.parquet as pq
+    import pytest
+
+    from tasks.errors import InputError
+    from tasks.partitions import ingest_file
+
+    source = pd.DataFrame({"hours": np.array([1, 2, 2 ** 60, 4], dtype=np.int64), "w": [1, 0, 3, 2],
+                           "sex": pd.Series([1.0, 2.0, 1.5, 2.0]).astype("category"),
+                           "x": pd.Series([0.1, None, 0.3, 0.4], dtype="Float64"), "other": ["a", "b", "c", "d"]})
+    path = tmp_path / "src.parquet"
+    source.to_parquet(path)
+    spec = DatasetSpec(id="t", path=str(path), bounds={"x": [0, 1], "hours": [0, 99]},
+                       categories={"sex": ["1", "2"]}, weight_column="w", max_weight=3)
+    wanted = spec.columns + ["w"]
+    rows = ingest_file(str(path), str(tmp_path / "out.parquet"), wanted=wanted, numeric=["x", "hours", "w"],
+                       categorical=["sex"], dataset_id="t", source=str(path))
+    ours = pq.read_table(tmp_path / "out.parquet").to_pandas()
+    theirs = read_source(spec, path).compute().reset_index(drop=True)
+    assert rows == 4 and list(ours.columns) == list(theirs.columns) == wanted
+    pd.testing.assert_frame_equal(ours, theirs, check_dtype=False)
+    with pytest.raises(InputError, match="columns must be numeric"):
+        ingest_file(str(path), str(tmp_path / "bad.parquet"), wanted=["other"], numeric=["other"], categorical=[],
+                    dataset_id="t", source=str(path))
+    with pytest.raises(InputError, match="missing"):
+        ingest_file(str(path), str(tmp_path / "bad.parquet"), wanted=["nope"], numeric=["nope"], categorical=[],
+                    dataset_id="t", source=str(path))

@@ -141,23 +141,28 @@ def client():
             os.environ[var] = value
 
 
-def test_reduce_over_partitions_with_an_empty_one_is_the_numpy_path_on_all_points(client, tmp_path):
-    from tasks.partitions import Partitioned, write_points
+def test_reduce_over_partitions_with_an_empty_one_is_the_numpy_path_on_all_points(client, tmp_path, monkeypatch):
+    """Kept in the workers' memory (`Partitioned`) or read a batch at a time in every pass (`Streamed`, k-means'
+    rounds: memory flat in the records), the same sums as numpy's on all points."""
+    from data_contracts import validate
+    from tasks.partitions import Partitioned, Streamed, write_points
+
+    monkeypatch.setattr(validate, "BATCH_BYTES", 1)  # batches of 2^16 rows: the last file is read in two
 
     rng = np.random.default_rng(6)
-    X = np.vstack([rng.integers(-4, 5, (700, 3)) / 4.0, rng.normal(0, 0.3, (900, 3))])  # ties and random
+    X = np.vstack([rng.integers(-4, 5, (700, 3)) / 4.0, rng.normal(0, 0.3, (2 ** 16 + 900, 3))])  # ties, random
     C = np.vstack([rng.integers(-2, 3, (3, 3)) / 4.0, rng.normal(0, 0.3, (2, 3))])
     files = []
     for i, part in enumerate((X[:700], X[700:700], X[700:1100], X[1100:])):
         files.append(tmp_path / f"p{i}.parquet")
         write_points(str(files[-1]), part, ["a", "b", "c"])
-    points = Partitioned.points(client, files, ["a", "b", "c"])
-    try:
-        assert_same_stats(points.reduce(dpkmeans.cluster_stats, C), numpy_stats(X, C))
-        assert points.reduce(metrics.wcss, C) == pytest.approx(numpy_wcss(X, C), rel=1e-12)
-        assert_same_stats(points.reduce(dpkmeans.cluster_stats, C[:1]), numpy_stats(X, C[:1]))
-    finally:
-        points.close()
+    for points in (Partitioned.points(client, files, ["a", "b", "c"]), Streamed(client, files, ["a", "b", "c"])):
+        try:
+            assert_same_stats(points.reduce(dpkmeans.cluster_stats, C), numpy_stats(X, C))
+            assert points.reduce(metrics.wcss, C) == pytest.approx(numpy_wcss(X, C), rel=1e-12)
+            assert_same_stats(points.reduce(dpkmeans.cluster_stats, C[:1]), numpy_stats(X, C[:1]))
+        finally:
+            points.close()
 
 
 def test_library_threads_times_dask_threads_stay_within_the_cores(client):

@@ -15,7 +15,7 @@ import numpy as np
 from pydantic import Field, model_validator
 
 from data_contracts import suites
-from data_contracts.validate import parquet_files
+from data_contracts.validate import parquet_files, read_batches
 from dpalgos import domain
 from dpalgos.intervals import NoiseLaw
 from dpalgos.lazy import module
@@ -33,7 +33,7 @@ from tasks.kinds.uncertainty import (
     matched,
 )
 from tasks.params import ReleaseBase
-from tasks.partitions import Partitioned, current_client, read_points, write_points
+from tasks.partitions import Partitioned, Streamed, current_client, table_points
 from tasks.run import StageOutput, committed_plan, read_meta
 
 pa = module("pyarrow")
@@ -157,11 +157,18 @@ def _bounds(spec) -> tuple[np.ndarray, np.ndarray]:
     return (np.array([spec.dataset.bounds[c][0] for c in cols]), np.array([spec.dataset.bounds[c][1] for c in cols]))
 
 
+@storage.on_store
 def normalise_points(src: str, dst: str, columns, lower, upper, domain_name: str) -> np.ndarray:
-    """One partition scaled to [-1, 1] with the public bounds and projected onto the domain; returns the
-    clipped values per column (internal)."""
-    Y, clipped = domain.normalise(read_points(src, columns), lower, upper, domain_name)
-    write_points(dst, Y, columns)
+    """One partition scaled to [-1, 1] with the public bounds and projected onto the domain, a batch at a time
+    (`read_batches`); returns the clipped values per column (internal)."""
+    clipped = np.zeros(len(columns), dtype=np.int64)
+
+    def normalised(table: pa.Table) -> pa.Table:
+        nonlocal clipped
+        Y, c = domain.normalise(table_points(table, columns, order="F"), lower, upper, domain_name)
+        clipped = clipped + c
+        return pa.table({name: Y[:, j] for j, name in enumerate(columns)})
+    storage.write_batches(map(normalised, read_batches(src, list(columns))), dst)
     return clipped
 
 
@@ -349,7 +356,7 @@ class KMeansKind(ReleaseKind):
 
     def draw(self, spec, prepared, measure, public_rng, log):
         p = spec.release
-        points = Partitioned.points(current_client(), parquet_files(prepared.path), spec.dataset.columns)
+        points = Streamed(current_client(), parquet_files(prepared.path), spec.dataset.columns)
         # Every round is one pass over the partitions: the stage's progress is the partitions reduced (a
         # percentage only; the statistics are not logged: they are not noisy yet).
         bar = progress.Progress(log, "DP k-means (partition passes)", p.iterations * points.n_partitions)

@@ -23,6 +23,7 @@ from tasks.storage.io import (
                               identity,
                               is_dir,
                               makedirs,
+                              on_store,
                               probe,
                               read_bytes,
                               read_table,
@@ -30,6 +31,7 @@ from tasks.storage.io import (
                               store_failure,
                               unreachable_message,
                               upload,
+                              write_batches,
                               write_bytes,
                               write_table,
 )
@@ -43,7 +45,8 @@ from tasks.storage.locations import (
                               within,
 )
 
-__all__ = ["EXTRAS", "SCHEMES", "canonical", "check_supported", "copy_into", "digest", "download", "exists",
-           "file_sha256", "files", "filesystem", "identity", "is_dir", "is_url", "join", "makedirs", "name", "parent",
-           "probe", "read_bytes", "read_table", "relative", "remove", "store_failure", "unreachable_message", "upload",
-           "within", "write_bytes", "write_table"]
+__all__ = ["EXTRAS", "SCHEMES", "canonical", "check_supported", "copy_into", "digest",
+           "download", "exists", "file_sha256", "files", "filesystem", "identity", "is_dir", "is_url", "join",
+           "makedirs", "name", "on_store", "parent", "probe", "read_bytes", "read_table", "relative",
+           "remove", "store_failure", "unreachable_message", "upload", "within", "write_batches", "write_bytes",
+           "write_table"]
