@@ -103,12 +103,13 @@ class Simulator:
 def _memoise_friends() -> None:
     """FriendlyCore's friend counts at a radius, a deterministic function of the points and the radius (quadratic in
     the points: seconds per radius at 20,000 points), computed once per (points, radius) across the releases; the
-    radius search visits the same public grid radii release after release."""
-    from dpalgos import friendlycore
+    radius search visits the same public grid radii release after release. Set where `friendly_mean` looks the
+    name up (its section of the package), not on the package."""
+    from dpalgos.friendlycore import mean as fc_mean
 
-    if getattr(friendlycore.friend_counter, "memoised", False):
+    if getattr(fc_mean.friend_counter, "memoised", False):
         return
-    exact, counters = friendlycore.friend_counter, {}
+    exact, counters = fc_mean.friend_counter, {}
 
     class Memo:
         def __init__(self, inner):
@@ -125,7 +126,7 @@ def _memoise_friends() -> None:
             counters[key] = Memo(exact(X, predicate, **kwargs))
         return counters[key]
     friend_counter.memoised = True
-    friendlycore.friend_counter = friend_counter
+    fc_mean.friend_counter = friend_counter
 
 
 def _memoise_counts() -> None:
