@@ -121,11 +121,18 @@ def make_release(spec, out: Path) -> Path:
 
     out = Path(out).resolve()
     os.environ[LEDGER_ENV] = str(out / "privacy-ledger.sqlite")  # this attack's own ledger, as its operator
-    os.environ["DPRELEASE_SCRATCH_KEEP_DAYS"] = "1"
     out.mkdir(parents=True, exist_ok=True)
     configured_ledger().set_budget(spec.dataset.id, 100.0, 1e-5)
     spec = spec.model_copy(update={"output_dir": str(out), "mode": "production", "seed": None, "evaluate": False})
-    return Path(release(spec=spec)["release_dir"]).parent
+    kept = os.environ.get("DPRELEASE_SCRATCH_KEEP_DAYS")
+    os.environ["DPRELEASE_SCRATCH_KEEP_DAYS"] = "1"
+    try:
+        return Path(release(spec=spec)["release_dir"]).parent
+    finally:  # the operator's setting for this release only (a test process runs other releases after it)
+        if kept is None:
+            os.environ.pop("DPRELEASE_SCRATCH_KEEP_DAYS")
+        else:
+            os.environ["DPRELEASE_SCRATCH_KEEP_DAYS"] = kept
 
 
 def _prepared_partitions(run_dir: Path, stage: str) -> list[Path]:
