@@ -126,6 +126,40 @@ def log_path(output_dir: str | Path, release_id: str) -> Path:
     return Path(output_dir).resolve() / ".logs" / f"{release_id}.log"
 
 
+def consoles_outlive_their_reader() -> None:
+    """A console handler whose reader is gone goes quiet, for the rest of this process, instead of ending it.
+
+    rich, under Prefect's console handler, raises SystemExit when a write meets a broken pipe
+    (`rich.console.Console.on_broken_pipe`), and the handler lets it through. A flow-run process that a Prefect
+    worker started writes its console to a pipe the worker reads: a worker killed alone (kill -9, the out-of-memory
+    killer, a restart) ended every run it had started at their next log line, Crashed, a run in its noisy draw
+    charged again on its rerun. So does a CLI whose terminal went away (a closed ssh session, `| head`). The run's log
+    file and Prefect's API keep every record; the console's file descriptor is pointed at /dev/null so that nothing
+    else writing to it (Python's warnings, the interpreter's last flush) meets the broken pipe either."""
+    from prefect.logging.handlers import PrefectConsoleHandler
+
+    loggers = [logging.getLogger()] + [lg for lg in list(logging.root.manager.loggerDict.values())
+                                       if isinstance(lg, logging.Logger)]
+    for handler in {h for lg in loggers for h in lg.handlers if isinstance(h, PrefectConsoleHandler)}:
+        console = handler.console
+        if getattr(console.on_broken_pipe, "_outlives_its_reader", False):
+            continue
+
+        def go_quiet(console=console) -> None:
+            console.quiet = True
+            try:
+                devnull = os.open(os.devnull, os.O_WRONLY)
+                try:
+                    os.dup2(devnull, console.file.fileno())
+                finally:
+                    os.close(devnull)
+            except (OSError, ValueError, AttributeError):  # a stream without a file descriptor: quiet is enough
+                pass
+
+        go_quiet._outlives_its_reader = True  # type: ignore[attr-defined]
+        console.on_broken_pipe = go_quiet
+
+
 def api_without_tracebacks() -> None:
     """Prefect's API handlers never send a traceback, for the rest of this process: a flow-run process that a Prefect
     worker started (one run per process), where Prefect's engine, after the flow returned its Failed state, logs
@@ -168,6 +202,7 @@ def run_logging(log_file: Path, debug: bool = False, configure: bool = True) -> 
     file_handler.setFormatter(logging.Formatter(_FILE_FORMAT))
     file_handler.setLevel(logging.INFO)
     consoles = [h for h in root.handlers if isinstance(h, PrefectConsoleHandler)]
+    consoles_outlive_their_reader()
     pipeline_only = _PipelineOnly()
     loggers = [root] + [lg for lg in list(logging.root.manager.loggerDict.values()) if isinstance(lg, logging.Logger)]
     # Prefect's API handler: on its run loggers, and on any logger listed in PREFECT_LOGGING_EXTRA_LOGGERS. It never

@@ -22,7 +22,7 @@ from prefect.states import Failed, State
 
 from data_contracts import suites
 from data_contracts.project import GxRun, build_docs
-from flows.logs import api_without_tracebacks, in_run_logging, log_path, run_logging
+from flows.logs import api_without_tracebacks, consoles_outlive_their_reader, in_run_logging, log_path, run_logging
 from tasks import admission, settings
 from tasks.artifacts import (
     StageProgress,
@@ -203,8 +203,9 @@ def release(spec: ReleaseSpec | None = None, spec_file: str | None = None, relea
             release id, drawn and charged once (a backlog of missed runs, a manual retry after midnight).
     """
     log = get_run_logger()
-    if flow_run.get_id() is not None and not in_run_logging():  # a worker's process: the UI gets no traceback
-        api_without_tracebacks()
+    if flow_run.get_id() is not None and not in_run_logging():  # a worker's process: the UI gets no traceback,
+        api_without_tracebacks()  # and a worker killed alone does not end the run with the pipe it read
+        consoles_outlive_their_reader()
     try:
         spec, release_id, source = admitted(spec, spec_file, release_id, period)
     except Exception as exc:  # refused before anything ran: a Failed state with its one line, no traceback

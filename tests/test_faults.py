@@ -398,3 +398,48 @@ def test_a_scheduler_without_workers_fails_in_one_line_after_the_bounded_wait(tm
                               "for 6 s") and "\n" not in message and f"{port}" not in message
     assert seconds < 60
     assert ledger().releases("sensors") == []  # it was lost in the ingest: nothing charged
+
+
+# ---- a console whose reader is gone --------------------------------------------------------------------------------
+def test_a_run_whose_console_reader_is_gone_runs_on_and_logs_to_its_file(tmp_path):
+    """A Prefect worker killed alone closes the pipe its flow runs' consoles write to. Before, rich (under Prefect's
+    console handler) ended the flow process with SystemExit at its next log line: the run Crashed, in its noisy draw
+    charged again on the rerun (tests/operations/faults.py, worker-kill). A CLI whose terminal went away too."""
+    import textwrap
+
+    script = textwrap.dedent("""
+        import logging, sys
+        from pathlib import Path
+        from flows.environment import apply_defaults
+        apply_defaults()
+        from flows.logs import run_logging
+
+        log = logging.getLogger("dprelease")
+        with run_logging(Path(sys.argv[1])):
+            log.warning("ready")
+            sys.stdin.readline()  # the reader of stdout and stderr is gone now
+            for i in range(3):
+                log.warning("the run goes on %d", i)
+        log.warning("and past the run's logging")
+        Path(sys.argv[2]).write_text("ran on")
+    """)
+    log, done = tmp_path / ".logs" / "r.log", tmp_path / "done"
+    proc = subprocess.Popen([sys.executable, "-c", script, str(log), str(done)], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "PREFECT_HOME": str(tmp_path / ".prefect-home")})
+    try:
+        seen = []
+        while not any("ready" in line for line in seen):
+            line = proc.stderr.readline()
+            assert line, "the process ended before it logged:\n" + "".join(seen)
+            seen.append(line)
+        proc.stdout.close()
+        proc.stderr.close()
+        proc.stdin.write("go\n")
+        proc.stdin.close()
+        assert proc.wait(60) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert done.read_text() == "ran on"
+    assert "the run goes on 2" in log.read_text()
