@@ -15,7 +15,6 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from data_contracts.validate import read_batches
-from dpalgos import domain
 from dpalgos.lazy import module
 from tasks import settings, storage
 from tasks.errors import InputError, ReleaseError
@@ -58,15 +57,6 @@ def read_points(path: str, columns: Sequence[str]) -> np.ndarray:
 
 def write_points(path: str, X: np.ndarray, columns: Sequence[str]) -> None:
     storage.write_table(pa.table({c: X[:, j] for j, c in enumerate(columns)}), path)
-
-
-def normalise_partition(src: str, dst: str, columns: Sequence[str], lower, upper) -> np.ndarray:
-    """Scale one partition into [-1, 1] with public bounds, project onto the L1 ball, write it.
-
-    Returns the number of clipped values per column (an internal diagnostic)."""
-    Y, clipped = domain.to_unit_l1_ball(read_points(src, columns), lower, upper)
-    write_points(dst, Y, columns)
-    return clipped
 
 
 def _capped(weights: np.ndarray, max_weight: int | None) -> tuple[np.ndarray, int]:

@@ -4,7 +4,7 @@ The DP measurement task holds the privacy rules: the ledger is charged with the 
 is drawn, the noise comes from the plan through OpenDP's exact samplers, the measurements are committed once
 (atomic rename), and a retried or resumed task reuses them.
 
-A draw that fails before its commit (the rule, argued in the README, "No silent redraw"): if the failed
+A draw that fails before its commit (the rule, argued in docs/explanation/privacy.md, "No silent redraw"): if the failed
 attempt drew no noise (it failed reading data or computing statistics), nothing noise-dependent existed and
 the retry draws for the first time, free. If it had drawn any noise, that noise may have shaped what left the
 process (a log line, an exception, the timing of the failure, a partial file), so the retry is a second

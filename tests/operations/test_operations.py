@@ -20,6 +20,7 @@ import pytest
 import yaml
 
 from tasks.ledger import PrivacyLedger
+from tasks.processes import alive
 from tests.conftest import blobs, write_csv
 from tests.operations.conftest import (
     REPO,
@@ -279,15 +280,6 @@ def _children(pid: int) -> list[int]:
     return [int(p) for p in out.split()]
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    stat = Path(f"/proc/{pid}/stat")
-    return not (stat.exists() and stat.read_text().split(") ")[1].startswith("Z"))  # a zombie is gone
-
-
 @pytest.mark.slow  # 18-20 s: a CLI run killed, then its server's exit awaited (pytest -m slow)
 def test_kill_9_of_the_cli_alone_leaves_no_prefect_server(tmp_path):
     """The OOM killer takes the CLI process only (not its group): its temporary Prefect server and the server's
@@ -306,9 +298,9 @@ def test_kill_9_of_the_cli_alone_leaves_no_prefect_server(tmp_path):
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait(10)
         deadline = time.time() + 20
-        while any(_alive(p) for p in helpers) and time.time() < deadline:
+        while any(alive(p) for p in helpers) and time.time() < deadline:
             time.sleep(0.5)
-        assert not any(_alive(p) for p in helpers)
+        assert not any(alive(p) for p in helpers)
     finally:
         stop(proc)
 

@@ -14,21 +14,10 @@ import time
 
 import pytest
 
+from tasks.processes import alive
 from tests.operations.conftest import REPO, python_path
 
 pytestmark = pytest.mark.operations
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            return ") Z" not in fh.read()
-    except OSError:
-        return False
 
 
 def _listening(port: int) -> bool:
@@ -54,14 +43,14 @@ def test_a_killed_session_leaves_no_server(tmp_path, sig):
         time.sleep(0.5)
         found = json.loads(servers.read_text())
         pids = [found["prefect_server"], found["harness"], found["postgres"]]
-        assert all(_alive(p) for p in pids) and _listening(found["dask_port"]) and _listening(found["prefect_port"])
+        assert all(alive(p) for p in pids) and _listening(found["dask_port"]) and _listening(found["prefect_port"])
         os.kill(session.pid, sig)  # the session's process alone, as a timeout kills a job's
         session.wait(120)
         deadline = time.time() + 90
-        while time.time() < deadline and (any(_alive(p) for p in pids) or _listening(found["dask_port"])
+        while time.time() < deadline and (any(alive(p) for p in pids) or _listening(found["dask_port"])
                                           or _listening(found["prefect_port"])):
             time.sleep(1)
-        assert not [name for name in ("prefect_server", "harness", "postgres") if _alive(found[name])]
+        assert not [name for name in ("prefect_server", "harness", "postgres") if alive(found[name])]
         assert not _listening(found["dask_port"]) and not _listening(found["prefect_port"])
     finally:
         if session.poll() is None:
