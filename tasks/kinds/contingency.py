@@ -17,11 +17,8 @@ from dpalgos.lazy import module
 from tasks.errors import InputError
 from tasks.kinds.base import Draw, Footprint, ReleaseKind, dense_footprint, noise_footprint
 from tasks.kinds.uncertainty import (
-    Bootstrap,
-    Center,
     Direct,
     Predicted,
-    Product,
     UncertaintyParams,
     bootstrap_planned,
     exact,
@@ -213,18 +210,14 @@ class ContingencyKind(ReleaseKind):
         return 1e-4 + SECONDS_PER_LS_CELL * table_of(spec).size
 
     def bootstrap(self, spec, measurements, staging, plan):
-        """Around the released signed estimate: a cell's noiseless measurement is its estimated cell (consistent
-        with the marginals). The estimate is affine in the noise, so each replicate's error has the release's law."""
+        """Around the released signed estimate (`counts.signed_bootstrap`): a cell's noiseless measurement is its
+        estimated cell (consistent with the marginals)."""
         _marginals, values, A = self._marginals(spec)
         ls = contingency.least_squares_table(A, values)
         estimate = counts.read_column(staging / TABLE, "estimate")
-        return Bootstrap(products=(Product(TABLE, "cell", ("estimate",), bounded=(("count", "estimate"),)),),
-                         centers=(Center("cells", estimate, NoiseLaw.of(plan["cells"])),),
-                         rerun=lambda noisy, rng: {TABLE: ls(noisy["cells"])[:, None]},
-                         notes=("the public marginals are the same in every replicate",
-                                "queries are answered from `estimate` (signed least squares); `count` (the "
-                                "estimator's non-negative cells) gets the estimate's interval cut at zero and "
-                                "widened to hold it"))
+        return counts.signed_bootstrap(TABLE, "cell", "cells", NoiseLaw.of(plan["cells"]), estimate,
+                                       lambda y: {TABLE: ls(y)[:, None]},
+                                       notes=("the public marginals are the same in every replicate",))
 
     def accuracy(self, spec, records=None):
         """A noisy cell (exact); the released cell by ADMM without public marginals is the noisy cell clipped at

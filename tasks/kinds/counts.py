@@ -1,5 +1,6 @@
 """Shared steps of the count-based kinds (histogram, contingency table, matrix mechanism): encode every
-record as a bin / cell index on dask, and count records per index with only the counts reaching the driver."""
+record as a bin / cell index on dask, count records per index with only the counts reaching the driver, and
+bootstrap the released signed estimate."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import pyarrow.parquet as pq
 
 from data_contracts.validate import parquet_files
 from tasks import storage
+from tasks.kinds.uncertainty import Bootstrap, Center, Product
 from tasks.partitions import bin_partition, cell_partition, current_client, index_counts
 from tasks.progress import Progress, gather
 from tasks.run import RunPaths, StageOutput
@@ -69,3 +71,20 @@ def write_vector(path, index: str, values: dict[str, np.ndarray], **extra) -> No
 
 def read_column(path, column: str) -> np.ndarray:
     return pq.read_table(path, columns=[column]).column(column).to_numpy()
+
+
+#: What every count kind says of its two count columns' intervals (uncertainty.json's notes).
+SIGNED_NOTE = ("queries are answered from `estimate` (signed least squares: unbiased sums); `count` (non-negative "
+               "per cell) gets the estimate's interval cut at zero and widened to hold it")
+
+
+def signed_bootstrap(product: str, index: str, entry: str, law, implied: np.ndarray, solve, *, also=(),
+                     notes=()) -> Bootstrap:
+    """The count kinds' parametric bootstrap: around the released signed estimate, whose noiseless measurements
+    (`implied`: the plan entry's answers on it) get the entry's noise `law` again and `solve` (noisy answers ->
+    {file: values}) estimates anew. The estimate is linear in the noise, so each replicate's error has exactly the
+    release's law: the intervals of every sum hold at their confidence, on any data. `count` is bounded by
+    `estimate`'s interval; `also`: further products (their own Product rows)."""
+    return Bootstrap(products=(Product(product, index, ("estimate",), bounded=(("count", "estimate"),)), *also),
+                     centers=(Center(entry, implied, law),),
+                     rerun=lambda noisy, rng: solve(noisy[entry]), notes=(SIGNED_NOTE, *notes))

@@ -36,7 +36,7 @@ from dpalgos.plan import Mechanism, Plan
 from tasks import strategies
 from tasks.kinds import planning
 from tasks.kinds.base import Draw, Footprint, ReleaseKind, dense_footprint, noise_footprint
-from tasks.kinds.uncertainty import Bootstrap, Center, Direct, Product, UncertaintyParams, bootstrap_planned, exact
+from tasks.kinds.uncertainty import Direct, Product, UncertaintyParams, bootstrap_planned, exact
 from tasks.params import ConsistencyBase, is_power
 from tasks.run import committed_plan
 
@@ -328,33 +328,27 @@ class HistogramKind(ReleaseKind):
         return SECONDS_PER_CALL + SECONDS_PER_NODE * measured_values(spec)
 
     def bootstrap(self, spec, measurements, staging, plan):
-        """Around the released signed estimate: the measurements it implies (its tree of sums, the strategy's answers
-        on it, or itself) plus the plan's noise, estimated again. The estimate is linear, so each replicate's error
-        has exactly the release's law: the intervals of every sum hold at their confidence, on any data."""
+        """Around the released signed estimate (`counts.signed_bootstrap`): the measurements it implies are its tree
+        of sums, the strategy's answers on it, or itself."""
         estimate = counts.read_column(staging / HISTOGRAM, "estimate")
-        bounded = (("count", "estimate"),)
-        histogram = Product(HISTOGRAM, "bin", ("estimate",), bounded=bounded)
-        notes = ("queries are answered from `estimate` (signed, unbiased sums); `count` (non-negative per bin) gets "
-                 "the estimate's interval cut at zero and widened to hold it",)
         entry = entry_of(spec)
         law = NoiseLaw.of(plan[entry])
         if spec.release.strategy_used == "identity":
-            return Bootstrap((histogram,), (Center(entry, estimate, law),),
-                             lambda noisy, rng: {HISTOGRAM: noisy[entry][:, None]}, notes=notes)
+            return counts.signed_bootstrap(HISTOGRAM, "bin", entry, law, estimate,
+                                           lambda y: {HISTOGRAM: y[:, None]})
         if spec.release.strategy_used == "optimized":
             strategy = committed_strategy(measurements)
-            return Bootstrap((histogram,), (Center(entry, strategy.answers(estimate), law),),
-                             lambda noisy, rng: {HISTOGRAM: strategy.least_squares(noisy[entry])[:, None]},
-                             notes=notes)
+            return counts.signed_bootstrap(HISTOGRAM, "bin", entry, law, strategy.answers(estimate),
+                                           lambda y: {HISTOGRAM: strategy.least_squares(y)[:, None]})
         tree = tree_of(spec)
 
-        def rerun(noisy, rng):
-            leaves = signed_leaves(tree, noisy["tree"])
+        def solve(y):
+            leaves = signed_leaves(tree, y)
             return {HISTOGRAM: leaves[:, None], TREE: tree.aggregate(leaves)[:, None]}
-        return Bootstrap(products=(histogram, Product(TREE, "node", ("estimate",), replicates=False, bounded=bounded)),
-                         centers=(Center("tree", tree.aggregate(estimate), law),),
-                         rerun=rerun, notes=notes + ("tree.parquet's intervals come from the bins' replicates' "
-                                                     "sums",))
+        return counts.signed_bootstrap(
+            HISTOGRAM, "bin", "tree", law, tree.aggregate(estimate), solve,
+            also=(Product(TREE, "node", ("estimate",), replicates=False, bounded=(("count", "estimate"),)),),
+            notes=("tree.parquet's intervals come from the bins' replicates' sums",))
 
     def accuracy(self, spec, records=None):
         """A noisy measurement (exact); range sums of several lengths at random positions from the signed estimate

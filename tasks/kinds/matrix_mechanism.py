@@ -14,7 +14,7 @@ from dpalgos.intervals import NoiseLaw
 from dpalgos.lazy import module
 from tasks.kinds import planning
 from tasks.kinds.base import Draw, ReleaseKind, dense_footprint, noise_footprint
-from tasks.kinds.uncertainty import Bootstrap, Center, Direct, Product, UncertaintyParams, bootstrap_planned, exact
+from tasks.kinds.uncertainty import Direct, Product, UncertaintyParams, bootstrap_planned, exact
 from tasks.params import ConsistencyBase, is_power
 from tasks.run import committed_plan
 
@@ -196,23 +196,19 @@ class MatrixMechanismKind(ReleaseKind):
         return SECONDS_PER_LS_CALL + SECONDS_PER_LS_ENTRY * _strategy_rows(spec.release) * spec.release.bins
 
     def bootstrap(self, spec, measurements, staging, plan):
-        """Around the released signed estimate: the strategy's answers on it are the noiseless measurement it implies.
-        The estimate is linear, so each replicate's error has the release's law."""
+        """Around the released signed estimate (`counts.signed_bootstrap`): the strategy's answers on it are the
+        noiseless measurement it implies; the workload's answers (not for all_range) follow the estimate's."""
         A, ls = strategy_of(spec), least_squares(spec)
         estimate = counts.read_column(staging / ESTIMATE, "estimate")
         answered = spec.release.workload != "all_range"
 
-        def rerun(noisy, rng):
-            x = ls(noisy["strategy"])
-            out = {ESTIMATE: x[:, None]}
-            return {**out, ANSWERS: _answers(spec, x)[:, None]} if answered else out
-        products = (Product(ESTIMATE, "bin", ("estimate",), bounded=(("count", "estimate"),)),) + \
-            ((Product(ANSWERS, "query", ("answer",), replicates=False),) if answered else ())
-        return Bootstrap(products=products, centers=(Center("strategy", A @ estimate, NoiseLaw.of(plan["strategy"])),),
-                         rerun=rerun, notes=("queries are answered from `estimate` (signed least squares); `count` "
-                                             "(the reconstruction, non-negative) gets the estimate's interval cut "
-                                             "at zero and widened to hold it",
-                                             "the workload answers' intervals come from the estimate's replicates"))
+        def solve(y):
+            x = ls(y)
+            return {ESTIMATE: x[:, None], **({ANSWERS: _answers(spec, x)[:, None]} if answered else {})}
+        return counts.signed_bootstrap(
+            ESTIMATE, "bin", "strategy", NoiseLaw.of(plan["strategy"]), A @ estimate, solve,
+            also=(Product(ANSWERS, "query", ("answer",), replicates=False),) if answered else (),
+            notes=("the workload answers' intervals come from the estimate's replicates",))
 
     def accuracy(self, spec, records=None):
         """A noisy strategy answer (exact); range sums and the workload's queries from the signed least-squares
