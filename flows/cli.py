@@ -396,7 +396,8 @@ def cmd_ledger_migrate(args) -> int:
 
 SHAPES = {"points": "numeric columns with public bounds", "values": "one numeric column with public bounds",
           "categories": "categorical columns with public levels", "sets": "set-valued records (a list of item ids)",
-          "numeric": "numeric columns, no bounds needed"}
+          "numeric": "numeric columns, no bounds needed",
+          "trips": "trips: origin and destination columns with public zones, optionally a user column"}
 
 
 def kinds_table() -> str:

@@ -246,6 +246,7 @@ _DATASETS = {
     "categories": {"categories": {"a": ["0", "1"], "b": ["0", "1"]}},
     "sets": {"items_column": "items", "item_count": 100},
     "numeric": {"numeric": ["x", "y"]},
+    "trips": {"categories": {"origin": ["A", "B"], "destination": ["A", "B"]}, "user_column": "user"},
 }
 
 

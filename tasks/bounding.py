@@ -1,0 +1,121 @@
+"""Contribution bounding of trips per user (the `od` kind with a user column): every user keeps at most k of their
+trips, k PUBLIC, chosen by a keyed hash so that the choice is a uniform random k-subset of the user's own trips,
+whatever the order of the rows, the files or the shuffle.
+
+On dask, in two passes over the records, with only count vectors reaching the driver:
+  1. `scatter_trips` (prepare): every ingested partition's trips encoded as a cell of the origin-destination table
+     (`outside` for an origin or destination outside the public zones) and written into one file per bucket of users
+     (a hash of the user id): every trip of a user lands in the same bucket, which one worker reads whole;
+  2. `bucket_counts` (the DP measurement): per bucket, `kept` chooses each user's k trips, and the bucket's trips
+     kept are counted per cell. The driver sums the buckets' count vectors and adds the noise.
+
+Why a keyed hash and not "the first k": after a shuffle the order of a user's rows is the order in which partitions
+arrived, which depends on other users' data (block boundaries, worker timing). A choice by row order would make user
+v's kept trips depend on whether user u is in the data, and the sensitivity argument (below) would not hold. The
+choice by `kept` depends on the secret key and the user's own multiset of trips only.
+"""
+
+from __future__ import annotations
+
+import string
+from typing import Sequence
+
+import numpy as np
+import pyarrow as pa
+
+from data_contracts.validate import read_batches
+from tasks import storage
+from tasks.partitions import cells_of
+
+#: pandas' hash key is 16 characters (SipHash-2-4's 128-bit key); drawn from 62 symbols: about 95 bits of it.
+KEY_LENGTH = 16
+_KEY_SYMBOLS = string.ascii_letters + string.digits
+
+
+def secret_key(rng: np.random.Generator) -> str:
+    """The key of one release's choice of trips, from the release's secret generator (OS entropy in production, the
+    seed in test mode): never written anywhere, never published."""
+    return "".join(_KEY_SYMBOLS[i] for i in rng.integers(0, len(_KEY_SYMBOLS), KEY_LENGTH))
+
+
+def bucket_file(dst: str, bucket: int) -> str:
+    """The file of one bucket's trips from the partition that `dst` names: part.3.parquet -> part.3.b00012.parquet."""
+    return f"{dst.removesuffix('.parquet')}.b{bucket:05d}.parquet"
+
+
+def _buckets_of(users, buckets: int) -> np.ndarray:
+    """The bucket of every user id: a fixed (unkeyed) hash of the id, so that a user's rows meet in one bucket."""
+    import pandas as pd
+
+    hashed = pd.util.hash_pandas_object(pd.Series(users, dtype=object), index=False).to_numpy()
+    return (hashed % np.uint64(buckets)).astype(np.int64)
+
+
+@storage.on_store
+def scatter_trips(src: str, dst: str, columns: Sequence[str], levels: Sequence[Sequence[str]], user: str,
+                  buckets: int) -> dict[str, int]:
+    """One ingested partition's trips as (cell, user) rows, into `buckets` files beside `dst` (`bucket_file`; empty
+    ones too: the work does not depend on which buckets the users fall in). Returns the trips outside the zones
+    (raw-derived: internal diagnostics only)."""
+    outside = len(levels[0]) * len(levels[1])
+    frames, left_out = [], 0
+    for table in read_batches(src, list(columns) + [user]):
+        frame = table.to_pandas()
+        cell, _ = cells_of(frame, columns, levels, outside=outside)
+        left_out += int(np.count_nonzero(cell == outside))
+        frames.append((cell, frame[user].astype("string").to_numpy(dtype=object)))
+    cells = np.concatenate([c for c, _ in frames]) if frames else np.zeros(0, np.int32)
+    users = np.concatenate([u for _, u in frames]) if frames else np.zeros(0, object)
+    which = _buckets_of(users, buckets)
+    for b in range(buckets):
+        rows = which == b
+        storage.write_table(pa.table({"cell": pa.array(cells[rows], pa.int32()),
+                                      "user": pa.array(users[rows], pa.string())}),
+                            bucket_file(dst, b))
+    return {"trips_outside_public_zones": left_out}
+
+
+def kept(cells: np.ndarray, users: np.ndarray, k: int, key: str) -> np.ndarray:
+    """Which trips are kept: for every user, the k whose priority is smallest (all of them if fewer), the priority of
+    the j-th trip of user u to cell c being SipHash_key("u|c|j"). Identical trips of a user are interchangeable and
+    numbered j = 0, 1, ... whatever their order, so the trips kept (as cells) are a function of the key and the
+    user's own multiset of trips alone; with a uniformly random secret key the priorities of distinct (u, c, j) are
+    (computationally) independent and uniform, and the kept trips a uniform random k-subset of each user's trips,
+    independently across users. Ties (a 64-bit collision) are broken by (c, j), never by row order."""
+    import pandas as pd
+
+    if cells.size == 0:
+        return np.zeros(0, dtype=bool)
+    frame = pd.DataFrame({"u": pd.Series(users, dtype=object), "c": cells})
+    j = frame.groupby(["u", "c"], sort=False).cumcount().to_numpy()
+    text = frame["u"] + "|" + frame["c"].astype(str) + "|" + pd.Series(j).astype(str)
+    priority = pd.util.hash_pandas_object(text, index=False, hash_key=key).to_numpy()
+    user_code = pd.factorize(frame["u"])[0]
+    order = np.lexsort((j, cells, priority, user_code))
+    sorted_users = user_code[order]
+    start = np.flatnonzero(np.r_[True, sorted_users[1:] != sorted_users[:-1]])
+    rank = np.arange(order.size) - np.repeat(start, np.diff(np.r_[start, order.size]))
+    keep = np.zeros(order.size, dtype=bool)
+    keep[order[rank < k]] = True
+    return keep
+
+
+@storage.on_store
+def bucket_counts(files: Sequence[str], k: int | None, secret: str, size: int) -> np.ndarray:
+    """Trips per cell (size,) of one bucket's files, each user's bounded to k by `kept` under the key `secret` (k
+    None: every trip, the unbounded table the internal evaluation compares with). Not called `key`: that is dask's
+    name of a task, which the scheduler logs."""
+    parts = [storage.read_table(f, ["cell", "user"]) for f in files]
+    cells = np.concatenate([p.column("cell").to_numpy() for p in parts]).astype(np.int64)
+    if k is not None:
+        users = np.concatenate([p.column("user").to_numpy(zero_copy_only=False) for p in parts])
+        cells = cells[kept(cells, users, k, secret)]
+    return np.bincount(cells, minlength=size).astype(np.float64)
+
+
+def buckets(files: Sequence[str]) -> list[list[str]]:
+    """The prepared files grouped by bucket (their names say which: `bucket_file`)."""
+    groups: dict[str, list[str]] = {}
+    for f in sorted(files):
+        groups.setdefault(f.removesuffix(".parquet").rsplit(".", 1)[-1], []).append(f)
+    return [groups[b] for b in sorted(groups)]
