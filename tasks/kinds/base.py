@@ -122,7 +122,8 @@ class ReleaseKind(ABC):
         extra = [k for k, v in has.items() if v and k not in need]
         if not all(has[k] for k in need) or extra:
             raise ValueError(f"{self.name} releases need {self._shape_text()}")
-        if self.shape == "values" and len(dataset.bounds) != 1 or self.shape == "trips" and len(dataset.categories) != 2:
+        columns = {"values": len(dataset.bounds or ()), "trips": len(dataset.categories or ())}
+        if self.shape in columns and columns[self.shape] != {"values": 1, "trips": 2}[self.shape]:
             raise ValueError(f"{self.name} releases need {self._shape_text()}")
         if dataset.user_column and self.shape not in PER_USER_SHAPES:
             raise ValueError(f"{self.name} releases count rows, not users: remove user_column")
