@@ -128,6 +128,9 @@ class ReleaseKind(ABC):
         if dataset.user_column and self.shape not in PER_USER_SHAPES:
             raise ValueError(f"{self.name} releases count rows, not users: remove user_column")
 
+    def check_release(self, dataset: DatasetSpec, release: ReleaseBase) -> None:
+        """Refuse release parameters that do not fit the dataset section (a spec error). Default: all fit."""
+
     def _shape_text(self) -> str:
         return {"points": "numeric columns with bounds (and no categories)",
                 "values": "exactly one numeric column with bounds",

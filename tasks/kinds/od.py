@@ -26,7 +26,6 @@ from data_contracts import suites
 from dpalgos.intervals import NoiseLaw
 from dpalgos.lazy import module
 from dpalgos.plan import Mechanism, Plan
-from tasks.errors import InputError
 from tasks.kinds.base import Draw, Heatmap
 from tasks.kinds.contingency import ContingencyKind, ContingencyParams, released_table, table_of
 from tasks.kinds.uncertainty import Bootstrap, Center, Direct, Product, bootstrap_planned
@@ -76,17 +75,14 @@ class OdKind(ContingencyKind):
     def example(self):
         return {"kind": "od", "epsilon": 1.0, "trips_per_user": 2}
 
-    def check_feasible(self, spec):
-        """k goes with a user column and only with it; the public totals are read and checked (a typo must not burn
-        budget)."""
-        k, user = spec.release.trips_per_user, spec.dataset.user_column
-        if user and k is None:
-            raise InputError("od releases with a user_column need trips_per_user (k, the public most trips a user "
+    def check_release(self, dataset, release):
+        """k goes with a user column and only with it."""
+        if dataset.user_column and release.trips_per_user is None:
+            raise ValueError("od releases with a user_column need trips_per_user (k, the public most trips a user "
                              "contributes)")
-        if k is not None and not user:
-            raise InputError("trips_per_user bounds each user's trips: the dataset has no user_column (every row is "
+        if release.trips_per_user is not None and not dataset.user_column:
+            raise ValueError("trips_per_user bounds each user's trips: the dataset has no user_column (every row is "
                              "then one trip, one privacy unit)")
-        super().check_feasible(spec)
 
     def plan(self, spec):
         """One Laplace entry over the table's cells and the outside cell (one vector, so that a user's trips across
