@@ -83,7 +83,7 @@ def test_the_kept_trips_are_a_uniform_random_subset_over_keys():
 def _plan_entry(k: int, epsilon: float = 1.0):
     spec = parse_spec({"dataset": {"id": "t", "path": "t.parquet", "user_column": "user",
                                    "categories": {"o": ["A", "B", "C"], "d": ["A", "B", "C"]}},
-                       "release": {"kind": "od", "epsilon": epsilon, "trips_per_user": k}})
+                       "release": {"kind": "od", "epsilon": epsilon, "origin": "o", "trips_per_user": k}})
     return od.KIND.plan(spec)["cells"]
 
 
@@ -156,7 +156,8 @@ def test_release_through_the_cli_with_public_row_totals_then_queries(tmp_path, o
                                                                    zip(ZONES, truth.sum(axis=1))) + "\n")
     spec = {"dataset": {"id": "trips", "path": str(data), "user_column": "user",
                         "categories": {"origin": ZONES, "destination": ZONES}},
-            "release": {"kind": "od", "epsilon": 1.0, "trips_per_user": 1, "public_marginals": str(marginals),
+            "release": {"kind": "od", "epsilon": 1.0, "origin": "origin", "trips_per_user": 1,
+                        "public_marginals": str(marginals),
                         "public_marginals_source": "the test's census (made for it)"},
             "output_dir": str(tmp_path / "runs")}
     (tmp_path / "s.yaml").write_text(yaml.safe_dump(spec))
@@ -181,25 +182,29 @@ def test_release_through_the_cli_with_public_row_totals_then_queries(tmp_path, o
     assert entry["sensitivity"] == 1.0 and "user" in entry["relation"]
     assert any("outside the public zones" in c for c in manifest["caveats"])
     noisy = pq.read_table(rel / "measurements" / od.NOISY).to_pandas()
-    assert len(noisy) == 17 and noisy["origin"].iloc[-1] is None
+    assert len(noisy) == 17 and noisy["origin"].isna().tolist() == [False] * 16 + [True]
     assert (tmp_path / "runs" / "od-1" / "internal" / "heatmap.png").exists()
 
     asked = dprelease("query", str(rel), "--origin", "B", "--json", cwd=tmp_path)
     assert asked.returncode == 0, asked.stderr
     answer = json.loads(asked.stdout)
     assert answer["estimate"] == pytest.approx(max(truth[1].sum(), 0.0), abs=1e-6)  # a public total: exact
-    asked = dprelease("query", str(rel), "--origin", "C", "--destination", "D", "--json", cwd=tmp_path)
+    asked = dprelease("query", str(rel), "--pair", "C", "D", "--json", cwd=tmp_path)
     cell = json.loads(asked.stdout)
     assert cell["estimate"] == pytest.approx(max(estimate[2 * 4 + 3], 0.0)) and cell["lo"] <= cell["hi"]
+    column = json.loads(dprelease("query", str(rel), "--destination", "A", "--json", cwd=tmp_path).stdout)
+    assert column["estimate"] == pytest.approx(max(estimate.reshape(4, 4)[:, 0].sum(), 0.0))
     bad = dprelease("query", str(rel), "--origin", "Q", cwd=tmp_path)
-    assert bad.returncode != 0 and bad.stderr.strip().count("\n") == 0 and "'Q' is not a zone" in bad.stderr
+    assert bad.returncode == 1 and bad.stderr.strip().count("\n") == 0 and "'Q' is not a zone" in bad.stderr
+    both = dprelease("query", str(rel), "--origin", "A", "--range", "0", "2", cwd=tmp_path)
+    assert both.returncode == 2 and "not allowed with" in both.stderr
 
 
 # ---- bad inputs: one line, nothing charged ---------------------------------------------------------------------------
 def _spec(tmp_path: Path, data: Path, dataset: dict | None = None, **release) -> Path:
     spec = {"dataset": {"id": "trips", "path": str(data), "user_column": "user",
                         "categories": {"origin": ZONES, "destination": ZONES}, **(dataset or {})},
-            "release": {"kind": "od", "epsilon": 1.0, "trips_per_user": 2, **release},
+            "release": {"kind": "od", "epsilon": 1.0, "origin": "origin", "trips_per_user": 2, **release},
             "output_dir": str(tmp_path / "runs")}
     spec["dataset"] = {k: v for k, v in spec["dataset"].items() if v is not None}
     spec["release"] = {k: v for k, v in spec["release"].items() if v is not None}
@@ -213,6 +218,8 @@ BAD = [
     ("zones empty", {"categories": {"origin": [], "destination": ZONES}}, {}, 2, "non-empty list"),
     ("zone twice", {"categories": {"origin": ["A", "A"], "destination": ZONES}}, {}, 2, "without repeats"),
     ("one column", {"categories": {"origin": ZONES}}, {}, 2, "exactly two categorical columns"),
+    ("origin not a column", {}, {"origin": "home"}, 2, "'home' is not one of the categorical columns"),
+    ("origin missing", {}, {"origin": None}, 2, "release.origin"),
     ("k 0", {}, {"trips_per_user": 0}, 2, "trips_per_user"),
     ("k missing", {}, {"trips_per_user": None}, 2, "need trips_per_user"),
     ("k without users", {"user_column": None}, {}, 2, "has no user_column"),

@@ -27,7 +27,7 @@ from dpalgos.intervals import NoiseLaw
 from dpalgos.lazy import module
 from dpalgos.plan import Mechanism, Plan
 from tasks.kinds.base import Draw, Heatmap
-from tasks.kinds.contingency import ContingencyKind, ContingencyParams, released_table, table_of
+from tasks.kinds.contingency import ContingencyKind, ContingencyParams, released_table
 from tasks.kinds.uncertainty import Bootstrap, Center, Direct, Product, bootstrap_planned
 from tasks.run import committed_plan
 
@@ -51,16 +51,13 @@ class OdParams(ContingencyParams):
     Laplace on every cell and on the count of trips outside the zones, made consistent with PUBLIC row / column
     totals (public_marginals) and non-negative; with a user column each user's trips are bounded to trips_per_user."""
     kind: Literal["od"] = Field("od", description="the release kind")
+    origin: str = Field(description="which of the two categorical columns holds the origin zone (the other holds the "
+                                    "destination): the table's rows")
     trips_per_user: int | None = Field(
         None, ge=1, le=MAX_TRIPS_PER_USER,
         description="k, PUBLIC: the most trips one user contributes (a uniform random k of a user's trips are kept, "
                     "by a secret keyed hash); required with dataset.user_column, refused without; the noise scale "
                     "is k / epsilon")
-
-
-def _zones(spec) -> tuple[str, str]:
-    origin, destination = spec.dataset.categories
-    return origin, destination
 
 
 class OdKind(ContingencyKind):
@@ -73,10 +70,19 @@ class OdKind(ContingencyKind):
                "PUBLIC row / column totals and non-negative (the contingency machinery); row and column totals")
 
     def example(self):
-        return {"kind": "od", "epsilon": 1.0, "trips_per_user": 2}
+        return {"kind": "od", "epsilon": 1.0, "origin": "origin", "trips_per_user": 2}
+
+    def table(self, spec):
+        """Origins (rows) by destinations (columns), whatever the order of the categories in the spec."""
+        cats, origin = spec.dataset.categories, spec.release.origin
+        (destination,) = (c for c in cats if c != origin)
+        return contingency.Table((origin, destination), (tuple(cats[origin]), tuple(cats[destination])))
 
     def check_release(self, dataset, release):
-        """k goes with a user column and only with it."""
+        """The origin is one of the two categorical columns; k goes with a user column and only with it."""
+        if release.origin not in (dataset.categories or {}):
+            raise ValueError(f"origin {release.origin!r} is not one of the categorical columns "
+                             f"{sorted(dataset.categories or {})}")
         if dataset.user_column and release.trips_per_user is None:
             raise ValueError("od releases with a user_column need trips_per_user (k, the public most trips a user "
                              "contributes)")
@@ -87,7 +93,7 @@ class OdKind(ContingencyKind):
     def plan(self, spec):
         """One Laplace entry over the table's cells and the outside cell (one vector, so that a user's trips across
         all of them are one L1 budget)."""
-        table, p = table_of(spec), spec.release
+        table, p = self.table(spec), spec.release
         n_o, n_d = table.shape
         query = f"trips per cell of the {n_o} x {n_d} origin-destination table, and trips outside its zones"
         if spec.dataset.user_column:
@@ -109,8 +115,8 @@ class OdKind(ContingencyKind):
     def prepare(self, spec, ingested, run, log):
         """Every trip encoded as its cell (outside the zones: the extra cell); with a user column written into buckets
         of users (a hash of the id), one file per ingested partition and bucket."""
-        cats, size = spec.dataset.categories, table_of(spec).size
-        columns, levels = list(cats), list(cats.values())
+        table = self.table(spec)
+        size, columns, levels = table.size, list(table.names), list(table.levels)
         if spec.dataset.user_column:
             fn = partial(bounding.scatter_trips, columns=columns, levels=levels, user=spec.dataset.user_column,
                          buckets=max(1, ingested.partitions))
@@ -122,13 +128,13 @@ class OdKind(ContingencyKind):
         return out
 
     def prepared_contract(self, spec):
-        return suites.encoded("cell", table_of(spec).size + 1, "weight" if spec.dataset.weight_column else None,
+        return suites.encoded("cell", self.table(spec).size + 1, "weight" if spec.dataset.weight_column else None,
                               "user" if spec.dataset.user_column else None)
 
     def _counts(self, spec, prepared, key: str | None, bounded: bool = True):
         """Trips per cell and outside (raw-derived): bounded per user by `key` (with a user column), on the workers;
         only the count vectors reach the driver."""
-        size = table_of(spec).size + 1
+        size = self.table(spec).size + 1
         if not spec.dataset.user_column:
             return counts.count(spec, prepared, "cell", size)
         groups = bounding.buckets(validate.parquet_files(prepared.path))
@@ -138,7 +144,7 @@ class OdKind(ContingencyKind):
         return np.sum(client.gather(futures), axis=0) if groups else np.zeros(size)
 
     def draw(self, spec, prepared, measure, public_rng, log):
-        table = table_of(spec)
+        table = self.table(spec)
         key = bounding.secret_key(measure.secret_generator()) if spec.dataset.user_column else None
         noisy = measure("cells", self._counts(spec, prepared, key))
         meta = {"attributes": list(table.names), "levels": [list(lv) for lv in table.levels],
@@ -147,13 +153,13 @@ class OdKind(ContingencyKind):
                                                              **_level_columns(table, outside=True)), meta=meta)
 
     def measurements_contract(self, spec):
-        t = table_of(spec)
+        t = self.table(spec)
         return NOISY, suites.indexed_table("measurements", "cell", t.size + 1, ["noisy_count"], other_columns=t.names)
 
     def postprocess(self, spec, measurements, staging, internal, log):
         """The table (`count` non-negative, `estimate` signed least squares consistent with the public totals), its
         row and column totals (sums of each), and the noisy outside count (a measurement, in consistency.json)."""
-        table = table_of(spec)
+        table = self.table(spec)
         noisy = counts.read_column(measurements / NOISY, "noisy_count")
         marginals, values, _A = self._marginals(spec)
         released = released_table(spec.release, table, noisy[:table.size], marginals, values,
@@ -170,7 +176,7 @@ class OdKind(ContingencyKind):
         return [TABLE, TOTALS, CONSISTENCY]
 
     def release_contract(self, spec):
-        t = table_of(spec)
+        t = self.table(spec)
         intervals = ["estimate", "count"] if bootstrap_planned(self, spec) else []
         return TABLE, suites.indexed_table("release", "cell", t.size, ["count", "estimate"], nonnegative=["count"],
                                            other_columns=t.names, intervals=intervals)
@@ -179,13 +185,13 @@ class OdKind(ContingencyKind):
         return [Direct(NOISY, "noisy_count", "cells", NoiseLaw.of(plan["cells"]))]
 
     def replicate_values(self, spec, plan):
-        t = table_of(spec)
+        t = self.table(spec)
         return float(t.size + sum(t.shape))  # the cells and the totals
 
     def bootstrap(self, spec, measurements, staging, plan):
         """Around the released signed estimate (the outside cell around its noisy count cut at zero): the estimate is
         affine in the noise, so each replicate's error has the release's law; the totals are sums of it."""
-        table = table_of(spec)
+        table = self.table(spec)
         _marginals, values, A = self._marginals(spec)
         ls, sums = contingency.least_squares_table(A, values), _totals(table)
         estimate = counts.read_column(staging / TABLE, "estimate")
@@ -218,14 +224,14 @@ class OdKind(ContingencyKind):
         return out
 
     def heatmap(self, spec, release):
-        table = table_of(spec)
+        table = self.table(spec)
         values = counts.read_column(release / TABLE, "count").reshape(table.shape)
         return Heatmap(values, table.levels[0], table.levels[1], f"{table.names[0]} (rows)",
                        f"{table.names[1]} (columns)", "released trips per origin-destination pair (count)")
 
     def evaluate(self, spec, run, prepared, log):
         """Against the raw, unbounded table (what a user of the table wants): the bound's cut shows in it."""
-        table = table_of(spec)
+        table = self.table(spec)
         exact = self._counts(spec, prepared, None, bounded=False)[:table.size]
         released = counts.read_column(run.release / TABLE, "count")
         mse = float(np.mean((released - exact) ** 2))
