@@ -166,7 +166,7 @@ class OdKind(ContingencyKind):
                                   committed_plan(measurements)["cells"].scale)
         counts.write_vector(staging / TABLE, "cell", {"count": released.count, "estimate": released.estimate},
                             **_level_columns(table))
-        sums = _totals(table)
+        sums = totals_matrix(table)
         counts.write_vector(staging / TOTALS, "total", {"count": sums @ released.count,
                                                         "estimate": sums @ released.estimate}, **_total_labels(table))
         info = {**released.info, "origin_column": table.names[0], "destination_column": table.names[1],
@@ -193,7 +193,7 @@ class OdKind(ContingencyKind):
         affine in the noise, so each replicate's error has the release's law; the totals are sums of it."""
         table = self.table(spec)
         _marginals, values, A = self._marginals(spec)
-        ls, sums = contingency.least_squares_table(A, values), _totals(table)
+        ls, sums = contingency.least_squares_table(A, values), totals_matrix(table)
         estimate = counts.read_column(staging / TABLE, "estimate")
         outside = max(float(counts.read_column(measurements / NOISY, "noisy_count")[table.size]), 0.0)
 
@@ -248,7 +248,7 @@ def _level_columns(table, outside: bool = False) -> dict[str, list]:
     return {name: [c[j] for c in cells] for j, name in enumerate(table.names)}
 
 
-def _totals(table) -> np.ndarray:
+def totals_matrix(table) -> np.ndarray:
     """The (origins + destinations, cells) 0/1 matrix of the row totals, then the column totals."""
     n_o, n_d = table.shape
     return np.vstack([np.kron(np.eye(n_o), np.ones(n_d)), np.kron(np.ones(n_o), np.eye(n_d))])
