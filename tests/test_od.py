@@ -80,6 +80,26 @@ def test_the_kept_trips_are_a_uniform_random_subset_over_keys():
     assert stats.chisquare(list(seen.values())).pvalue > 1e-4
 
 
+def test_exhaustively_on_small_data_one_user_moves_the_bounded_counts_by_at_most_k():
+    """Every dataset of two users with up to 2 trips each over 3 cells, plus every possible added user of up to 3
+    trips, for k = 1 and 2: the bounded counts move by at most k in L1 (bounding.py's proof), and by exactly k where
+    the added user has k trips or more."""
+    from itertools import combinations_with_replacement
+
+    trips = [t for n in range(3) for t in combinations_with_replacement(range(3), n)]
+    added = [t for n in range(1, 4) for t in combinations_with_replacement(range(3), n)]
+    key, checked = bounding.secret_key(np.random.default_rng(9)), 0
+    for a, b in combinations_with_replacement(trips, 2):
+        users, cells = ["v"] * len(a) + ["w"] * len(b), list(a) + list(b)
+        for k in (1, 2):
+            before = _counts(users, cells, k, key)
+            for extra in added:
+                after = _counts(users + ["u"] * len(extra), cells + list(extra), k, key)
+                assert np.abs(after - before).sum() == min(k, len(extra))
+                checked += 1
+    assert checked == 55 * 2 * 19
+
+
 def _plan_entry(k: int, epsilon: float = 1.0):
     spec = parse_spec({"dataset": {"id": "t", "path": "t.parquet", "user_column": "user",
                                    "categories": {"o": ["A", "B", "C"], "d": ["A", "B", "C"]}},
@@ -88,12 +108,14 @@ def _plan_entry(k: int, epsilon: float = 1.0):
 
 
 def _counts(users, cells, k, key) -> np.ndarray:
+    cells = np.asarray(cells, dtype=np.int64)
     if k is None:
         return np.bincount(cells, minlength=10).astype(float)
-    keep = bounding.kept(np.asarray(cells), np.asarray(users, dtype=object), k, key)
-    return np.bincount(np.asarray(cells)[keep], minlength=10).astype(float)
+    keep = bounding.kept(cells, np.asarray(users, dtype=object), k, key)
+    return np.bincount(cells[keep], minlength=10).astype(float)
 
 
+@pytest.mark.slow  # OpenDP's sampler on both sides, 20-45 s each here (the conformance suite audits od by default)
 @pytest.mark.parametrize("bounded", [True, False], ids=["bounded", "bound-broken"])
 def test_dp_audit_of_the_bounding_fails_when_the_bound_is_broken(bounded):
     """Neighbours D and D' = D plus a heavy user (12 trips in two cells). Bounded to k = 2, the counts move by at
