@@ -72,7 +72,7 @@ def main() -> None:
     from flows.release import release
     from tasks.spec import parse_spec
 
-    operator_ledger(tmp, {"od-bench": (1000.0, 1e-6)})
+    operator_ledger(tmp, {"od-bench": (10.0, 1e-6)})
     spec = parse_spec({
         "dataset": {"id": "od-bench", "path": str(data), "user_column": "user",
                     "categories": {"origin": ZONES, "destination": ZONES}},
