@@ -281,3 +281,27 @@ def test_bad_inputs_are_one_line_and_charge_nothing(name, dataset, release, exit
     assert code == exit_code and len(lines) == 1 and lines[0].startswith("error:") and expect in lines[0], lines
     assert configured_ledger().releases("trips") == [] and not (tmp_path / "runs").exists()
     assert math.isclose(configured_ledger().budget("trips")[0], 5.0)
+
+
+@pytest.mark.slow  # a release through the flow, ~30 s
+def test_without_a_user_column_a_weighted_od_table_counts_each_trip_once(tmp_path, operator_ledger):
+    """An aggregated table (one row per pair and its number of trips, weights_count_records): the unit is a trip, the
+    sensitivity 1; the pair outside the zones lands in the outside cell; the column totals are the table's sums."""
+    from flows.release import release
+
+    data = tmp_path / "pairs.csv"
+    data.write_text("from,to,trips\nA,B,300\nB,A,250\nC,C,40\nD,A,5\nA,Q,30\n")
+    spec = parse_spec({"dataset": {"id": "pairs", "path": str(data), "weight_column": "trips",
+                                   "weights_count_records": True,
+                                   "categories": {"to": ZONES, "from": ZONES}},  # the order does not matter
+                       "release": {"kind": "od", "epsilon": 2.0, "origin": "from"},
+                       "output_dir": str(tmp_path / "runs"), "mode": "test", "seed": 3})
+    assert od.KIND.plan(spec)["cells"].sensitivity == 1.0
+    rel = Path(release(spec=spec)["release_dir"])
+    table = pq.read_table(rel / od.TABLE).to_pandas().set_index(["from", "to"])
+    assert abs(table.loc[("A", "B"), "estimate"] - 300) < 15 and abs(table.loc[("B", "A"), "estimate"] - 250) < 15
+    noisy = pq.read_table(rel / "measurements" / od.NOISY).to_pandas()["noisy_count"].to_numpy()
+    assert abs(noisy[-1] - 30) < 15
+    totals = pq.read_table(rel / od.TOTALS).to_pandas()
+    columns = table["estimate"].to_numpy().reshape(4, 4).sum(axis=0)
+    assert np.allclose(totals["estimate"].to_numpy()[4:], columns)
