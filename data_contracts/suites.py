@@ -168,15 +168,17 @@ def kmeans_release(k: int, columns: Sequence[str], intervals: bool = False) -> C
                     derive=compose(_add_l1_norm(cols), interval_check(checked, nullable=True)))
 
 
-def encoded(index: str, size: int, weight: str | None = None) -> Contract:
-    """Records encoded as a cell / bin index in [0, size) (plus their weight): the prepared data of the
-    histogram, contingency-table and matrix-mechanism releases. Possibly no records (every one outside the
-    public levels): the noisy counts are then noise alone, which is a release, not a refusal."""
+def encoded(index: str, size: int, weight: str | None = None, user: str | None = None) -> Contract:
+    """Records encoded as a cell / bin index in [0, size) (plus their weight, or the user they belong to): the
+    prepared data of the histogram, contingency-table, origin-destination and matrix-mechanism releases. Possibly no
+    records (every one outside the public levels): the noisy counts are then noise alone, which is a release, not a
+    refusal."""
     import great_expectations.expectations as gxe
 
-    cols = [index] + ([weight] if weight else [])
+    cols = [index] + ([weight] if weight else []) + ([user] if user else [])
     rows = [gxe.ExpectTableColumnsToMatchOrderedList(column_list=cols),
             gxe.ExpectColumnValuesToNotBeNull(column=index),
+            *([gxe.ExpectColumnValuesToNotBeNull(column=user)] if user else []),
             gxe.ExpectColumnValuesToBeBetween(column=index, min_value=0, max_value=size - 1)]
     if weight:
         rows += _finite(gxe, [weight]) + [gxe.ExpectColumnValuesToBeBetween(column=weight, min_value=0)]

@@ -396,7 +396,8 @@ def cmd_ledger_migrate(args) -> int:
 
 SHAPES = {"points": "numeric columns with public bounds", "values": "one numeric column with public bounds",
           "categories": "categorical columns with public levels", "sets": "set-valued records (a list of item ids)",
-          "numeric": "numeric columns, no bounds needed"}
+          "numeric": "numeric columns, no bounds needed",
+          "trips": "trips: origin and destination columns with public zones, optionally a user column"}
 
 
 def kinds_table() -> str:
@@ -654,6 +655,9 @@ def _uncertainty_parsers(sub) -> None:
     what = query.add_mutually_exclusive_group(required=True)
     what.add_argument("--range", type=int, nargs=2, metavar=("START", "STOP"), help="the sum of rows START..STOP-1")
     what.add_argument("--weights", help="ROW:WEIGHT,... (e.g. 3:1,4:1,7:-1), rows not named weigh 0")
+    what.add_argument("--origin", metavar="ZONE", help="an od release: the trips from ZONE (the sum of its row)")
+    what.add_argument("--destination", metavar="ZONE", help="an od release: the trips to ZONE (the sum of its column)")
+    what.add_argument("--pair", nargs=2, metavar=("ORIGIN", "DESTINATION"), help="an od release: one cell")
     query.add_argument("--product", help="the product (default: the first with replicates, e.g. histogram.parquet)")
     query.add_argument("--column", help="the value column (default: the product's first)")
     query.add_argument("--confidence", type=_confidence, help="the interval's confidence (default: the release's)")

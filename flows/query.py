@@ -1,10 +1,12 @@
-"""`dprelease query RELEASE (--range START STOP | --weights ROW:W,...) [--product FILE] [--column C]
-[--confidence C] [--json]`: a range or linear query of a published release, with its interval from the release's
-bootstrap replicates (`tasks.replicates`). Reads the release folder only."""
+"""`dprelease query RELEASE (--range START STOP | --weights ROW:W,... | --origin Z | --destination Z | --pair O D)
+[--product FILE] [--column C] [--confidence C] [--json]`: a range or linear query of a published release (the
+selections of an `od` release are sums of its cells), with its interval from the release's bootstrap replicates
+(`tasks.replicates`). Reads the release folder only."""
 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 
 def parse_weights(text: str) -> dict[int, float]:
@@ -19,11 +21,42 @@ def parse_weights(text: str) -> dict[int, float]:
     return weights
 
 
+def od_cells(release: str, origin: str | None, destination: str | None) -> dict[int, float]:
+    """The cells of an `od` release with the origin and / or destination given, as weights of 1 (zone names are
+    public: the spec's and the released table's)."""
+    import pyarrow.parquet as pq
+
+    from tasks.kinds import od
+
+    try:
+        info = json.loads((Path(release) / od.CONSISTENCY).read_text())
+        columns = (info["origin_column"], info["destination_column"])
+        frame = pq.read_table(Path(release) / od.TABLE, columns=["cell", *columns]).to_pandas()
+    except (OSError, ValueError, KeyError):
+        raise ValueError(f"{release} is not an od release: --origin, --destination and --pair select the cells of "
+                         f"an origin-destination table") from None
+    keep = frame["cell"] >= 0
+    for column, zone, side in ((columns[0], origin, "origin"), (columns[1], destination, "destination")):
+        if zone is None:
+            continue
+        if zone not in set(frame[column]):
+            raise ValueError(f"{side} {zone!r} is not a zone of this release (its {side}s are the levels of "
+                             f"'{column}' in {od.TABLE})")
+        keep &= frame[column] == zone
+    return {int(c): 1.0 for c in frame["cell"][keep]}
+
+
 def cmd_query(args) -> int:
+    from tasks.kinds import od
     from tasks.replicates import Replicates
 
-    replicates = Replicates.open(args.release, args.product)
-    if args.range:
+    origin, destination = (args.pair or (args.origin, args.destination))
+    selected = origin is not None or destination is not None
+    replicates = Replicates.open(args.release, args.product or (od.TABLE if selected else None))
+    if selected:
+        answer = replicates.linear(od_cells(args.release, origin, destination), args.column, args.confidence)
+        what = f"trips from {origin or 'any zone'} to {destination or 'any zone'}"
+    elif args.range:
         start, stop = args.range
         answer = replicates.range_sum(start, stop, args.column, args.confidence)
         what = f"sum of rows [{start}, {stop})"

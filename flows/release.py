@@ -350,7 +350,8 @@ def _stages(spec: ReleaseSpec, release_id: str, run: RunPaths, timer: _Timer, pu
     with timer.stage("ingest"):
         ingest_key = stage_key("ingested", spec)
         contract = (suites.ingested_sets(ds.items_column, ds.item_count) if ds.items_column else
-                    suites.ingested(list(ds.bounds or {}) + list(ds.numeric or []), ds.categories, ds.weight_column,
+                    suites.ingested(list(ds.bounds or {}) + list(ds.numeric or []),
+                                    {**(ds.categories or {}), **dict.fromkeys(ds.user_columns, [])}, ds.weight_column,
                                     MAX_WEIGHT if ds.weights_count_records else None))
         prepared = _validated("ingested", ingest_key, run,
                               lambda: ingest(ds, run.stage("ingested"), run.internal, source), contract, gx)

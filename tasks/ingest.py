@@ -92,16 +92,16 @@ def read_source(dataset: DatasetSpec, path: str):
         raise InputError(f"dataset '{dataset.id}': {path} does not exist")
     weight = [dataset.weight_column] if dataset.weight_column else []
     numeric = list(dataset.bounds or {}) + list(dataset.numeric or []) + weight
-    categorical = list(dataset.categories or {})
+    categorical = list(dataset.categories or {}) + dataset.user_columns
+    wanted = dataset.columns + dataset.user_columns + weight
     try:
         parquet = dataset.source_format == "parquet" or is_builtin(dataset.path)
         ddf = dd.read_parquet(path) if parquet else _read_csv(dataset, path, {
-            c: "string" if c in categorical else "float64" for c in dataset.columns + weight})
+            c: "string" if c in categorical else "float64" for c in wanted})
     except InputError:
         raise
     except Exception as exc:
         raise _unreadable(dataset, exc) from None
-    wanted = dataset.columns + weight
     missing = [c for c in wanted if c not in ddf.columns]
     if missing:
         raise InputError(f"dataset '{dataset.id}': columns {missing} are missing from {path}")
@@ -173,7 +173,8 @@ def ingest_dataset(dataset: DatasetSpec, out: str, internal: Path, log) -> Stage
     if rows == 0:
         raise InputError(f"dataset '{dataset.id}': {dataset.path} has no data rows")
     parts = len(parquet_files(out))
-    log.info("ingested the %d columns of the spec", len(dataset.columns) + bool(dataset.weight_column))
+    log.info("ingested the %d columns of the spec", len(dataset.columns + dataset.user_columns)
+             + bool(dataset.weight_column))
     return StageOutput(out, rows, parts)
 
 
@@ -217,7 +218,8 @@ def _ingest_files(dataset: DatasetSpec, source: str, files: list[str], out: str,
     numeric = list(dataset.bounds or {}) + list(dataset.numeric or []) + weight
     client = get_client()
     futures = client.map(ingest_file, files, [storage.join(out, f"part.{i}.parquet") for i in range(len(files))],
-                         wanted=dataset.columns + weight, numeric=numeric, categorical=list(dataset.categories or {}),
+                         wanted=dataset.columns + dataset.user_columns + weight, numeric=numeric,
+                         categorical=list(dataset.categories or {}) + dataset.user_columns,
                          dataset_id=dataset.id, source=str(source), pure=False)
     try:
         return sum(gather(client, futures, Progress(log, "partitions ingested", len(files))))

@@ -109,9 +109,10 @@ class DatasetSpec(Strict):
     weights_count_records: bool = Field(False, description="every unit of weight is one privacy unit (each weight at "
                                                            "most 2^48, checked by the ingested data's contract)")
     items_column: str | None = Field(None, description="set-valued records: a list<int> column of item ids")
-    user_column: str | None = Field(None, description="set-valued records in several rows per user (Parquet): "
-                                                      "rows are grouped per user, a user's items merged, before "
-                                                      "any statistic; without it, one row is one user")
+    user_column: str | None = Field(None, description="the privacy unit is a user with several rows: set-valued "
+                                                      "records (Parquet) have a user's items merged before any "
+                                                      "statistic; trips (the `od` kind) are bounded to a public "
+                                                      "number per user; without it, one row is one unit")
     item_count: int | None = Field(None, ge=1, le=2 ** 31 - 1, description="PUBLIC size of the item universe: ids in "
                                                                              "[0, item_count), 32-bit")
 
@@ -151,8 +152,14 @@ class DatasetSpec(Strict):
 
     @model_validator(mode="after")
     def _has_columns(self):
-        if self.user_column is not None and (self.items_column is None or self.format == "transactions"):
-            raise ValueError("user_column groups Parquet set-valued records (items_column) per user")
+        if self.user_column is not None and (self.items_column is None and not self.categories
+                                             or self.format == "transactions"):
+            raise ValueError("user_column groups Parquet set-valued records (items_column) or trips (categories: "
+                             "origin and destination) per user")
+        if self.user_column is not None and self.user_column in (self.categories or {}):
+            raise ValueError(f"user column '{self.user_column}' is also a categorical column")
+        if self.user_column is not None and self.weight_column is not None:
+            raise ValueError("a user column and a weight column: with a user column every row is one trip")
         if self.items_column is not None:
             if self.item_count is None:
                 raise ValueError("set-valued records need the public item_count (item ids in [0, item_count))")
@@ -183,6 +190,12 @@ class DatasetSpec(Strict):
     def unit_weight(self) -> int:
         """The most one privacy unit adds to one count: the sensitivity multiplier of every count."""
         return self.max_weight if self.max_weight is not None else 1
+
+    @property
+    def user_columns(self) -> list[str]:
+        """The user column when rows are read as they are (trips), read as text beside the data columns; set-valued
+        records merge theirs at ingest (`tasks.sets.ingest_users`)."""
+        return [self.user_column] if self.user_column and not self.items_column else []
 
     @property
     def columns(self) -> list[str]:

@@ -87,15 +87,16 @@ def bin_partition(src: str, dst: str, column: str, lower: float, upper: float, b
 
 @storage.on_store
 def cell_partition(src: str, dst: str, columns: Sequence[str], levels: Sequence[Sequence[str]],
-                   weight: str | None, max_weight: int | None = None) -> dict[str, int]:
+                   weight: str | None, max_weight: int | None = None, outside: int | None = None) -> dict[str, int]:
     """Row-major cell index of every record's levels in the table of shape (|levels_1|, ..., |levels_k|),
     with the record weight capped at max_weight, a batch at a time. A record with a value outside its column's public
     levels is left out, as numeric values outside their public bounds are clipped: refusing it would tell whoever
-    wrote the levels whether anyone has one they left out. Returns the capped rows and the records left out."""
+    wrote the levels whether anyone has one they left out (with `outside`, counted in that extra cell instead: the `od`
+kind's noisy count of trips outside its zones). Returns the capped rows and the records left out."""
     totals = {"rows_capped_at_max_weight": 0, "rows_outside_public_levels": 0}
 
     def encoded(table: pa.Table) -> pa.Table:
-        out, counts = _cells(table.to_pandas(), columns, levels, weight, max_weight)
+        out, counts = _cells(table.to_pandas(), columns, levels, weight, max_weight, outside)
         for k, n in counts.items():
             totals[k] += n
         return out
@@ -103,16 +104,28 @@ def cell_partition(src: str, dst: str, columns: Sequence[str], levels: Sequence[
     return totals
 
 
-def _cells(frame, columns, levels, weight, max_weight) -> tuple[pa.Table, dict[str, int]]:
+def cells_of(frame, columns, levels, outside: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """The row-major cell index of every record whose levels are all public, and which records those are. With
+    `outside`, every record gets a cell, the others `outside` (an extra cell counting them: the `od` kind's)."""
     import pandas as pd
 
     codes = np.stack([pd.Categorical(frame[c], categories=list(lv)).codes for c, lv in zip(columns, levels)]) \
         if len(columns) else np.empty((0, len(frame)), dtype=np.int8)
     inside = (codes >= 0).all(axis=0)
     cell = np.ravel_multi_index(tuple(codes[:, inside]), [len(lv) for lv in levels]).astype(np.int32)
+    if outside is None:
+        return cell, inside
+    every = np.full(inside.size, outside, dtype=np.int32)
+    every[inside] = cell
+    return every, inside
+
+
+def _cells(frame, columns, levels, weight, max_weight, outside=None) -> tuple[pa.Table, dict[str, int]]:
+    cell, inside = cells_of(frame, columns, levels, outside)
     cols, capped = {"cell": cell}, 0
     if weight:
-        cols["weight"], capped = _capped(frame[weight].to_numpy(dtype=np.float64)[inside], max_weight)
+        w = frame[weight].to_numpy(dtype=np.float64)
+        cols["weight"], capped = _capped(w[inside] if outside is None else w, max_weight)
     return pa.table(cols), {"rows_capped_at_max_weight": capped,
                             "rows_outside_public_levels": int(np.count_nonzero(~inside))}
 

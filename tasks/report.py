@@ -11,6 +11,8 @@ from prefect.cache_policies import NO_CACHE
 
 from tasks import intervals_report
 from tasks.artifacts import markdown_table, privacy_lines
+from tasks.kinds import kind_of
+from tasks.kinds.base import Heatmap
 from tasks.ledger import configured_ledger
 from tasks.retry import sanitised
 from tasks.run import RunPaths
@@ -41,6 +43,36 @@ def _uncertainty(run: RunPaths, manifest: dict) -> list[str]:
     return lines + (["", f"![intervals]({png.relative_to(run.internal)})"] if png else [])
 
 
+#: Tick labels are written on a heat map's axis up to this many rows or columns (more would overlap).
+MAX_TICK_LABELS = 40
+HEATMAP = "heatmap.png"
+
+
+def heatmap(shown: Heatmap, path: Path) -> Path:
+    """A released matrix as a heat map (PNG): a kind's `heatmap` (the `od` table; any 2-D release can use it). Its
+    values are released ones: the picture may be published with them."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows, cols = shown.values.shape
+    fig, ax = plt.subplots(figsize=(min(12.0, 3.0 + 0.35 * cols), min(10.0, 2.5 + 0.3 * rows)))
+    image = ax.imshow(shown.values, cmap="viridis", aspect="auto", interpolation="nearest")
+    fig.colorbar(image, ax=ax)
+    for ticks, labels, axis in ((ax.set_yticks, shown.rows, "y"), (ax.set_xticks, shown.columns, "x")):
+        if len(labels) <= MAX_TICK_LABELS:
+            ticks(range(len(labels)), labels, **({"rotation": 90} if axis == "x" else {}))
+    ax.set_ylabel(shown.row_name)
+    ax.set_xlabel(shown.column_name)
+    ax.set_title(shown.title)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 @task(name="report", cache_policy=NO_CACHE, persist_result=False)
 @sanitised
 def write_report(spec: ReleaseSpec, release_id: str, run: RunPaths, manifest: dict, evaluation: dict | None,
@@ -66,6 +98,10 @@ def write_report(spec: ReleaseSpec, release_id: str, run: RunPaths, manifest: di
                         [[r["release_id"], r["kind"], f"{r['epsilon']:.4g}", f"{r['delta']:.3g}", r["status"],
                           r["attempts"], r["created_at"]] for r in configured_ledger().releases(spec.dataset.id)])
     lines += _uncertainty(run, manifest)
+    shown = kind_of(spec).heatmap(spec, run.release)
+    if shown is not None:  # the released matrix, as users would rather look than read
+        png = heatmap(shown, run.internal / HEATMAP)
+        lines += ["", "## The released table", "", f"![{shown.title}]({png.relative_to(run.internal)})"]
     lines += ["", "## Data contracts", ""]
     contract_rows = []
     for stage_file in sorted((run.internal / "contracts").glob("*.json"), key=lambda p: p.stat().st_mtime):
@@ -79,7 +115,7 @@ def write_report(spec: ReleaseSpec, release_id: str, run: RunPaths, manifest: di
     lines += ["", "## Evaluation (against the raw data)", ""]
     lines.append(evaluation["headline"] if evaluation else "Not run (evaluate: false).")
     for png in sorted(run.internal.rglob("*.png")):
-        if png.parent.name != "uncertainty":
+        if png.parent.name != "uncertainty" and png.name != HEATMAP:
             lines += ["", f"![{png.stem}]({png.relative_to(run.internal)})"]
     path = run.internal / "report.md"
     path.write_text("\n".join(lines) + "\n")

@@ -110,14 +110,15 @@ def csv_layout(dataset, path: str) -> CsvLayout:
     header = dataset.header if dataset.header is not None else not all(_NUMBER.match(t) for t in tokens)
     if header and len(lines) < 2:
         raise InputError(f"dataset '{dataset.id}': {path} has a header but no data rows")
-    wanted = dataset.columns + ([dataset.weight_column] if dataset.weight_column else [])
+    wanted = dataset.columns + dataset.user_columns + ([dataset.weight_column] if dataset.weight_column else [])
     if not header:
-        if len(tokens) != len(dataset.columns):
+        named = dataset.columns + dataset.user_columns
+        if len(tokens) != len(named):
             # Not the number of fields found: it is a count over the first record.
             raise InputError(f"dataset '{dataset.id}': the headerless file {path} does not have one field per "
-                             f"column the spec's bounds name ({dataset.columns}); give bounds for every field, in "
+                             f"column the spec's bounds name ({named}); give bounds for every field, in "
                              f"order")
-        return CsvLayout(sep, False, tuple(dataset.columns))
+        return CsvLayout(sep, False, tuple(named))
     missing = [c for c in wanted if c not in tokens]
     if missing:
         raise InputError(f"dataset '{dataset.id}': columns {missing} are missing from {path}")
@@ -168,7 +169,7 @@ def parquet_schema(dataset, path: str) -> None:
                          f"{f' (it is {what})' if what and 'Parquet' not in what else ''}: {reason(exc)}") from None
     names = [n for n in schema.names if n != "__index_level_0__"]
     weight = [dataset.weight_column] if dataset.weight_column else []
-    missing = [c for c in dataset.columns + weight if c not in names]
+    missing = [c for c in dataset.columns + dataset.user_columns + weight if c not in names]
     if missing:
         raise InputError(f"dataset '{dataset.id}': columns {missing} are missing from {path}")
     twice = sorted({c for c in dataset.columns + weight if names.count(c) > 1})

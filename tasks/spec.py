@@ -64,6 +64,7 @@ class ReleaseSpec(Strict):
     @model_validator(mode="after")
     def _columns_fit_the_kind(self):
         REGISTRY[self.release.kind].check_dataset(self.dataset)
+        REGISTRY[self.release.kind].check_release(self.dataset, self.release)
         return self
 
     @property

@@ -77,6 +77,14 @@ def dataset_for(shape: str, folder: Path, extra: list | None = None) -> dict:
         records += [list(e) for e in extra]
         pq.write_table(pa.table({"items": pa.array(records, type=pa.list_(pa.int32()))}), folder / "d.parquet")
         return {"id": "conf", "path": str(folder / "d.parquet"), "items_column": "items", "item_count": 40}
+    if shape == "trips":  # users with 1 to 5 trips between 3 zones, a few outside them; a record: (user, [(o, d)...])
+        users = [(f"u{i}", [tuple(rng.choice(["A", "B", "C", "X"], 2)) for _ in range(rng.integers(1, 6))])
+                 for i in range(ROWS // 3)] + [tuple(e) for e in extra]
+        rows = [(u, o, d) for u, trips in users for o, d in trips]
+        pq.write_table(pa.table({"user": [r[0] for r in rows], "origin": [r[1] for r in rows],
+                                 "destination": [r[2] for r in rows]}), folder / "d.parquet")
+        return {"id": "conf", "path": str(folder / "d.parquet"), "user_column": "user",
+                "categories": {"origin": ["A", "B", "C"], "destination": ["A", "B", "C"]}}
     raise ValueError(shape)
 
 
@@ -87,6 +95,8 @@ EXTREMES = {
     "categories": [["q", "z", 3], ["p", "x", 9]],
     "sets": [list(range(40)), list(range(10))],      # every item; exactly max_items items
     "numeric": [[1e4, -1e4], [0.0, 0.0], [1e300, -1e300]],  # far; between the clusters; squares overflow
+    # a user with 40 trips in one cell; one with trips everywhere, outside the zones too
+    "trips": [("heavy", [("A", "B")] * 40), ("roamer", [(o, d) for o in "ABCX" for d in "ABCX"] * 3)],
 }
 
 

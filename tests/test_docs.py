@@ -31,7 +31,7 @@ DOCS = ROOT / "docs"
 BLOCK = re.compile(r"^<!-- test(?::\s*(?P<opts>[^>]*?))?\s*-->\n```(?:bash|sh)\n(?P<code>.*?)^```", re.S | re.M)
 NEEDS = re.compile(r"^<!-- test-needs: (\S+) -->$", re.M)
 #: The pages whose commands are run, in the order a reader meets them; `slow`: pages whose every block is slow.
-PAGES = ["tutorial.md", "how-to/public-inputs.md", "how-to/downstream.md", "how-to/resume.md",
+PAGES = ["tutorial.md", "how-to/public-inputs.md", "how-to/od-tables.md", "how-to/downstream.md", "how-to/resume.md",
          "how-to/dask-cluster.md", "how-to/schedule.md"]
 
 

@@ -246,6 +246,7 @@ _DATASETS = {
     "categories": {"categories": {"a": ["0", "1"], "b": ["0", "1"]}},
     "sets": {"items_column": "items", "item_count": 100},
     "numeric": {"numeric": ["x", "y"]},
+    "trips": {"categories": {"origin": ["A", "B"], "destination": ["A", "B"]}, "user_column": "user"},
 }
 
 
@@ -282,7 +283,9 @@ def _columns(columns: list[str], shape: str) -> str:
     named = {"points": {"x": "one per dataset column", "y": None}, "values": {},
              "numeric": {"x": "one per dataset column", "y": None},
              "categories": {"a": "one per categorical column (its level)", "b": None},
-             "sets": {"items": "the dataset's items_column (list of item ids)"}}[shape]
+             "sets": {"items": "the dataset's items_column (list of item ids)"},
+             "trips": {"origin": "the origin column (its zone)", "destination": "the destination column (its zone)"}
+             }[shape]
     out = []
     for c in columns:
         if c in named:

@@ -35,8 +35,10 @@ if TYPE_CHECKING:  # the kinds' public face (parameters, shape, checks) loads wi
 NOTHING_RELEASED = "nothing was released"
 
 #: Data shapes: numeric points with bounds, one bounded numeric column, categorical columns, set-valued records,
-#: numeric points without bounds.
-Shape = Literal["points", "values", "categories", "sets", "numeric"]
+#: numeric points without bounds, trips (two categorical columns, origin and destination, optionally per user).
+Shape = Literal["points", "values", "categories", "sets", "numeric", "trips"]
+#: The shapes whose privacy unit may be a user of several rows (dataset.user_column).
+PER_USER_SHAPES = ("sets", "trips")
 
 
 @dataclass(frozen=True)
@@ -82,6 +84,18 @@ def dense_footprint(rows: float, cols: float, flops: float, what: str) -> Footpr
 
 
 @dataclass(frozen=True)
+class Heatmap:
+    """A released matrix to show as a heat map in the report (`ReleaseKind.heatmap`): values (rows, columns), the
+    labels of each axis, the axes' names and a title. Released values and public labels only."""
+    values: np.ndarray
+    rows: tuple[str, ...]
+    columns: tuple[str, ...]
+    row_name: str
+    column_name: str
+    title: str
+
+
+@dataclass(frozen=True)
 class Draw:
     """Noisy measurements drawn in memory: `write(folder)` stores their files; `meta` goes into
     measurements.json (with the pipeline's own fields: release id, kind, fingerprint, plan)."""
@@ -104,19 +118,27 @@ class ReleaseKind(ABC):
         has = {"bounds": bool(dataset.bounds), "categories": bool(dataset.categories),
                "items": bool(dataset.items_column), "numeric": bool(dataset.numeric)}
         need = {"points": ("bounds",), "values": ("bounds",), "categories": ("categories",),
-                "sets": ("items",), "numeric": ("numeric",)}[self.shape]
+                "sets": ("items",), "numeric": ("numeric",), "trips": ("categories",)}[self.shape]
         extra = [k for k, v in has.items() if v and k not in need]
         if not all(has[k] for k in need) or extra:
             raise ValueError(f"{self.name} releases need {self._shape_text()}")
-        if self.shape == "values" and len(dataset.bounds) != 1:
+        columns = {"values": len(dataset.bounds or ()), "trips": len(dataset.categories or ())}
+        if self.shape in columns and columns[self.shape] != {"values": 1, "trips": 2}[self.shape]:
             raise ValueError(f"{self.name} releases need {self._shape_text()}")
+        if dataset.user_column and self.shape not in PER_USER_SHAPES:
+            raise ValueError(f"{self.name} releases count rows, not users: remove user_column")
+
+    def check_release(self, dataset: DatasetSpec, release: ReleaseBase) -> None:
+        """Refuse release parameters that do not fit the dataset section (a spec error). Default: all fit."""
 
     def _shape_text(self) -> str:
         return {"points": "numeric columns with bounds (and no categories)",
                 "values": "exactly one numeric column with bounds",
                 "categories": "categorical columns with public levels (categories)",
                 "sets": "set-valued records (items_column, item_count)",
-                "numeric": "numeric columns without bounds (dataset.numeric: [columns])"}[self.shape]
+                "numeric": "numeric columns without bounds (dataset.numeric: [columns])",
+                "trips": "exactly two categorical columns, origin then destination, with their public zones as "
+                         "levels (categories), and optionally a user_column"}[self.shape]
 
     def footprint(self, spec) -> Footprint:
         """What the release asks of the machine from its public sizes (`Footprint`), computed by formula, never by
@@ -182,6 +204,10 @@ class ReleaseKind(ABC):
         left out of what was measured. The manifest, the run's summary (`--json` too) and the report carry them.
         Default: none."""
         return []
+
+    def heatmap(self, spec, release: Path) -> Heatmap | None:
+        """A released matrix the report shows as a heat map (from the files in `release` only). Default: none."""
+        return None
 
     def replicate_seconds(self, spec, measurements: Path | None = None) -> float:
         """A public estimate of one bootstrap replicate's cost (one rerun of the postprocessing) from the spec's

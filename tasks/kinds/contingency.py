@@ -121,6 +121,10 @@ class ContingencyKind(ReleaseKind):
                "with PUBLIC marginal counts (a CSV) by ADMM (Lee, Wang & Kifer Algorithm 2) or empirical Bayes; sums "
                "of cells from the signed least-squares table consistent with them")
 
+    def table(self, spec) -> contingency.Table:
+        """The table's attributes and levels, in cell order (a kind built on this one may order them its way)."""
+        return table_of(spec)
+
     def example(self):
         """The conformance suite's release: the empirical-Bayes estimator (the ADMM one is the default, run by the
         release-kind tests), so that both postprocessing paths are checked."""
@@ -131,7 +135,7 @@ class ContingencyKind(ReleaseKind):
         self._marginals(spec)
 
     def _marginals(self, spec):
-        p, table = spec.release, table_of(spec)
+        p, table = spec.release, self.table(spec)
         ledger = None if spec.test_mode else configured_ledger()
         marginals, values = (read_public_marginals(p.public_marginals, table, ledger) if p.public_marginals
                              else ([], np.zeros(0)))
@@ -156,32 +160,32 @@ class ContingencyKind(ReleaseKind):
                                     f"the empirical-Bayes candidates' dense {rows:,} x {cells:,} constraints")
 
     def plan(self, spec):
-        return contingency.cells_plan(table_of(spec), epsilon=spec.release.epsilon,
+        return contingency.cells_plan(self.table(spec), epsilon=spec.release.epsilon,
                                       unit_weight=spec.dataset.unit_weight)
 
     def prepare(self, spec, ingested, run, log):
         out = counts.encode_cells(spec, run, ingested, log)
-        log.info("encoded the rows into the %d cells of the table", table_of(spec).size)
+        log.info("encoded the rows into the %d cells of the table", self.table(spec).size)
         return out
 
     def prepared_contract(self, spec):
-        return suites.encoded("cell", table_of(spec).size, "weight" if spec.dataset.weight_column else None)
+        return suites.encoded("cell", self.table(spec).size, "weight" if spec.dataset.weight_column else None)
 
     def draw(self, spec, prepared, measure, public_rng, log):
-        table = table_of(spec)
+        table = self.table(spec)
         noisy = measure("cells", counts.count(spec, prepared, "cell", table.size))
         meta = {"attributes": list(table.names), "levels": [list(lv) for lv in table.levels]}
         return Draw(write=lambda folder: counts.write_vector(folder / NOISY, "cell", {"noisy_count": noisy},
                                                              **_level_columns(table)), meta=meta)
 
     def measurements_contract(self, spec):
-        t = table_of(spec)
+        t = self.table(spec)
         return NOISY, suites.indexed_table("measurements", "cell", t.size, ["noisy_count"], other_columns=t.names)
 
     def postprocess(self, spec, measurements, staging, internal, log):
         """The table twice: the estimator's non-negative cells (`count`) and the signed least-squares table
         consistent with the public marginals (`estimate`, whose sums are unbiased: queries are answered from it)."""
-        table = table_of(spec)
+        table = self.table(spec)
         noisy = counts.read_column(measurements / NOISY, "noisy_count")
         marginals, values, _A = self._marginals(spec)
         released = released_table(spec.release, table, noisy, marginals, values,
@@ -192,7 +196,7 @@ class ContingencyKind(ReleaseKind):
         return [TABLE, CONSISTENCY]
 
     def release_contract(self, spec):
-        t = table_of(spec)
+        t = self.table(spec)
         intervals = ["estimate", "count"] if bootstrap_planned(self, spec) else []
         return TABLE, suites.indexed_table("release", "cell", t.size, ["count", "estimate"], nonnegative=["count"],
                                            other_columns=t.names, intervals=intervals)
@@ -204,10 +208,10 @@ class ContingencyKind(ReleaseKind):
         return True
 
     def replicate_values(self, spec, plan):
-        return float(table_of(spec).size)  # the table's cells
+        return float(self.table(spec).size)  # the table's cells
 
     def replicate_seconds(self, spec, measurements=None):
-        return 1e-4 + SECONDS_PER_LS_CELL * table_of(spec).size
+        return 1e-4 + SECONDS_PER_LS_CELL * self.table(spec).size
 
     def bootstrap(self, spec, measurements, staging, plan):
         """Around the released signed estimate (`counts.signed_bootstrap`): a cell's noiseless measurement is its
@@ -235,7 +239,7 @@ class ContingencyKind(ReleaseKind):
                                  "cell's error is its reference")]
 
     def evaluate(self, spec, run, prepared, log):
-        table = table_of(spec)
+        table = self.table(spec)
         exact = counts.count(spec, prepared, "cell", table.size)
         released = counts.read_column(run.release / TABLE, "count")
         noisy = np.maximum(counts.read_column(run.release / "measurements" / NOISY, "noisy_count"), 0.0)

@@ -6,6 +6,7 @@ benchmark that scores one friendly case hides what users meet; these are scored 
     corpus("numeric")     numeric columns without bounds (mean)
     corpus("points")      numeric columns with public bounds and a k (kmeans, friendly_kmeans)
     corpus("categories")  categorical columns with public levels (contingency)
+    corpus("trips")       trips of users between public zones, a few outside them (od)
 
 Each `Dataset` writes its records into a folder (`write(folder) -> the spec's dataset section`) and names the release
 fields its shape needs (bins and branching, k, a radius grid). Generated sets use fixed public seeds: their truth
@@ -55,6 +56,11 @@ class Dataset:
             levels, columns = records
             pq.write_table(pa.table(columns), path)
             return {"id": self.name, "path": str(path), "categories": levels}
+        if self.shape == "trips":
+            zones, columns = records
+            pq.write_table(pa.table(columns), path)
+            return {"id": self.name, "path": str(path), "user_column": "user",
+                    "categories": {"origin": zones, "destination": zones}}
         names = [f"x{j}" for j in range(records.shape[1])]
         pq.write_table(pa.table({c: records[:, j] for j, c in enumerate(names)}), path)
         if self.shape == "numeric":
@@ -288,8 +294,61 @@ def _categories_corpus() -> list[Dataset]:
     ]
 
 
+# ------------------------------------------------------------------------------------------------------------------
+# Trips between public zones, per user (od)
+# ------------------------------------------------------------------------------------------------------------------
+def _trips(zones: int, users: int, pairs, trips, seed: int, outside: float = 0.0):
+    """Users' trips: `trips(rng, users)` trips each, origin-destination pairs drawn from `pairs(rng)` (a zones x zones
+    probability table), a share `outside` of them to a zone not in the public list."""
+    def make():
+        rng = _rng(seed)
+        names = [f"z{i:02d}" for i in range(zones)] + ["outside"]
+        p = pairs(rng).ravel()
+        per_user = trips(rng, users)
+        cells = rng.choice(p.size, per_user.sum(), p=p / p.sum())
+        origin, destination = np.divmod(cells, zones)
+        away = rng.random(cells.size) < outside
+        destination[away] = zones
+        user = np.repeat(np.array([f"u{i}" for i in range(users)]), per_user)
+        label = np.array(names)
+        return names[:-1], {"user": user, "origin": label[origin], "destination": label[destination]}
+    return make
+
+
+def _commuting(rng, zones=10):
+    """Home-work flows: most trips stay near the diagonal (a band), both ways alike."""
+    d = np.abs(np.subtract.outer(np.arange(zones), np.arange(zones)))
+    return np.exp(-d / 2.0) * rng.uniform(0.5, 1.5, (zones, zones))
+
+
+def _sparse(rng, zones=30, share=0.08):
+    """Few pairs used at all (a sparse table: most cells are zero)."""
+    return (rng.random((zones, zones)) < share) * rng.uniform(0.2, 1.0, (zones, zones))
+
+
+def _gravity(rng, zones=15):
+    """A gravity model with heavy-tailed zone sizes: a few pairs hold most trips."""
+    size = rng.pareto(1.2, zones) + 0.1
+    d = np.abs(np.subtract.outer(np.arange(zones), np.arange(zones))) + 1.0
+    return np.outer(size, size) / d ** 2
+
+
+def _trips_corpus() -> list[Dataset]:
+    one_or_two = lambda rng, n: rng.integers(1, 3, n)  # noqa: E731
+    return [
+        Dataset("commute-10", "trips", "dense commuting: 10 zones, 6,000 users of 1-2 trips", _trips(
+            10, 6000, _commuting, one_or_two, 51), {"origin": "origin", "trips_per_user": 2}),
+        Dataset("sparse-30", "trips", "sparse: 30 zones (900 pairs, 8% used), 3,000 users of 1-4 trips, 2% outside",
+                _trips(30, 3000, _sparse, lambda rng, n: rng.integers(1, 5, n), 52, outside=0.02),
+                {"origin": "origin", "trips_per_user": 3}),
+        Dataset("skewed-15", "trips", "skewed: 15 zones, gravity flows, heavy-tailed trips per user (mean 5)",
+                _trips(15, 3000, _gravity, lambda rng, n: rng.geometric(0.2, n), 53, outside=0.01),
+                {"origin": "origin", "trips_per_user": 4}),
+    ]
+
+
 CORPORA = {"values": _values_corpus, "numeric": _numeric_corpus, "points": _points_corpus,
-           "categories": _categories_corpus}
+           "categories": _categories_corpus, "trips": _trips_corpus}
 
 
 def corpus(shape: str, names: list[str] | None = None) -> list[Dataset]:

@@ -238,6 +238,45 @@ class ContingencyMarginals(Contingency):
         return section
 
 
+class Od(Contingency):
+    """Origin-destination tables of users' trips, each user's bounded to the data's public k: the truth of every
+    interval is the bounded table the release measured (recorded with its draw; the choice of trips is redrawn with
+    each release's key), the totals its row and column sums; queries are random sums of cells."""
+    kind, shape, base, product = "od", "trips", {"epsilon": 1.0}, "od.parquet"
+
+    def truth_rows(self, sim):
+        return sim.noise.exact("cells")[0][:-1]
+
+    def post(self, sim):
+        from tasks.kinds import od
+
+        truth, out = self.truth_rows(sim), super().post(sim)
+        totals = od.totals_matrix(od.KIND.table(sim.spec)) @ truth
+        return {**out, (od.TOTALS, "count"): totals, (od.TOTALS, "estimate"): totals}
+
+
+class OdMarginals(Od):
+    """The origin totals public (the records' own, the benchmark their operator), k the most trips any user has (no
+    trip is cut, so the registered totals are the measured table's)."""
+
+    def dataset_section(self, folder):
+        import pandas as pd
+        from _data import operator_ledger
+
+        section = super().dataset_section(folder)
+        zones, columns = self.dataset.records()
+        inside = np.isin(columns["destination"], zones)
+        rows = [{"origin": z, "destination": "", "count": int(np.sum((columns["origin"] == z) & inside))}
+                for z in zones]
+        path = folder / "origin-totals.csv"
+        pd.DataFrame(rows).to_csv(path, index=False)
+        operator_ledger(folder / "operator", {}, public=[path])
+        most = int(pd.Series(columns["user"]).value_counts().max())
+        self.release.update({"public_marginals": str(path), "public_marginals_source": "the benchmark's records",
+                             "trips_per_user": most})
+        return section
+
+
 class KMeans(Case):
     """The default domain (the unit L2 ball) and postprocessing (Lee & Kifer's refinement where the noisy trajectory
     says it helps); T = 5 (the first round a seeding). The truth is the means of the clusters the last iteration's
@@ -364,15 +403,18 @@ class FriendlyKMeans(Case):
 
 
 CASES = {c.__name__.lower(): c for c in (Histogram, HistogramTree, HistogramUnit, MatrixMechanism, Contingency,
-                                         ContingencyBayes, ContingencyMarginals, KMeans, Mean, FriendlyKMeans)}
+                                         ContingencyBayes, ContingencyMarginals, Od, OdMarginals, KMeans, Mean,
+                                         FriendlyKMeans)}
 KIND_OF_CASE = {"histogram": "histogram", "histogramtree": "histogram (tree)",
                 "histogramunit": "histogram (unit: identity)",
                 "matrixmechanism": "matrix_mechanism", "contingency": "contingency",
                 "contingencybayes": "contingency (empirical Bayes)",
-                "contingencymarginals": "contingency (one-way marginals public)", "kmeans": "kmeans", "mean": "mean",
+                "contingencymarginals": "contingency (one-way marginals public)", "od": "od",
+                "odmarginals": "od (origin totals public)", "kmeans": "kmeans", "mean": "mean",
                 "friendlykmeans": "friendly_kmeans"}
 #: The default dataset of each case for --kind (a single cell).
-DEFAULT_DATASET = {"values": "gamma", "numeric": "gaussian", "points": "blobs", "categories": "loglinear-6x3"}
+DEFAULT_DATASET = {"values": "gamma", "numeric": "gaussian", "points": "blobs", "categories": "loglinear-6x3",
+                   "trips": "sparse-30"}
 
 
 class Tally:
@@ -540,12 +582,12 @@ def kind_main(args) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--kind", choices=sorted({c.kind for c in CASES.values()} | {
-        "histogramtree", "histogramunit", "contingencybayes", "contingencymarginals"}))
+        "histogramtree", "histogramunit", "contingencybayes", "contingencymarginals", "odmarginals"}))
     ap.add_argument("--dataset", help="with --kind: the corpus dataset (default: one per data shape)")
     ap.add_argument("--corpus", action="store_true", help="every kind over the corpus of shapes")
     ap.add_argument("--kinds", help="with --corpus: only these cases (comma-separated: a kind's name is its default "
-                                    "case; histogramtree, histogramunit, contingencybayes, contingencymarginals "
-                                    "name the variants)")
+                                    "case; histogramtree, histogramunit, contingencybayes, contingencymarginals, "
+                                    "odmarginals name the variants)")
     ap.add_argument("--datasets", help="with --corpus: only these datasets (comma-separated names)")
     ap.add_argument("--eps", help="with --corpus: the epsilons (default: each kind's two, Case.epsilons)")
     ap.add_argument("--results", default="interval-coverage-corpus.json", help="with --corpus: results kept here")
