@@ -28,7 +28,7 @@ from dpalgos.lazy import module
 from dpalgos.plan import Mechanism, Plan
 from tasks.kinds.base import Draw, Heatmap
 from tasks.kinds.contingency import ContingencyKind, ContingencyParams, released_table
-from tasks.kinds.uncertainty import Bootstrap, Center, Direct, Product, bootstrap_planned
+from tasks.kinds.uncertainty import Direct, Product, bootstrap_planned
 from tasks.run import committed_plan
 
 contingency = module("dpalgos.contingency")
@@ -197,18 +197,15 @@ class OdKind(ContingencyKind):
         estimate = counts.read_column(staging / TABLE, "estimate")
         outside = max(float(counts.read_column(measurements / NOISY, "noisy_count")[table.size]), 0.0)
 
-        def rerun(noisy, rng):
-            x = ls(noisy["cells"][:table.size])
+        def solve(y):
+            x = ls(y[:table.size])
             return {TABLE: x[:, None], TOTALS: totals(x)[:, None]}
-        return Bootstrap(products=(Product(TABLE, "cell", ("estimate",), bounded=(("count", "estimate"),)),
-                                   Product(TOTALS, "total", ("estimate",), bounded=(("count", "estimate"),))),
-                         centers=(Center("cells", np.append(estimate, outside), NoiseLaw.of(plan["cells"])),),
-                         rerun=rerun,
-                         notes=("the public totals are the same in every replicate",
-                                "queries are answered from `estimate` (signed least squares); `count` gets the "
-                                "estimate's interval cut at zero and widened to hold it",
-                                "the bounding of each user's trips to trips_per_user is not replicated: the "
-                                "intervals are for the bounded table"))
+        return counts.signed_bootstrap(
+            TABLE, "cell", "cells", NoiseLaw.of(plan["cells"]), np.append(estimate, outside), solve,
+            also=(Product(TOTALS, "total", ("estimate",), bounded=(("count", "estimate"),)),),
+            notes=("the public totals are the same in every replicate",
+                   "the bounding of each user's trips to trips_per_user is not replicated: the intervals are for "
+                   "the bounded table"))
 
     def caveats(self, spec, staging):
         """The trips outside the zones (a noisy count, published) and, per user, the trips cut by the bound."""
