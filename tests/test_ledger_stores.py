@@ -20,6 +20,7 @@ from dpalgos import dpkmeans
 from flows.cli import main
 from tasks.errors import NoBudget, ReleaseError
 from tasks.ledger import LEDGER_ENV, PrivacyLedger, configured_location
+from tasks.ledger.schema import VERSION_TABLE
 from tests.conftest import blobs, spec_dict, write_csv
 
 PASSWORD = "s3cret-Pa55"
@@ -120,11 +121,14 @@ def test_an_older_sqlite_ledger_gets_the_columns_added_since_and_keeps_its_histo
 
 
 def test_a_postgresql_ledger_missing_a_column_gets_it(postgres):
+    """A ledger written before schema versions (no version table) and before a column was added: the baseline
+    revision adds it (tests/test_ledger_migrations.py migrates the ledgers of main's own code)."""
     url = postgres.new_database()
     PrivacyLedger(url).set_budget("d", 1.0, 1e-6)
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute("ALTER TABLE spends DROP COLUMN owner")
         conn.execute("ALTER TABLE budgets DROP COLUMN source_digest")
+        conn.execute(f"DROP TABLE {VERSION_TABLE}")
     ledger = PrivacyLedger(url)
     ledger.charge(dataset_id="d", release_id="r", kind="kmeans", fingerprint="f", redraw=True, owner="A",
                   plan=dpkmeans.plan(epsilon=0.5, iterations=1))
