@@ -130,7 +130,7 @@ class Spends:
                 raise BudgetExceeded(f"release '{release_id}' asks delta={release_delta:g}, above the lifetime delta "
                                      f"{bud_delta:g} of dataset '{dataset_id}'. No noise was drawn.")
             ask = Ask(dataset_id, release_id, kind, fingerprint, plan, release_delta, redraw, location, owner,
-                              bud_eps, bud_delta)
+                      bud_eps, bud_delta)
             prior = db.execute(sa.select(spends).where(spends.c.release_id == release_id)).mappings().first()
             return decide(ask, prior).act(self, db, ask, prior)
 

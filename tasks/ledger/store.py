@@ -60,7 +60,7 @@ class Store:
         with self._transaction() as db:
             held = held_revision(db)
         if held != HEAD:
-            upgrade_schema(self._db, held)
+            upgrade_schema(self._db)
 
     def _transaction(self, immediate: bool = False, keep: bool = True):
         """A transaction (a context manager) yielding a SQLAlchemy connection that runs the ledger's statements.
@@ -92,7 +92,7 @@ def held_revision(db: sa.Connection) -> str | None:
     return db.execute(sa.select(sa.column("version_num")).select_from(sa.table(VERSION_TABLE))).scalar()
 
 
-def upgrade_schema(store, held: str | None = None) -> tuple[str | None, str]:
+def upgrade_schema(store) -> tuple[str | None, str]:
     """Bring a ledger's schema to the newest revision, in one schema transaction (its lock held: hosts opening a
     new ledger at once create its tables once). store: a backend. Returns (from, to) revisions."""
     with transaction(store, "schema") as db:
