@@ -593,8 +593,8 @@ def build_parser() -> argparse.ArgumentParser:
                                                       f"operator's `output` setting, else {DEFAULT_OUTPUT})")
     rlist.add_argument("--json", action="store_true", help="machine-readable output")
     rlist.set_defaults(func=cmd_releases_list)
-    ledger = sub.add_parser("ledger", help="move the privacy ledger to a shared database, or reconcile it with the "
-                                           "published releases",
+    ledger = sub.add_parser("ledger", help="move the privacy ledger to a shared database, reconcile it with the "
+                                           "published releases, or upgrade its schema",
                             description="The privacy ledger's store: a SQLite file on one machine, or a PostgreSQL "
                                         "database that every host running releases shares.")
     lsub = ledger.add_subparsers(dest="ledger_command", required=True)

@@ -1,15 +1,18 @@
 """`dprelease ledger reconcile`: the ledger, the catalogue and the published releases made to agree after a fault
-(`tasks.reconcile`). A subcommand of `dprelease ledger` (flows/cli.py wires it in), and `ledger_from`, the ledger a
-command's `--ledger` names, which every ledger command of flows/cli.py opens through: it lives here, below the CLI,
-so that this module imports nothing of flows/cli.py."""
+(`tasks.reconcile`); `dprelease ledger upgrade`: the ledger's schema brought to the newest revision this code knows
+(`tasks.ledger.versions`). Subcommands of `dprelease ledger` (flows/cli.py wires them in), and `ledger_from`, the
+ledger a command's `--ledger` names, which every ledger command of flows/cli.py opens through: it lives here, below
+the CLI, so that this module imports nothing of flows/cli.py."""
 
 from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 
-from tasks.ledger import configured_ledger, configured_location, ledger_at
-from tasks.settings import masked
+from tasks import settings
+from tasks.ledger import configured_ledger, configured_location, ledger_at, upgrade_ledger
+from tasks.settings import is_database, masked
 
 RECONCILE_DESCRIPTION = (
     "Check every release of the ledger against its manifest at the public output location and its catalogue row, and "
@@ -30,8 +33,17 @@ def ledger_from(args, create: bool = True):
     return configured_ledger(create), configured_location()
 
 
+UPGRADE_DESCRIPTION = (
+    "Bring the ledger's tables to the newest schema revision this dprelease knows, in one transaction under the "
+    "ledger's lock, and print from which revision to which. A ledger written before schema versions gets the "
+    "baseline revision (its rows kept as they are). Opening a ledger does the same (as Prefect's server migrates its "
+    "database when it starts): run this to migrate at a time of your choosing, e.g. with a database role that may "
+    "change tables before the hosts, whose role may not, run releases. A ledger at a revision newer than this "
+    "dprelease knows is refused, here and by every release.")
+
+
 def add_parsers(lsub, ledger_help: str) -> None:
-    """The `reconcile` subcommand of `dprelease ledger`."""
+    """The `reconcile` and `upgrade` subcommands of `dprelease ledger`."""
     rec = lsub.add_parser("reconcile", help="make the ledger, the catalogue and the published releases agree",
                           description=RECONCILE_DESCRIPTION)
     rec.add_argument("--output", default=None,
@@ -44,6 +56,25 @@ def add_parsers(lsub, ledger_help: str) -> None:
     rec.add_argument("--json", action="store_true", help="machine-readable output: every finding")
     rec.add_argument("--ledger", default=None, help=ledger_help)
     rec.set_defaults(func=cmd_ledger_reconcile)
+    upg = lsub.add_parser("upgrade", help="bring the ledger's schema to the newest revision",
+                          description=UPGRADE_DESCRIPTION)
+    upg.add_argument("--ledger", default=None, help=ledger_help)
+    upg.set_defaults(func=cmd_ledger_upgrade)
+
+
+def cmd_ledger_upgrade(args) -> int:
+    location = args.ledger or settings.current().ledger
+    shown = masked(str(location))
+    if not is_database(location) and not Path(location).exists():
+        print(f"error: no privacy ledger at {shown}: nothing to upgrade", file=sys.stderr)
+        return 1
+    held, head = upgrade_ledger(location)
+    if held == head:
+        print(f"ledger {shown}: at schema revision {head}, the newest this dprelease knows; nothing to do")
+    else:
+        was = held or "none (a new ledger, or one written before schema versions)"
+        print(f"ledger {shown}: upgraded from schema revision {was} to {head}")
+    return 0
 
 
 def cmd_ledger_reconcile(args) -> int:

@@ -24,6 +24,12 @@ class LedgerUnreachable(ReleaseError):
     lives here, below both, so that the backend imports nothing of the store that loads it."""
 
 
+class LedgerBusy(ReleaseError):
+    """The ledger's lock was still held by another process when the transaction's wait ran out (SQLite), or the
+    database rolled the transaction back for another's sake (PostgreSQL's serialisation failure, deadlock): nothing
+    was written, and the ledger retries it as it does an outage (`tasks.transient`)."""
+
+
 class ServiceUnavailable(ReleaseError):
     """A service the run needs (its temporary Prefect API) did not start: nothing was charged or written."""
 

@@ -207,8 +207,7 @@ def _charged() -> int:
     book = ledger_at(_LEDGER[0], create=False) if _LEDGER else None
     if book is None:
         return 0
-    with book._transaction() as db:
-        return int(db.execute("SELECT COUNT(*) AS n FROM spends").fetchone()["n"])
+    return len(book.every_release())
 
 
 #: The test's ledger (the `operator_ledger` fixture's), whatever a case sets DPRELEASE_LEDGER to.

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import sqlite3
 import subprocess
 import sys
@@ -20,6 +21,7 @@ from dpalgos import dpkmeans
 from flows.cli import main
 from tasks.errors import NoBudget, ReleaseError
 from tasks.ledger import LEDGER_ENV, PrivacyLedger, configured_location
+from tasks.ledger.schema import VERSION_TABLE
 from tests.conftest import blobs, spec_dict, write_csv
 
 PASSWORD = "s3cret-Pa55"
@@ -93,7 +95,8 @@ def test_a_database_ledger_without_its_client_installed_is_a_one_line_error(monk
 
 
 def test_an_older_sqlite_ledger_gets_the_columns_added_since_and_keeps_its_history_in_order(tmp_path):
-    """The first ledgers had none of `schema.ADDED`; their budget changes were ordered by rowid."""
+    """The first ledgers had none of the columns added since (the baseline revision adds them, as the code before
+    schema versions did from a hand-kept list, on opening); their budget changes were ordered by rowid."""
     path = tmp_path / "old.sqlite"
     with sqlite3.connect(path) as db:
         db.executescript("""
@@ -119,12 +122,29 @@ def test_an_older_sqlite_ledger_gets_the_columns_added_since_and_keeps_its_histo
     assert [(r["attempts"], r["location"]) for r in ledger.releases("d")] == [(1, None)]
 
 
+def test_a_sqlite_ledger_restored_under_a_running_process_is_the_one_it_reads(tmp_path):
+    """The pool keeps connections open; a file replaced at the ledger's path (an operator restoring a backup) is
+    reopened, not read and written through a connection to the file it replaced."""
+    path, backup = tmp_path / "l.sqlite", tmp_path / "backup.sqlite"
+    ledger = PrivacyLedger(path)
+    ledger.set_budget("d", 1.0, 1e-6)
+    shutil.copy(path, backup)
+    ledger.set_budget("d", 2.0, 1e-6)
+    os.replace(backup, path)
+    assert ledger.budget("d") == (1.0, 1e-6)
+    ledger.set_budget("d", 3.0, 1e-6)
+    assert PrivacyLedger(path).budget("d") == (3.0, 1e-6)
+
+
 def test_a_postgresql_ledger_missing_a_column_gets_it(postgres):
+    """A ledger written before schema versions (no version table) and before a column was added: the baseline
+    revision adds it (tests/test_ledger_migrations.py migrates the ledgers of main's own code)."""
     url = postgres.new_database()
     PrivacyLedger(url).set_budget("d", 1.0, 1e-6)
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute("ALTER TABLE spends DROP COLUMN owner")
         conn.execute("ALTER TABLE budgets DROP COLUMN source_digest")
+        conn.execute(f"DROP TABLE {VERSION_TABLE}")
     ledger = PrivacyLedger(url)
     ledger.charge(dataset_id="d", release_id="r", kind="kmeans", fingerprint="f", redraw=True, owner="A",
                   plan=dpkmeans.plan(epsilon=0.5, iterations=1))

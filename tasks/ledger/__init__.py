@@ -15,7 +15,7 @@ import inspect
 from pathlib import Path
 
 from tasks import settings
-from tasks.errors import LedgerUnreachable
+from tasks.errors import LedgerBusy, LedgerUnreachable
 from tasks.ledger.bindings import (
     Bindings,
     check_reading,
@@ -28,30 +28,37 @@ from tasks.ledger.bindings import (
 )
 from tasks.ledger.public import PublicInputs, content_sha256, public_copy
 from tasks.ledger.spends import MAX_LIFETIME_EPSILON, Charge, Spends, no_budget_message
-from tasks.ledger.store import Store
+from tasks.ledger.store import Store, backend, upgrade_schema
 from tasks.settings import is_database, masked
 from tasks.transient import retried
 
 __all__ = ["Charge", "LEDGER_ENV", "MAX_LIFETIME_EPSILON", "PrivacyLedger", "check_reading", "configured_ledger",
            "configured_location", "content_sha256", "data_source", "ledger_at", "no_budget_message", "public_copy",
-           "reading_conflict_message", "source_conflict_message", "source_digest", "unit_fields", "within"]
+           "reading_conflict_message", "source_conflict_message", "source_digest", "unit_fields", "upgrade_ledger",
+           "within"]
 
 #: The operator's setting that names the ledger.
 LEDGER_ENV = settings.env_of("ledger")
 
 
+def _passing(exc: BaseException) -> bool:
+    """A ledger error that passes: its database out of reach or its connection lost, its lock held by another
+    process beyond the wait, a transaction the database rolled back for another's sake (`tasks.ledger.store`)."""
+    return isinstance(exc, (LedgerUnreachable, LedgerBusy))
+
+
 def _outages_retried(cls):
-    """Every public method of the ledger (and opening it) retried while its database cannot be reached or its
-    connection is lost (`LedgerUnreachable`), with backoff, for the operator's `outage_retry_seconds`
-    (`tasks.transient`): a PostgreSQL server restarted under a running release delays it instead of failing it. Each
-    method is one transaction, written so that repeating it after a commit whose answer was lost changes nothing
-    more (`Spends.charge`, `Spends.begin_draw`, `Spends.mark`)."""
+    """Every public method of the ledger (and opening it) retried while its error passes (`_passing`), with backoff,
+    for the operator's `outage_retry_seconds` (`tasks.transient`): a PostgreSQL server restarted under a running
+    release, its backend terminated, a SQLite file locked by another process delay the release instead of failing
+    it. Each method is one transaction, rolled back by such an error or committed with its answer lost, and written
+    so that repeating it after a commit changes nothing more (`Spends.charge`, `Spends.begin_draw`, `Spends.mark`):
+    a repeated charge finds its own row and charges nothing twice."""
     def wrap(fn):
         @functools.wraps(fn)
         def call(self, *args, **kwargs):
             where = getattr(self, "name", None) or "the privacy ledger"
-            return retried(lambda: fn(self, *args, **kwargs), f"the privacy ledger {where}",
-                           lambda exc: isinstance(exc, LedgerUnreachable))
+            return retried(lambda: fn(self, *args, **kwargs), f"the privacy ledger {where}", _passing)
         return call
 
     for base in (Spends, Bindings, PublicInputs):
@@ -62,8 +69,7 @@ def _outages_retried(cls):
 
     @functools.wraps(opening)
     def __init__(self, location):
-        retried(lambda: opening(self, location), f"the privacy ledger {masked(str(location))}",
-                lambda exc: isinstance(exc, LedgerUnreachable))
+        retried(lambda: opening(self, location), f"the privacy ledger {masked(str(location))}", _passing)
     cls.__init__ = __init__
     return cls
 
@@ -79,6 +85,12 @@ def ledger_at(location: str | Path, create: bool = True) -> PrivacyLedger | None
     if not create and not is_database(location) and not Path(location).exists():
         return None
     return PrivacyLedger(location)
+
+
+def upgrade_ledger(location: str | Path) -> tuple[str | None, str]:
+    """Bring the ledger at `location` to the newest schema revision this code knows (`dprelease ledger upgrade`):
+    (the revision it was at, None for a new ledger or one written before schema versions; the revision it is at)."""
+    return upgrade_schema(backend(location))
 
 
 def configured_ledger(create: bool = True) -> PrivacyLedger | None:

@@ -11,8 +11,10 @@ check leaves the target as it was, empty.
 
 from __future__ import annotations
 
+import sqlalchemy as sa
+
 from tasks.errors import ReleaseConflict, ReleaseError
-from tasks.ledger.schema import TABLES
+from tasks.ledger.schema import METADATA, TABLES, budgets
 
 
 def copy_ledger(source, target) -> dict:
@@ -23,12 +25,11 @@ def copy_ledger(source, target) -> dict:
         if any(held.values()):
             raise ReleaseConflict(f"the ledger {target.name} is not empty ({_listed(held)}): a migration copies "
                                   f"into a ledger that holds nothing. Nothing was copied")
-        for table, key in TABLES.items():
-            rows = [dict(r) for r in src.execute(f"SELECT * FROM {table} ORDER BY {key}")]
+        for name, key in TABLES.items():
+            table = METADATA.tables[name]
+            rows = [dict(r) for r in src.execute(sa.select(table).order_by(table.c[key])).mappings()]
             if rows:
-                columns = list(rows[0])
-                dst.executemany(f"INSERT INTO {table} ({', '.join(columns)}) VALUES "
-                                f"({', '.join('?' for _ in columns)})", [tuple(r[c] for c in columns) for r in rows])
+                dst.execute(sa.insert(table), rows)
         copied = _counts(src)
         if _counts(dst) != copied:
             raise ReleaseError(f"the copy into {target.name} holds {_listed(_counts(dst))} rows, the source "
@@ -42,7 +43,8 @@ def copy_ledger(source, target) -> dict:
 
 
 def _counts(db) -> dict[str, int]:
-    return {table: db.execute(f"SELECT COUNT(*) AS n FROM {table}").fetchone()["n"] for table in TABLES}
+    return {name: db.execute(sa.select(sa.func.count()).select_from(METADATA.tables[name])).scalar()
+            for name in TABLES}
 
 
 def _listed(counts: dict[str, int]) -> str:
@@ -50,7 +52,7 @@ def _listed(counts: dict[str, int]) -> str:
 
 
 def _datasets(db) -> list[str]:
-    return [r["dataset_id"] for r in db.execute("SELECT dataset_id FROM budgets ORDER BY dataset_id")]
+    return list(db.execute(sa.select(budgets.c.dataset_id).order_by(budgets.c.dataset_id)).scalars())
 
 
 def _figures(ledger, db, dataset_id: str) -> tuple[float, float, float]:

@@ -1,8 +1,10 @@
 """The ledger's tables in a PostgreSQL database that every host running releases shares (the operator's `ledger`
-setting is a postgresql:// URL; psycopg 3, the `postgres` extra).
+setting is a postgresql:// URL; psycopg 3, the `postgres` extra, under SQLAlchemy's `postgresql+psycopg` dialect).
 
-The same schema and SQL as the SQLite file (`tasks.ledger.store`), translated: `?` placeholders become psycopg's
-`%s`, and `IS ?` (SQLite's comparison that matches NULL) becomes `IS NOT DISTINCT FROM %s`.
+The URL is read by libpq, as `psql` reads it (`conninfo_to_dict`: every libpq parameter, `sslmode`, a socket folder
+as `host`), and each connection of the pool is opened from it by psycopg; SQLAlchemy checks a pooled connection
+before lending it (`pool_pre_ping`), so a server restarted between two transactions costs a reconnection, not an
+error.
 
 Serialising the writers: a write transaction runs at READ COMMITTED and takes `LOCK TABLE <every ledger table> IN
 EXCLUSIVE MODE` before it reads anything. That is SQLite's `BEGIN IMMEDIATE` here: the writers queue one behind the
@@ -16,28 +18,27 @@ same events whatever the retry. Readers run at REPEATABLE READ, READ ONLY: a con
 statements, and a write outside the writers' lock is refused by the server.
 
 A connection or database error is the one-line `ReleaseError` the SQLite file gives, with the password masked. A
-server that cannot be reached, or a connection lost (the server stopped or restarted, the network dropped), is a
-`LedgerUnreachable`, which the ledger retries with backoff for the operator's `outage_retry_seconds`
-(`tasks.transient`); a lock wait that timed out, a refused role, a constraint are not retried.
+server that cannot be reached, or a connection lost (the server stopped or restarted, the backend terminated, the
+network dropped), is a `LedgerUnreachable`; a serialisation failure or a deadlock (neither expected under the
+writers' lock: an operator's session, a migration) is a `LedgerBusy`: the ledger retries both with backoff for the
+operator's `outage_retry_seconds` (`tasks.transient`); a lock wait that timed out, a refused role, a constraint are
+not retried.
 """
 
 from __future__ import annotations
 
 import re
-from contextlib import contextmanager
-from functools import lru_cache
 from urllib.parse import unquote
 
 import psycopg
+import sqlalchemy as sa
 from psycopg.conninfo import conninfo_to_dict
-from psycopg.rows import dict_row
 
-from tasks.errors import LedgerUnreachable, ReleaseError
+from tasks.errors import LedgerBusy, LedgerUnreachable, ReleaseError
+from tasks.ledger.engines import LOCK_WAIT_SECONDS, pooled
 from tasks.ledger.schema import TABLES
 from tasks.settings import masked
 
-#: How long a writer waits for the ledger's lock before its transaction fails (SQLite's busy timeout is the same).
-LOCK_WAIT_SECONDS = 120
 #: How long opening a connection may take: an unreachable server is an error, not a hang.
 CONNECT_TIMEOUT_SECONDS = 10
 #: The advisory lock that serialises creating the tables and adding columns (hosts opening a new ledger at once:
@@ -46,16 +47,21 @@ CONNECT_TIMEOUT_SECONDS = 10
 _SCHEMA_LOCK = 0x6470_7265_6C65_6173
 
 
-#: The statements that open a transaction: a reader's, a writer's (the writers' lock), a schema change's.
-_READ = ("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY",)
-_WRITE = ("BEGIN ISOLATION LEVEL READ COMMITTED", f"SET LOCAL lock_timeout = '{LOCK_WAIT_SECONDS}s'",
-          f"LOCK TABLE {', '.join(TABLES)} IN EXCLUSIVE MODE")
-_SCHEMA_CHANGE = ("BEGIN ISOLATION LEVEL READ COMMITTED", f"SET LOCAL lock_timeout = '{LOCK_WAIT_SECONDS}s'",
-                  f"SELECT pg_advisory_xact_lock({_SCHEMA_LOCK})")
+#: The statements that open a transaction (SQLAlchemy has begun it): a reader's, a writer's (the writers' lock), a
+#: schema change's.
+_OPENING = {
+    "read": ("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY",),
+    "write": ("SET TRANSACTION ISOLATION LEVEL READ COMMITTED", f"SET LOCAL lock_timeout = '{LOCK_WAIT_SECONDS}s'",
+              f"LOCK TABLE {', '.join(TABLES)} IN EXCLUSIVE MODE"),
+    "schema": ("SET TRANSACTION ISOLATION LEVEL READ COMMITTED", f"SET LOCAL lock_timeout = '{LOCK_WAIT_SECONDS}s'",
+               f"SELECT pg_advisory_xact_lock({_SCHEMA_LOCK})"),
+}
 
 
 class Database:
     """A ledger in a PostgreSQL database (see the module docstring)."""
+
+    opening = _OPENING
 
     def __init__(self, url: str):
         self.shown = masked(url)
@@ -66,47 +72,27 @@ class Database:
             raise ReleaseError(f"cannot open privacy ledger {self.shown}: {self._line(exc)}") from None
         self._params.setdefault("connect_timeout", CONNECT_TIMEOUT_SECONDS)
         self._params.setdefault("application_name", "dprelease")
+        self._url = url
 
-    def transaction(self, immediate: bool = False, keep: bool = True):
-        return self._session(_WRITE if immediate else _READ, keep)
+    def engine(self) -> sa.Engine:
+        return pooled(("postgresql", self._url), self._engine)
 
-    def schema_transaction(self):
-        return self._session(_SCHEMA_CHANGE)
+    def _engine(self) -> sa.Engine:
+        return sa.create_engine("postgresql+psycopg://", creator=lambda: psycopg.connect(**self._params),
+                                pool_pre_ping=True)
 
-    @contextmanager
-    def _session(self, opening: tuple[str, ...], keep: bool = True):
-        conn = self._connect()
-        try:
-            for statement in opening:
-                conn.execute(statement)
-            yield Connection(conn)
-            conn.execute("COMMIT" if keep else "ROLLBACK")
-        except psycopg.Error as exc:
-            if _connection_lost(exc, conn):
-                raise LedgerUnreachable(f"privacy ledger {self.shown}: the connection was lost "
-                                        f"({self._line(exc)})") from None
-            raise ReleaseError(f"privacy ledger {self.shown} is unusable: {self._line(exc)}") from None
-        finally:
-            conn.close()  # a transaction left open (by an exception) is rolled back by the server
+    def cannot_open(self, exc: BaseException) -> ReleaseError:
+        if isinstance(exc, psycopg.OperationalError):  # no server, refused, timed out, shutting down: may pass
+            return LedgerUnreachable(f"cannot open privacy ledger {self.shown}: {self._line(exc)}")
+        return ReleaseError(f"cannot open privacy ledger {self.shown}: {self._line(exc)}")
 
-    def _connect(self) -> psycopg.Connection:
-        try:
-            return psycopg.connect(**self._params, autocommit=True, row_factory=dict_row)
-        except psycopg.OperationalError as exc:  # no server, refused, timed out, shutting down: may pass
-            raise LedgerUnreachable(f"cannot open privacy ledger {self.shown}: {self._line(exc)}") from None
-        except psycopg.Error as exc:
-            raise ReleaseError(f"cannot open privacy ledger {self.shown}: {self._line(exc)}") from None
-
-    @staticmethod
-    def columns(db: Connection, table: str) -> list[str]:
-        return [r["column_name"] for r in db.execute(
-            "SELECT column_name FROM information_schema.columns WHERE table_schema = current_schema() "
-            "AND table_name = ?", (table,))]
-
-    @staticmethod
-    def fill(db: Connection, table: str, column: str) -> None:
-        """Nothing to fill: a PostgreSQL ledger was created with every column of `schema.SCHEMA` (a column added
-        later says here how its existing rows are filled)."""
+    def failed(self, exc: sa.exc.DBAPIError) -> ReleaseError:
+        state = getattr(exc.orig, "sqlstate", None)
+        if exc.connection_invalidated or _connection_lost(exc.orig):
+            return LedgerUnreachable(f"privacy ledger {self.shown}: the connection was lost ({self._line(exc.orig)})")
+        if state in _BUSY:
+            return LedgerBusy(f"privacy ledger {self.shown} is busy: {self._line(exc.orig)}")
+        return ReleaseError(f"privacy ledger {self.shown} is unusable: {self._line(exc.orig)}")
 
     def _line(self, exc: BaseException) -> str:
         """An error as one line, without the password (libpq's connection errors do not quote it; its URL parser may,
@@ -120,15 +106,17 @@ class Database:
 #: SQLSTATEs of a server going away: connection exceptions (class 08) and operator intervention (admin shutdown,
 #: crash shutdown, cannot connect now).
 _GONE = ("08", "57P01", "57P02", "57P03")
+#: SQLSTATEs of a transaction the server rolled back for another's sake: serialisation failure, deadlock.
+_BUSY = ("40001", "40P01")
 
 
-def _connection_lost(exc: psycopg.Error, conn: psycopg.Connection) -> bool:
-    """The error is the connection's, not the statement's: the client lost it (no SQLSTATE, the connection closed or
-    broken) or the server said it is going away. A lock timeout (55P03), a serialisation failure, a constraint are
-    the statement's."""
+def _connection_lost(exc: BaseException) -> bool:
+    """The error is the connection's, not the statement's: the client lost it (no SQLSTATE, an operational error)
+    or the server said it is going away. A lock timeout (55P03), a serialisation failure, a constraint are the
+    statement's."""
     state = getattr(exc, "sqlstate", None)
     if state is None:
-        return conn.closed or conn.broken or isinstance(exc, psycopg.OperationalError)
+        return isinstance(exc, psycopg.OperationalError)
     return state.startswith(_GONE)
 
 
@@ -138,26 +126,3 @@ def _passwords(url: str) -> list[str]:
     found = [userinfo.group(1).split(":", 1)[1]] if userinfo and ":" in userinfo.group(1) else []
     found += re.findall(r"[?&]password=([^&#]*)", url)
     return sorted({s for f in found for s in (f, unquote(f)) if s}, key=len, reverse=True)
-
-
-class Connection:
-    """A psycopg connection in a transaction, running the ledger's SQL as written for SQLite; rows are dicts."""
-
-    def __init__(self, conn: psycopg.Connection):
-        self._conn = conn
-
-    def execute(self, sql: str, params: tuple = ()) -> psycopg.Cursor:
-        return self._conn.execute(translated(sql), tuple(params))
-
-    def executemany(self, sql: str, rows: list[tuple]) -> None:
-        self._conn.cursor().executemany(translated(sql), rows)
-
-
-@lru_cache(maxsize=512)
-def translated(sql: str) -> str:
-    """The ledger's SQL (no `?` or `%` inside a literal) with psycopg's placeholders."""
-    sql = sql.replace("%", "%%")
-    sql = re.sub(r"\bIS NOT \?", "IS DISTINCT FROM %s", sql)
-    sql = re.sub(r"\bIS \?", "IS NOT DISTINCT FROM %s", sql)
-    return sql.replace("?", "%s")
-

@@ -1,28 +1,75 @@
-"""The ledger's schema, in SQL both of its backends run (`tasks.ledger.store`: a SQLite file or a PostgreSQL
-database)."""
+"""The ledger's tables, declared once in SQLAlchemy Core: every statement of the ledger is written against these, and
+SQLAlchemy renders it for SQLite or PostgreSQL (`tasks.ledger.store`).
 
-#: The tables, in SQL both backends run (DOUBLE PRECISION: PostgreSQL's REAL has 24 bits of mantissa).
-SCHEMA = (
-    "CREATE TABLE IF NOT EXISTS budgets (dataset_id TEXT PRIMARY KEY, epsilon DOUBLE PRECISION NOT NULL, "
-    "delta DOUBLE PRECISION NOT NULL, updated_at TEXT NOT NULL, source TEXT, reading TEXT, source_digest TEXT)",
-    "CREATE TABLE IF NOT EXISTS budget_changes (dataset_id TEXT NOT NULL, changed_at TEXT NOT NULL, "
-    "old_epsilon DOUBLE PRECISION, old_delta DOUBLE PRECISION, new_epsilon DOUBLE PRECISION NOT NULL, "
-    "new_delta DOUBLE PRECISION NOT NULL, spent_epsilon DOUBLE PRECISION NOT NULL, reason TEXT, seq INTEGER)",
-    "CREATE TABLE IF NOT EXISTS spends (release_id TEXT PRIMARY KEY, dataset_id TEXT NOT NULL, kind TEXT NOT NULL, "
-    "fingerprint TEXT NOT NULL, event TEXT NOT NULL, epsilon DOUBLE PRECISION NOT NULL, "
-    "delta DOUBLE PRECISION NOT NULL, status TEXT NOT NULL, created_at TEXT NOT NULL, updated_at TEXT NOT NULL, "
-    "attempts INTEGER NOT NULL DEFAULT 1, location TEXT, extra_delta DOUBLE PRECISION NOT NULL DEFAULT 0, "
-    "owner TEXT)",
-    "CREATE INDEX IF NOT EXISTS spends_by_dataset ON spends (dataset_id)",
-    "CREATE TABLE IF NOT EXISTS public_inputs (path TEXT PRIMARY KEY, sha256 TEXT NOT NULL, source TEXT NOT NULL, "
-    "registered_at TEXT NOT NULL)",
+How a ledger's tables came to be what these declare is the migrations' (tasks/ledger/migrations/, alembic): the
+baseline creates them, or brings a ledger written before schema versions to them; a later change of a table is a
+new revision there AND a change here (tests/test_ledger_migrations.py compares the two on both backends).
+"""
+
+from __future__ import annotations
+
+import sqlalchemy as sa
+
+METADATA = sa.MetaData()
+
+#: The revision of tasks/ledger/migrations/ these tables are (the newest): a ledger at it is opened without loading
+#: alembic (a second of imports on every command); tests/test_ledger_migrations.py checks it is the scripts' head.
+HEAD = "0001"
+#: The table where a ledger keeps its revision. Not alembic's default `alembic_version`: an operator may give the
+#: ledger a database that another alembic-versioned application (Prefect's server) keeps its own revision in.
+VERSION_TABLE = "dprelease_ledger_version"
+
+budgets = sa.Table(
+    "budgets", METADATA,
+    sa.Column("dataset_id", sa.Text, primary_key=True),
+    sa.Column("epsilon", sa.Double, nullable=False),
+    sa.Column("delta", sa.Double, nullable=False),
+    sa.Column("updated_at", sa.Text, nullable=False),
+    sa.Column("source", sa.Text),
+    sa.Column("reading", sa.Text),
+    sa.Column("source_digest", sa.Text),
+)
+
+#: A budget's history, in the order of `seq` (no key: one row per change, never updated).
+budget_changes = sa.Table(
+    "budget_changes", METADATA,
+    sa.Column("dataset_id", sa.Text, nullable=False),
+    sa.Column("changed_at", sa.Text, nullable=False),
+    sa.Column("old_epsilon", sa.Double),
+    sa.Column("old_delta", sa.Double),
+    sa.Column("new_epsilon", sa.Double, nullable=False),
+    sa.Column("new_delta", sa.Double, nullable=False),
+    sa.Column("spent_epsilon", sa.Double, nullable=False),
+    sa.Column("reason", sa.Text),
+    sa.Column("seq", sa.Integer),
+)
+
+spends = sa.Table(
+    "spends", METADATA,
+    sa.Column("release_id", sa.Text, primary_key=True),
+    sa.Column("dataset_id", sa.Text, nullable=False),
+    sa.Column("kind", sa.Text, nullable=False),
+    sa.Column("fingerprint", sa.Text, nullable=False),
+    sa.Column("event", sa.Text, nullable=False),
+    sa.Column("epsilon", sa.Double, nullable=False),
+    sa.Column("delta", sa.Double, nullable=False),
+    sa.Column("status", sa.Text, nullable=False),
+    sa.Column("created_at", sa.Text, nullable=False),
+    sa.Column("updated_at", sa.Text, nullable=False),
+    sa.Column("attempts", sa.Integer, nullable=False, server_default="1"),
+    sa.Column("location", sa.Text),
+    sa.Column("extra_delta", sa.Double, nullable=False, server_default="0"),
+    sa.Column("owner", sa.Text),
+    sa.Index("spends_by_dataset", "dataset_id"),
+)
+
+public_inputs = sa.Table(
+    "public_inputs", METADATA,
+    sa.Column("path", sa.Text, primary_key=True),
+    sa.Column("sha256", sa.Text, nullable=False),
+    sa.Column("source", sa.Text, nullable=False),
+    sa.Column("registered_at", sa.Text, nullable=False),
 )
 
 #: Every table, with the key that orders its rows (a budget's history is in the order of `seq`).
 TABLES = {"budgets": "dataset_id", "budget_changes": "seq", "spends": "release_id", "public_inputs": "path"}
-
-#: Columns added since the first ledgers were written: (table, column, declaration).
-ADDED = (("spends", "attempts", "INTEGER NOT NULL DEFAULT 1"), ("spends", "location", "TEXT"),
-         ("spends", "extra_delta", "DOUBLE PRECISION NOT NULL DEFAULT 0"), ("spends", "owner", "TEXT"),
-         ("budgets", "source", "TEXT"), ("budgets", "reading", "TEXT"), ("budgets", "source_digest", "TEXT"),
-         ("budget_changes", "seq", "INTEGER"))

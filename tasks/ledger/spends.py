@@ -16,12 +16,14 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from dpalgos.lazy import module
+import sqlalchemy as sa
+
 from tasks.errors import BudgetExceeded, NoBudget, ReleaseConflict
 from tasks.ledger.bindings import data_source, source_digest
+from tasks.ledger.charges import Ask, Charge, accounting, decide
+from tasks.ledger.schema import budget_changes, budgets, spends
 from tasks.ledger.store import now
 
 if TYPE_CHECKING:
@@ -29,28 +31,11 @@ if TYPE_CHECKING:
 
     from dpalgos.plan import Plan
 
-#: dp_accounting takes most of a second to load; the checks before a run read budgets and bindings without it.
-accounting = module("dpalgos.accounting")
-#: Relative slack on the budget comparison, for the floating-point sum of equal shares.
-_TOLERANCE = 1e-12
+__all__ = ["Charge", "MAX_LIFETIME_EPSILON", "Spends", "no_budget_message"]
+
 #: The largest lifetime epsilon a dataset may be given: beyond it a guarantee says nothing (e^100 ~ 10^43) and a
 #: typo (1e308 was accepted) would leave the ledger without a limit. Releases are capped alike (tasks.params).
 MAX_LIFETIME_EPSILON = 100.0
-
-
-@dataclass(frozen=True)
-class Charge:
-    """The outcome of charging a release: its own guarantee, and the dataset's total after it."""
-    release_id: str
-    state: str
-    release: accounting.Guarantee
-    total: accounting.Guarantee
-    budget_epsilon: float
-    budget_delta: float
-
-    @property
-    def remaining_epsilon(self) -> float:
-        return max(self.budget_epsilon - self.total.epsilon, 0.0)
 
 
 class Spends:
@@ -71,7 +56,7 @@ class Spends:
         where = None if source is None else data_source(source)
         digest = None if where is None else source_digest(where)  # before the lock: a folder takes a while to read
         with self._transaction(immediate=True) as db:
-            old = db.execute("SELECT epsilon, delta FROM budgets WHERE dataset_id=?", (dataset_id,)).fetchone()
+            old = db.execute(sa.select(budgets).where(budgets.c.dataset_id == dataset_id)).mappings().first()
             spent = self._total_locked(db, dataset_id, old["delta"]).epsilon if old else 0.0
             if old and (epsilon > old["epsilon"] or delta > old["delta"]) and spent > 0 and not (reason or "").strip():
                 raise ReleaseConflict(f"dataset '{dataset_id}' has spent epsilon={spent:.6g} of its budget "
@@ -82,38 +67,40 @@ class Spends:
                 self._one_id_per_source_locked(db, dataset_id, where, digest)
             if reading is not None:
                 self._check_rebinding_locked(db, dataset_id, reading)
-            db.execute("INSERT INTO budgets (dataset_id, epsilon, delta, updated_at, source, reading, source_digest) "
-                       "VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT(dataset_id) DO UPDATE SET epsilon=excluded.epsilon, "
-                       "delta=excluded.delta, updated_at=excluded.updated_at, "
-                       "source=COALESCE(excluded.source, budgets.source), "
-                       "source_digest=COALESCE(excluded.source_digest, budgets.source_digest), "
-                       "reading=COALESCE(excluded.reading, budgets.reading)",
-                       (dataset_id, epsilon, delta, now(), where,
-                        None if reading is None else json.dumps(reading, sort_keys=True), digest))
+            # A source, digest or reading not given keeps the bound one (read above, under the writers' lock).
+            row = {"epsilon": epsilon, "delta": delta, "updated_at": now(), "source": where, "source_digest": digest,
+                   "reading": None if reading is None else json.dumps(reading, sort_keys=True)}
+            row = {k: v for k, v in row.items() if v is not None or old is None}
+            db.execute(sa.insert(budgets).values(dataset_id=dataset_id, **row) if old is None else
+                       sa.update(budgets).where(budgets.c.dataset_id == dataset_id).values(**row))
             # seq orders a budget's history (one after the last, under the writers' lock)
-            db.execute("INSERT INTO budget_changes (seq, dataset_id, changed_at, old_epsilon, old_delta, new_epsilon, "
-                       "new_delta, spent_epsilon, reason) VALUES ((SELECT COALESCE(MAX(seq), 0) + 1 FROM "
-                       "budget_changes), ?, ?, ?, ?, ?, ?, ?, ?)",
-                       (dataset_id, now(), old["epsilon"] if old else None, old["delta"] if old else None, epsilon,
-                        delta, spent, (reason or "").strip() or None))
+            last = db.execute(sa.select(sa.func.coalesce(sa.func.max(budget_changes.c.seq), 0))).scalar()
+            db.execute(sa.insert(budget_changes).values(
+                seq=last + 1, dataset_id=dataset_id, changed_at=now(), old_epsilon=old["epsilon"] if old else None,
+                old_delta=old["delta"] if old else None, new_epsilon=epsilon, new_delta=delta, spent_epsilon=spent,
+                reason=(reason or "").strip() or None))
 
     def budget(self, dataset_id: str) -> tuple[float, float] | None:
         with self._transaction() as db:
-            row = db.execute("SELECT epsilon, delta FROM budgets WHERE dataset_id=?", (dataset_id,)).fetchone()
-        return (row["epsilon"], row["delta"]) if row else None
+            row = db.execute(sa.select(budgets.c.epsilon, budgets.c.delta)
+                             .where(budgets.c.dataset_id == dataset_id)).first()
+        return (row.epsilon, row.delta) if row else None
 
     def budget_history(self, dataset_id: str) -> list[dict]:
         """Every change of the dataset's budget, oldest first."""
+        c = budget_changes.c
         with self._transaction() as db:
             return [dict(r) for r in db.execute(
-                "SELECT dataset_id, changed_at, old_epsilon, old_delta, new_epsilon, new_delta, spent_epsilon, reason "
-                "FROM budget_changes WHERE dataset_id=? ORDER BY seq", (dataset_id,))]
+                sa.select(c.dataset_id, c.changed_at, c.old_epsilon, c.old_delta, c.new_epsilon, c.new_delta,
+                          c.spent_epsilon, c.reason).where(c.dataset_id == dataset_id).order_by(c.seq)).mappings()]
 
     def charge(self, *, dataset_id: str, release_id: str, kind: str, fingerprint: str, plan: Plan,
                release_delta: float | None = None, redraw: bool = False, location: str | None = None,
                owner: str | None = None, dry_run: bool = False, source: str | None = None,
                reading: dict | None = None) -> Charge:
         """Record the spend of `release_id` (its plan's event) unless it is recorded already; refuse it if over budget.
+        What a charge does with a release the ledger holds in a given status is `charges.TRANSITIONS`, a table
+        read top to bottom (the first rule whose statuses and check match decides).
 
         redraw : the measurements are not committed here. If an earlier attempt drew noise and did not commit
         (status 'drawing'), this attempt is charged again. If the release was measured or published, its noise
@@ -134,7 +121,6 @@ class Spends:
         reading : how the release reads the data and what one record is (`tasks.params.dataset_reading`): bound
         by the operator (`set_budget`) or else by the dataset's first release, then the same for every release.
         """
-        extra_delta = plan.extra_delta
         digest = source_digest(data_source(source)) if source is not None and self.source(dataset_id) is None else None
         with self._transaction(immediate=True, keep=not dry_run) as db:
             bud_eps, bud_delta = self._budget_locked(db, dataset_id)
@@ -143,83 +129,21 @@ class Spends:
             if release_delta and release_delta > bud_delta:
                 raise BudgetExceeded(f"release '{release_id}' asks delta={release_delta:g}, above the lifetime delta "
                                      f"{bud_delta:g} of dataset '{dataset_id}'. No noise was drawn.")
-            prior = db.execute("SELECT * FROM spends WHERE release_id=?", (release_id,)).fetchone()
-            if prior is None and plan.epsilon_floor(bud_delta) > bud_eps * (1 + _TOLERANCE):
-                raise BudgetExceeded(
-                    f"release '{release_id}' would exceed the lifetime budget of dataset '{dataset_id}': its own "
-                    f"epsilon at delta={bud_delta:g} is at least {plan.epsilon_floor(bud_delta):.6g} > budget "
-                    f"{bud_eps:.6g}. No noise was drawn.")
-            event, own = plan.event(), plan.guarantee(release_delta or bud_delta)
-            if prior is not None:
-                untouched = prior["status"] == "charged" and prior["attempts"] == 1
-                if prior["dataset_id"] == dataset_id and prior["fingerprint"] != fingerprint and untouched and redraw:
-                    # Charged once, never drawn: the rerun corrects a parameter or a public input. The charge is
-                    # for the release, not the typo: its event is replaced, against the budget.
-                    return self._recharge_locked(db, prior, dataset_id, fingerprint, event, own, extra_delta,
-                                                 location, owner, bud_eps, bud_delta)
-                if prior["dataset_id"] != dataset_id or prior["fingerprint"] != fingerprint:
-                    raise ReleaseConflict(
-                        f"release id '{release_id}' was already used (dataset '{prior['dataset_id']}', "
-                        f"parameters {prior['fingerprint']}) with different data or parameters "
-                        f"({dataset_id}, {fingerprint}); choose a new release id")
-                if location and prior["location"] and prior["location"] != location and prior["status"] != "charged":
-                    raise ReleaseConflict(
-                        f"release id '{release_id}' was measured in {prior['location']}: it is drawn once, "
-                        f"in one place; resume it there (its output_dir), or choose a new release id")
-                if redraw and prior["status"] in ("measured", "published"):
-                    raise ReleaseConflict(
-                        f"release id '{release_id}' was measured (its noise committed) but its measurements are not "
-                        f"in {location}: it is drawn once; restore its run folder, or choose a new release id")
-                if not (redraw and prior["status"] == "drawing"):
-                    if redraw:  # nothing drawn yet: this run takes the release over (see `begin_draw`)
-                        db.execute("UPDATE spends SET location=?, owner=? WHERE release_id=?",
-                                   (location or prior["location"], owner, release_id))
-                    return Charge(release_id, "already charged", own, self._total_locked(db, dataset_id, bud_delta),
-                                  bud_eps, bud_delta)
-            events, extra = self._events_locked(db, dataset_id)
-            total = accounting.epsilon_at(accounting.compose_events(events + [event]), bud_delta, extra + extra_delta)
-            if total.epsilon > bud_eps * (1 + _TOLERANCE):
-                spent = self._total_locked(db, dataset_id, bud_delta).epsilon
-                raise BudgetExceeded(
-                    f"release '{release_id}' (epsilon={own.epsilon:.6g}) would exceed the lifetime budget of "
-                    f"dataset '{dataset_id}': spent epsilon={spent:.6g}, composed total would be "
-                    f"{total.epsilon:.6g} > budget {bud_eps:.6g} (delta={bud_delta:g}). No noise was drawn.")
-            stamp = now()
-            if prior is not None:
-                db.execute("UPDATE spends SET attempts=attempts+1, extra_delta=extra_delta+?, status='charged', "
-                           "owner=?, updated_at=? WHERE release_id=?", (extra_delta, owner, stamp, release_id))
-                return Charge(release_id, "charged again: an earlier attempt drew noise and failed before its "
-                                          "commit", own, total, bud_eps, bud_delta)
-            db.execute("INSERT INTO spends (release_id, dataset_id, kind, fingerprint, event, epsilon, delta, "
-                       "status, created_at, updated_at, attempts, location, extra_delta, owner) "
-                       "VALUES (?, ?, ?, ?, ?, ?, ?, 'charged', ?, ?, 1, ?, ?, ?)",
-                       (release_id, dataset_id, kind, fingerprint, json.dumps(accounting.event_to_json(event)),
-                        own.epsilon, own.delta, stamp, stamp, location, extra_delta, owner))
-            return Charge(release_id, "charged", own, total, bud_eps, bud_delta)
-
-    def _recharge_locked(self, db, prior, dataset_id, fingerprint, event, own, extra_delta, location, owner,
-                         bud_eps, bud_delta) -> Charge:
-        events, extra = self._events_locked(db, dataset_id, exclude=prior["release_id"])
-        total = accounting.epsilon_at(accounting.compose_events(events + [event]), bud_delta, extra + extra_delta)
-        if total.epsilon > bud_eps * (1 + _TOLERANCE):
-            raise BudgetExceeded(f"release '{prior['release_id']}' with its new parameters would exceed the lifetime "
-                                 f"budget of dataset '{dataset_id}'. No noise was drawn.")
-        db.execute("UPDATE spends SET fingerprint=?, event=?, epsilon=?, delta=?, extra_delta=?, location=?, owner=?, "
-                   "updated_at=? WHERE release_id=?",
-                   (fingerprint, json.dumps(accounting.event_to_json(event)), own.epsilon, own.delta, extra_delta,
-                    location or prior["location"], owner, now(), prior["release_id"]))
-        return Charge(prior["release_id"], "charged (parameters corrected before any noise was drawn)", own, total,
+            ask = Ask(dataset_id, release_id, kind, fingerprint, plan, release_delta, redraw, location, owner,
                       bud_eps, bud_delta)
+            prior = db.execute(sa.select(spends).where(spends.c.release_id == release_id)).mappings().first()
+            return decide(ask, prior).act(self, db, ask, prior)
 
     def begin_draw(self, release_id: str, owner: str | None) -> None:
         """The lease to draw: status charged -> drawing, only for the run that holds the release (compare and
         set). Called before the first noise draw; a run that lost the release to a newer one is refused here,
         before it draws anything. Repeated by the same run (a retry after a commit whose answer was lost: the
         lease is already its own), it changes nothing and succeeds."""
+        c = spends.c
         with self._transaction(immediate=True) as db:
-            n = db.execute("UPDATE spends SET status='drawing', updated_at=? WHERE release_id=? AND "
-                           "status IN ('charged', 'drawing') AND owner IS ?",
-                           (now(), release_id, owner)).rowcount
+            n = db.execute(sa.update(spends).where(c.release_id == release_id, c.status.in_(("charged", "drawing")),
+                                                   c.owner.is_not_distinct_from(owner))
+                           .values(status="drawing", updated_at=now())).rowcount
         if n != 1:
             raise ReleaseConflict(f"release '{release_id}' was taken over by another run before this one drew any "
                                   f"noise; nothing was drawn here")
@@ -227,43 +151,49 @@ class Spends:
     def mark(self, release_id: str, status: str) -> None:
         """Advance a release's status: charged -> measured -> published."""
         with self._transaction(immediate=True) as db:
-            n = db.execute("UPDATE spends SET status=?, updated_at=? WHERE release_id=?",
-                           (status, now(), release_id)).rowcount
+            n = db.execute(sa.update(spends).where(spends.c.release_id == release_id)
+                           .values(status=status, updated_at=now())).rowcount
         if n != 1:
             raise ReleaseConflict(f"release '{release_id}' is not in the ledger {self.name}")
 
     def status(self, release_id: str) -> str | None:
         with self._transaction() as db:
-            row = db.execute("SELECT status FROM spends WHERE release_id=?", (release_id,)).fetchone()
-        return row["status"] if row else None
+            return db.execute(sa.select(spends.c.status).where(spends.c.release_id == release_id)).scalar()
 
     def releases(self, dataset_id: str) -> list[dict]:
+        c = spends.c
         with self._transaction() as db:
-            rows = db.execute("SELECT release_id, kind, epsilon, delta, status, attempts, location, created_at "
-                              "FROM spends WHERE dataset_id=?", (dataset_id,)).fetchall()
+            rows = db.execute(sa.select(c.release_id, c.kind, c.epsilon, c.delta, c.status, c.attempts, c.location,
+                                        c.created_at).where(c.dataset_id == dataset_id)).mappings().all()
         return sorted((dict(r) for r in rows), key=_in_order)
 
     def every_release(self, dataset_id: str | None = None) -> list[dict]:
         """Every release of the ledger (or of one dataset), with what reconciling it needs: its dataset, kind, status,
         where it was drawn and when its status last changed; in the order they were charged."""
+        c = spends.c
+        query = sa.select(c.release_id, c.dataset_id, c.kind, c.epsilon, c.delta, c.status, c.attempts, c.location,
+                          c.created_at, c.updated_at)
+        if dataset_id is not None:
+            query = query.where(c.dataset_id == dataset_id)
         with self._transaction() as db:
-            columns = ("SELECT release_id, dataset_id, kind, epsilon, delta, status, attempts, location, created_at, "
-                       "updated_at FROM spends")
-            rows = (db.execute(columns).fetchall() if dataset_id is None else
-                    db.execute(columns + " WHERE dataset_id=?", (dataset_id,)).fetchall())
+            rows = db.execute(query).mappings().all()
         return sorted((dict(r) for r in rows), key=_in_order)
 
     def spent(self, dataset_id: str) -> accounting.Guarantee:
         """The composed guarantee of every release of the dataset, at its budget's delta."""
         with self._transaction() as db:
-            row = db.execute("SELECT delta FROM budgets WHERE dataset_id=?", (dataset_id,)).fetchone()
-            return self._total_locked(db, dataset_id, row["delta"] if row else 0.0)
+            delta = db.execute(sa.select(budgets.c.delta).where(budgets.c.dataset_id == dataset_id)).scalar()
+            return self._total_locked(db, dataset_id, 0.0 if delta is None else delta)
 
     @staticmethod
     def _events_locked(db, dataset_id: str, exclude: str | None = None) -> tuple[list[dpe.DpEvent], float]:
         """Every spend of the dataset (each attempt that drew noise counts) and the sum of their extra deltas."""
-        rows = sorted(db.execute("SELECT release_id, created_at, event, attempts, extra_delta FROM spends WHERE "
-                                 "dataset_id=? AND release_id IS NOT ?", (dataset_id, exclude)), key=_in_order)
+        c = spends.c
+        query = sa.select(c.release_id, c.created_at, c.event, c.attempts, c.extra_delta).where(
+            c.dataset_id == dataset_id)
+        if exclude is not None:
+            query = query.where(c.release_id != exclude)
+        rows = sorted(db.execute(query).mappings(), key=_in_order)
         events = []
         for r in rows:
             event = accounting.event_from_json(json.loads(r["event"]))
@@ -277,10 +207,11 @@ class Spends:
         return accounting.epsilon_at(accounting.compose_events(events), delta, extra)
 
     def _budget_locked(self, db, dataset_id: str) -> tuple[float, float]:
-        row = db.execute("SELECT epsilon, delta FROM budgets WHERE dataset_id=?", (dataset_id,)).fetchone()
+        row = db.execute(sa.select(budgets.c.epsilon, budgets.c.delta)
+                         .where(budgets.c.dataset_id == dataset_id)).first()
         if row is None:
             raise NoBudget(no_budget_message(dataset_id, self.name))
-        return row["epsilon"], row["delta"]
+        return row.epsilon, row.delta
 
 
 def _in_order(row) -> tuple[str, str]:
