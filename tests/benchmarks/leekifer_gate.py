@@ -68,34 +68,38 @@ def datasets(names: list[str] | None) -> list[Dataset]:
     return [s for s in sets if names is None or s.name in names]
 
 
+def one_run(spec, stats, rng: np.random.Generator) -> dict:
+    """One release of the spec on the statistics: the kind's measurement (noise simulated from `rng`, also the
+    public randomness), `never` its last noisy iterate, `always` its refinement seeded as the release seeds it,
+    `gate` what the release publishes (centroids.parquet) and whether that is the refinement."""
+    measured = draw(spec, stats, rng)
+    traj = measured.trajectory
+    always = kmeans_kind._refine(traj, spec.release, kmeans_kind.trajectory_seed(traj, measured.seeding)).centroids
+    refines = kmeans_kind._refines(traj, spec.release)
+    return {"gate": always if refines else traj.final_centroids, "always": always, "never": traj.final_centroids,
+            "refines": refines, "trajectory": traj}
+
+
 def run_cell(X: np.ndarray, bounds, k: int, eps: float, runs: int, rng: np.random.Generator, save=None):
     """Per run: WCSS / k-means++ of (gate, always, never) and whether the gate refined; with `save` (a path stem),
-    the trajectories and scores go to an .npz (to study a gate offline: `always` does not depend on it)."""
-    d = X.shape[1]
+    the trajectories, refinements and scores go to an .npz (to study a gate offline)."""
     lo, hi = (np.array(b, dtype=np.float64) for b in zip(*bounds))
-    spec = kmeans_spec(k, d, eps, bounds=(lo, hi))
+    spec = kmeans_spec(k, X.shape[1], eps, bounds=(lo, hi))
     B = domain.scale_to_unit_box(X, lo, hi)[0]
     ref = metrics.kmeans_reference(B, k, seed=0)[0]
     stats = dpkmeans.array_stats(release_points(X, spec, (lo, hi)))
-    p = spec.release
     rows, trajs, refined = [], [], []
     for _ in range(runs):
-        measured = draw(spec, stats, rng)
-        traj = measured.trajectory
-        seed = kmeans_kind.trajectory_seed(traj, measured.seeding)
-        always = kmeans_kind._refine(traj, p, seed).centroids
-        refines = kmeans_kind._refines(traj, p)
-        gate = always if refines else traj.final_centroids
-        rows.append((metrics.wcss(B, gate) / ref, metrics.wcss(B, always) / ref,
-                     metrics.wcss(B, traj.final_centroids) / ref, float(refines)))
-        trajs.append(traj)
-        refined.append(always)
+        r = one_run(spec, stats, rng)
+        rows.append([metrics.wcss(B, r[m]) / ref for m in ("gate", "always", "never")] + [float(r["refines"])])
+        trajs.append(r["trajectory"])
+        refined.append(r["always"])
     rows = np.array(rows)
     if save is not None:
         np.savez(save, scores=rows, counts=np.stack([t.noisy_counts for t in trajs]),
                  sums=np.stack([t.noisy_sums for t in trajs]), centroids=np.stack([t.centroids for t in trajs]),
-                 initial=np.stack([t.initial_centroids for t in trajs]), refined=np.stack(refined), noise_scale=trajs[0].noise_scale,
-                 sum_scale=trajs[0].sum_scale, domain=trajs[0].domain, n=len(X))
+                 initial=np.stack([t.initial_centroids for t in trajs]), refined=np.stack(refined),
+                 noise_scale=trajs[0].noise_scale, sum_scale=trajs[0].sum_scale, domain=trajs[0].domain, n=len(X))
     return rows
 
 
@@ -122,7 +126,7 @@ def main() -> None:
             g, a, n = rows[:, :3].mean(axis=0)
             best = min(a, n)
             gap = 100.0 * (g - best) / best
-            se = rows[:, 1].__sub__(rows[:, 2]).std(ddof=1) / np.sqrt(len(rows)) if len(rows) > 1 else float("nan")
+            se = np.std(rows[:, 1] - rows[:, 2], ddof=1) / np.sqrt(len(rows)) if len(rows) > 1 else float("nan")
             gaps.append(gap)
             print(f"RESULT data={ds.name} eps={eps:g} gate={g:.4f} always={a:.4f} never={n:.4f} gap_pct={gap:.2f} "
                   f"refined_runs={int(rows[:, 3].sum())}/{len(rows)} se_diff={se:.4f} "
