@@ -144,6 +144,28 @@ def test_leekifer_wcss_released_is_the_kmeans_release(tmp_path):
         assert bench == pytest.approx(metrics.wcss(B, columns(release / name, ["c0", "c1"])), rel=1e-9), method
 
 
+def test_leekifer_gate_scores_the_kmeans_release(tmp_path):
+    """leekifer_gate.py's `gate` is the kind's default release's centroids.parquet (the refinement where the gate
+    says so, seeded from the measurements) and its `never` the dpkm_centroids.parquet, on the same noise."""
+    from dpalgos import dpkmeans
+    from tasks.experiments.kmeans import kmeans_spec as experiment_spec
+    from tasks.experiments.kmeans import release_points, stand_in_bounds
+    from tests.benchmarks.leekifer_gate import one_run
+
+    X = blobs(300, 5)
+    bounds = stand_in_bounds(X)
+    spec = experiment_spec(3, 2, 0.5, bounds=bounds)
+    bench = one_run(spec, dpkmeans.array_stats(release_points(X, spec, bounds)), np.random.default_rng(13))
+    release = kind_release(kmeans_spec(tmp_path, X, k=3, iterations=5, epsilon=0.5), tmp_path,
+                           np.random.default_rng(13))
+    assert bench["refines"] == (json.loads((release / "refinement.json").read_text())["released"]
+                                == "Lee & Kifer §3.2-3.3")
+    np.testing.assert_allclose(bench["gate"], columns(release / "centroids.parquet", ["c0", "c1"]), rtol=1e-9,
+                               atol=1e-12)
+    np.testing.assert_allclose(bench["never"], columns(release / "dpkm_centroids.parquet", ["c0", "c1"]), rtol=1e-9,
+                               atol=1e-12)
+
+
 # --------------------------------------------------------------------------------------------------------------------
 # contingency: contingency_peers.py (tasks/experiments/contingency.py)
 # --------------------------------------------------------------------------------------------------------------------

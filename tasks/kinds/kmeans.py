@@ -403,6 +403,7 @@ class KMeansKind(ReleaseKind):
                 "released": "Lee & Kifer §3.2-3.3" if use_refined else "last noisy iterate of DP k-means"}
         if p.postprocess:
             info["centroid_noise"] = leekifer.centroid_noise(traj)
+            info["reassigned_fraction"] = leekifer.reassigned_fraction(traj).tolist()
             info["refinement_expected_to_help"] = use_refined
         if refined is not None:
             info.update(_refinement_info(refined, p))
