@@ -1,6 +1,7 @@
 """`dprelease query RELEASE (--range START STOP | --weights ROW:W,...) [--product FILE] [--column C]
-[--confidence C] [--json]`: a range or linear query of a published release, with its interval from the release's
-bootstrap replicates (`tasks.replicates`). Reads the release folder only."""
+[--confidence C] [--storage-options JSON] [--json]`: a range or linear query of a published release, with its interval
+from the release's bootstrap replicates (`tasks.replicates`). Reads the release only: a folder, or its prefix on a
+store (`s3://...`), credentials from the store's environment, the operator's block or `--storage-options`."""
 
 from __future__ import annotations
 
@@ -20,8 +21,14 @@ def parse_weights(text: str) -> dict[int, float]:
 
 
 def cmd_query(args) -> int:
+    from tasks import storage
     from tasks.replicates import Replicates
+    from tasks.storage import options
 
+    if storage.is_url(args.release):
+        if args.storage_options:
+            options.use(options.parse(args.storage_options), args.release.split("://", 1)[0].lower())
+        storage.probe(args.release)  # a store that does not answer: one line in seconds, not the outage retries
     replicates = Replicates.open(args.release, args.product)
     if args.range:
         start, stop = args.range

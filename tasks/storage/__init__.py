@@ -44,8 +44,9 @@ from tasks.storage.locations import (
                               relative,
                               within,
 )
+from tasks.storage.options import configure
 
-__all__ = ["EXTRAS", "SCHEMES", "canonical", "check_supported", "copy_into", "digest",
+__all__ = ["EXTRAS", "SCHEMES", "canonical", "check_supported", "configure", "copy_into", "digest",
            "download", "exists", "file_sha256", "files", "filesystem", "identity", "is_dir", "is_url", "join",
            "makedirs", "name", "on_store", "parent", "probe", "read_bytes", "read_table", "relative",
            "remove", "store_failure", "unreachable_message", "upload", "within", "write_batches", "write_bytes",
