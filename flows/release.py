@@ -23,7 +23,7 @@ from prefect.states import Failed, State
 from data_contracts import suites
 from data_contracts.project import GxRun, build_docs
 from flows.logs import api_without_tracebacks, consoles_outlive_their_reader, in_run_logging, log_path, run_logging
-from tasks import admission, settings
+from tasks import admission, scheduler, settings
 from tasks.artifacts import (
     StageProgress,
     emit_failed,
@@ -295,8 +295,9 @@ def _cluster(spec: ReleaseSpec, run: RunPaths, log):
     try:
         with dask_client(spec.dask, scratch=scratch) as client:
             # The address to the internal log only: the Prefect API is readable by whoever can open the UI.
-            operator = settings.current()
-            dashboard = client.dashboard_link if operator.dask_address or operator.dask_dashboard else "off"
+            choice = scheduler.chosen()
+            log.info("dask scheduler: %s; TLS: %s", choice.source, choice.tls_source)
+            dashboard = client.dashboard_link if choice.address or settings.current().dask_dashboard else "off"
             INTERNAL_LOG.info("dask scheduler %s, dashboard %s", client.scheduler.address, dashboard)
             if not settings.current().performance_report:
                 yield client

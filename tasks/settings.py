@@ -22,7 +22,8 @@ from urllib.parse import urlsplit
 from tasks.errors import ReleaseError
 from tasks.schemes import check_supported
 
-__all__ = ["OperatorSettings", "config_file", "current", "env_of", "is_database", "masked", "table"]
+__all__ = ["OperatorSettings", "config_file", "current", "env_of", "is_database", "masked", "scheduler_address",
+           "table"]
 
 _SCHEDULER_ADDRESS = re.compile(r"(tcp|tls)://(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9](?:[A-Za-z0-9.-]*[A-Za-z0-9])?)"
                                 r":([0-9]{1,5})")
@@ -152,6 +153,11 @@ def _block_name(value: Any, where: str) -> str | None:
     return value.strip()
 
 
+def scheduler_address(value: Any, where: str) -> str | None:
+    """A dask scheduler address checked as the `dask_address` setting is (for one read from dask's configuration)."""
+    return _scheduler(value, where)
+
+
 def _folders(value: Any, where: str) -> tuple[str, ...]:
     items = value.split(os.pathsep) if isinstance(value, str) else value
     if not isinstance(items, (list, tuple)):
@@ -223,8 +229,10 @@ class OperatorSettings:
     dask_address: str | None = setting(
         "DPRELEASE_DASK_ADDRESS", None, _scheduler,
         "The dask scheduler every release of this machine runs on (`tcp://HOST:PORT` or `tls://HOST:PORT`): it and "
-        "its workers see the raw partitions and the exact statistics before noise.",
-        "none: each run starts its own local cluster (TLS, loopback)")
+        "its workers see the raw partitions and the exact statistics before noise. Unset, the team's dask "
+        "configuration's `scheduler-address` (`~/.config/dask/*.yaml`, `DASK_SCHEDULER_ADDRESS`) is used, and the "
+        "run's log says so.",
+        "none: dask's `scheduler-address`, else each run starts its own local cluster (TLS, loopback)")
     dask_tls_ca_file: str | None = setting(
         "DPRELEASE_DASK_TLS_CA_FILE", None, _optional_path,
         "CA certificate of the operator's scheduler (PEM), for a `tls://` address.", "none")
