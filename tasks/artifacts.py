@@ -188,7 +188,7 @@ def emit_published(summary: dict) -> None:
     emit_event("dprelease.release.published", _resource(summary["release_id"], summary["dataset_id"],
                                                         summary["kind"]), related=_related(),
                payload={"epsilon": summary["epsilon"], "delta": summary["delta"],
-                        "release_dir": summary["release_dir"]})
+                        "release_dir": summary["release_dir"], "published_at": published(summary)})
 
 
 def emit_failed(release_id: str, dataset_id: str, kind: str, error: str) -> None:

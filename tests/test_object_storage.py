@@ -318,7 +318,8 @@ def test_releases_on_a_cluster_whose_workers_share_no_disk(s3, s3_server, tmp_pa
     """A `dask scheduler` and two `dask worker` processes on loopback, each worker in an empty working directory of
     its own with its own temporary folder, the data, the scratch and the output in the S3 API: histogram, k-means and
     kernel k-means releases complete and are published as the same files, with the same columns, as on the local
-    disk with a local cluster."""
+    disk with a local cluster; a second host's release of one of the datasets joins the first's Data Docs history on
+    the store, and `dprelease query s3://...` answers from a published release."""
     import socket
 
     from flows.release import release
@@ -360,6 +361,14 @@ def test_releases_on_a_cluster_whose_workers_share_no_disk(s3, s3_server, tmp_pa
             ledger().set_budget(spec["dataset"]["id"] + "-s3", 10.0, 1e-5, source=spec["dataset"]["path"])
             spec["dataset"]["id"] += "-s3"
             assert release(spec=spec)["status"] == "published"
+        # A second host (another empty working folder) releases the histogram's dataset again: its contracts join
+        # the same great-expectations history on the store.
+        again = {**_specs(remote, tmp_path, "s3")[0], "output_dir": str(tmp_path / "host-2" / "runs"),
+                 "release_id": "h-s3-host-2"}
+        again["dataset"] = {**again["dataset"], "id": "values-s3"}
+        (tmp_path / "host-2").mkdir()
+        monkeypatch.chdir(tmp_path / "host-2")
+        assert release(spec=again)["status"] == "published"
     finally:
         for proc in procs:
             proc.terminate()
@@ -369,11 +378,16 @@ def test_releases_on_a_cluster_whose_workers_share_no_disk(s3, s3_server, tmp_pa
             reaper.release()
     for row in catalogue.rows("s3://public/releases"):
         assert _structure(row["location"]) == expected[row["kind"]], row["kind"]
-    assert len(catalogue.rows("s3://public/releases")) == 3
+    assert len(catalogue.rows("s3://public/releases")) == 4
     for i in range(2):  # the workers wrote nothing where they run
         assert [p for p in (tmp_path / f"worker-{i}").rglob("*.parquet")] == []
     kept = [f for f in storage.files("s3://private/scratch") if "/.gx/" not in f]  # the contracts' project apart
     assert kept and all("/measurements/" in f for f in kept), kept  # once published, only the measurements stay
+    index = storage.read_bytes("s3://private/scratch/.gx/values-s3/data_docs/index.html").decode()
+    assert "h-s3" in index and "h-s3-host-2" in index  # one Data Docs history for both hosts' releases
+    histogram = next(r for r in catalogue.rows("s3://public/releases") if r["release_id"] == "h-s3")["location"]
+    answered = _cli("query", histogram, "--range", "0", "8", "--json", env=s3_server)
+    assert answered.returncode == 0 and json.loads(answered.stdout)["replicates"] > 0, answered.stderr
 
 
 def _wait_for_workers(address: str, n: int, timeout: float = 120) -> None:
