@@ -76,7 +76,8 @@ def unreachable_message(location: str, exc: BaseException) -> str:
     """One line for a store that cannot be reached: the location, the exception's type (its text may be long and
     names endpoints and keys), where credentials come from."""
     return (f"{location} cannot be reached ({type(exc).__name__}): credentials and endpoint come from the store's "
-            f"standard environment (e.g. AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_ENDPOINT_URL). Nothing was run")
+            f"standard environment (e.g. AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_ENDPOINT_URL) or the "
+            f"operator's Prefect block (DPRELEASE_AWS_CREDENTIALS_BLOCK). Nothing was run")
 
 
 def probe(location: str) -> bool:
