@@ -57,6 +57,11 @@ class FsspecStoreBackend(TupleStoreBackend):
         try:
             return fs.cat_file(path).decode("utf-8").rstrip("\n")
         except FileNotFoundError:
+            pass
+        fs.invalidate_cache(path.rsplit("/", 1)[0])  # "missing" may be a cached listing's word: ask the store
+        try:
+            return fs.cat_file(path).decode("utf-8").rstrip("\n")
+        except FileNotFoundError:
             raise InvalidKeyError(f"{self.base_url}: no object for the key {key}") from None
 
     def _get_all(self) -> list:
@@ -77,8 +82,12 @@ class FsspecStoreBackend(TupleStoreBackend):
         return dest_key
 
     def list_keys(self, prefix: tuple = ()) -> list:
+        """Every key under `prefix`, listed afresh: a long-lived process (a worker serving many runs) would otherwise
+        list from fsspec's cached listing, without what other hosts wrote since (the Data Docs index is built from
+        this list)."""
         fs, root = self._filesystem()
         base = "/".join([root, *prefix])
+        fs.invalidate_cache(base)
         found = fs.find(base) if fs.exists(base) else []
         keys = []
         for path in found:
@@ -102,6 +111,7 @@ class FsspecStoreBackend(TupleStoreBackend):
 
     def _has_key(self, key):
         fs, path = self._path(key)
+        fs.invalidate_cache(path.rsplit("/", 1)[0])  # another host may have written it since this process listed
         return fs.isfile(path)
 
     def get_url_for_key(self, key, protocol=None) -> str:

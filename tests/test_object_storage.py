@@ -604,3 +604,20 @@ def test_two_hosts_record_their_contracts_into_one_data_docs_history(s3, tmp_pat
     assert not any(".gx" in k for k in _keys(s3, "public"))  # raw-derived counts: never in the public bucket
     assert _link_artifact("data-docs-sensors") == f"{site}/index.html"
     assert [p for p in tmp_path.rglob("*") if p.suffix in (".html", ".json") and ".gx" in p.parts] == []  # all remote
+
+
+def test_the_contracts_store_lists_what_another_host_wrote_since(s3):
+    """The great-expectations store on the bucket (data_contracts/object_store.py) lists afresh: a key another host
+    wrote after this process listed is in the next listing (the Data Docs index is built from it), and reads back."""
+    from data_contracts.object_store import FsspecStoreBackend
+
+    store = FsspecStoreBackend("s3://private/gx/d/validations", filepath_suffix=".json",
+                               suppress_store_backend_id=True)
+    store.set(("a",), '{"run": "a"}')
+    assert store.list_keys() == [("a",)]
+    s3.put_object(Bucket="private", Key="gx/d/validations/b.json", Body=b'{"run": "b"}')  # another host's client
+    assert store.has_key(("b",)) and store.get(("b",)) == '{"run": "b"}'  # before this process lists again
+    s3.put_object(Bucket="private", Key="gx/d/validations/c.json", Body=b'{"run": "c"}')
+    assert sorted(store.list_keys()) == [("a",), ("b",), ("c",)]
+    assert store.has_key(("a",)) and not store.has_key(("z",))
+    assert store.remove_key(("a",)) and sorted(store.list_keys()) == [("b",), ("c",)]
