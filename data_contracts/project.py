@@ -1,6 +1,8 @@
 """The great-expectations project of a dataset: one File Data Context per dataset id, at
 <gx_folder>/<dataset id>/gx/ (the operator's `gx_folder`, default <output_dir>/.gx), that every release of the
-dataset records its contracts into, so that the Data Docs show the dataset's history, failed runs included.
+dataset records its contracts into, so that the Data Docs show the dataset's history, failed runs included. A
+project on an object store (`GxRun.store`, a URL) keeps its stores and Data Docs site there, through
+data_contracts/object_store.py, and only its config on the host: every host records into one history.
 
 What it holds, per contract (`<kind>.<stage>`, e.g. `kmeans.normalised`: the stages' suites differ between kinds):
 
@@ -62,20 +64,32 @@ DATA_DOCS_ASSETS = Path(__file__).resolve().parent / "data_docs"
 _FINGERPRINT = "pandas_data_fingerprint"
 
 
+#: Where each store of a project on an object store lives, below the project's URL (`GxRun.store`).
+STORE_PREFIXES = {"expectations_store": ("ExpectationsStore", "expectations"),
+                  "validation_results_store": ("ValidationResultsStore", "validations"),
+                  "checkpoint_store": ("CheckpointStore", "checkpoints"),
+                  "validation_definition_store": ("ValidationDefinitionStore", "validation_definitions")}
+DATA_DOCS_PREFIX = "data_docs"
+
+
 @dataclass(frozen=True)
 class GxRun:
     """Where one release records its contract results: the dataset's project folder, the names of its suites and
-    the run name (the release id)."""
+    the run name (the release id). With `store` (a URL), the project's stores and Data Docs live there, every
+    host's, and `root` holds only this host's config, plugins and lock (data_contracts/object_store.py)."""
     root: Path
     dataset: str
     kind: str
     release_id: str
+    store: str | None = None
 
     def suite(self, stage: str) -> str:
         return f"{self.kind}.{stage}"
 
     @property
-    def index(self) -> Path:
+    def index(self) -> Path | str:
+        if self.store is not None:
+            return f"{self.store}/{DATA_DOCS_PREFIX}/index.html"
         return self.root / SITE_DIR / "index.html"
 
 
@@ -99,7 +113,7 @@ def _assets_digest() -> str:
 
 # ---- the project: lock, creation, repair ----------------------------------------------------------------------------
 @contextlib.contextmanager
-def opened(root: Path) -> Iterator:
+def opened(root: Path, store: str | None = None) -> Iterator:
     """The project's File Data Context, this process alone using the project meanwhile: another release of the
     same dataset waits (their suites, data source and Data Docs index are shared files). Opened anew each time
     (70 ms): a context kept across checks would write back a data source config another process has changed."""
@@ -107,67 +121,78 @@ def opened(root: Path) -> Iterator:
     with open(root / ".lock", "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         try:
-            yield _context(root)
+            yield _context(root, store)
         finally:
             fcntl.flock(lock, fcntl.LOCK_UN)
 
 
-def _context(root: Path):
+def _context(root: Path, store: str | None = None):
     import great_expectations as gx
 
     no_fingerprint()
     config = root / "gx" / "great_expectations.yml"
     if not config.exists():
-        _create(root)
-    _install_assets(root)
+        _create(root, store)
+    _install_assets(root, store)
     try:
         return gx.get_context(mode="file", project_root_dir=str(root))
     except Exception:  # a config a kill left empty or cut short (where it still parses, it names half a store)
-        _repair(root)
+        _repair(root, store)
         return gx.get_context(mode="file", project_root_dir=str(root))
 
 
-def _new_project(parent: Path) -> Path:
-    """A configured project in a temporary folder of `parent`; returns its gx/ folder."""
+def _new_project(parent: Path, store: str | None = None) -> Path:
+    """A configured project in a temporary folder of `parent` (its stores at `store`, a URL, if given); returns its
+    gx/ folder."""
     import great_expectations as gx
     from great_expectations.data_context.types.base import ProgressBarsConfig
 
     tmp = Path(tempfile.mkdtemp(prefix=".creating-", dir=parent))
     ctx = gx.get_context(mode="file", project_root_dir=str(tmp))
     ctx.variables.progress_bars = ProgressBarsConfig(globally=False)  # else tqdm bars on the worker's stderr
-    ctx.variables.data_docs_sites = {SITE: _site_config()}
+    ctx.variables.data_docs_sites = {SITE: _site_config(store)}
+    if store is not None:
+        ctx.variables.stores = {name: {"class_name": cls, "store_backend": _object_store(store, prefix, **(
+            {"suppress_store_backend_id": True} if name == "checkpoint_store" else {}))}
+            for name, (cls, prefix) in STORE_PREFIXES.items()}
     ctx.variables.save()
     return tmp / "gx"
 
 
-def _site_config() -> dict:
-    """The Data Docs site: no walkthrough buttons, and views that read the project's offline templates first
-    (data_contracts/offline_view.py)."""
+def _object_store(store: str, prefix: str, **options) -> dict:
+    return {"module_name": "data_contracts.object_store", "class_name": "FsspecStoreBackend",
+            "base_url": f"{store}/{prefix}", **options}
+
+
+def _site_config(store: str | None = None) -> dict:
+    """The Data Docs site (on the project's object store, if it has one): no walkthrough buttons, and views that
+    read the project's offline templates first (data_contracts/offline_view.py)."""
     view = {"module_name": "data_contracts.offline_view", "class_name": "OfflinePageView"}
+    backend = _object_store(store, DATA_DOCS_PREFIX) if store is not None else {
+        "class_name": "TupleFilesystemStoreBackend", "base_directory": f"uncommitted/data_docs/{SITE}/"}
     return {"class_name": "SiteBuilder", "show_how_to_buttons": False,
-            "store_backend": {"class_name": "TupleFilesystemStoreBackend",
-                              "base_directory": f"uncommitted/data_docs/{SITE}/"},
+            "store_backend": backend,
             "site_index_builder": {"class_name": "DefaultSiteIndexBuilder",
                                    "view": {**view, "class_name": "OfflineIndexPageView"}},
             "site_section_builders": {section: {"view": view} for section in ("expectations", "validations",
                                                                               "profiling")}}
 
 
-def _create(root: Path) -> None:
+def _create(root: Path, store: str | None = None) -> None:
     """Made in a temporary folder and renamed into place: a kill meanwhile leaves no half-made project (every resume
     of the release then failed to open it)."""
-    made = _new_project(root)
+    made = _new_project(root, store)
     try:
         os.rename(made, root / "gx")
     finally:
         shutil.rmtree(made.parent, ignore_errors=True)
 
 
-def _repair(root: Path) -> None:
+def _repair(root: Path, store: str | None = None) -> None:
     """A config left empty or cut short by a kill while great-expectations rewrote it (it does so when a data asset
     or batch definition is added): a fresh config replaces it atomically; suites, results and Data Docs stay (the
     data source is added again by the next check)."""
-    made = _new_project(root)
+    made = _new_project(root, store)
     try:
         os.replace(made / "great_expectations.yml", root / "gx" / "great_expectations.yml")
     finally:
@@ -229,10 +254,11 @@ def offline_template(text: str) -> str:
     return _STATIC_ROOT + text
 
 
-def _install_assets(root: Path) -> None:
+def _install_assets(root: Path, store: str | None = None) -> None:
     """Page templates that load the vendored assets (plugins/custom_data_docs/views, which great-expectations
     prefers to its own), generated from the installed great-expectations' templates, and the assets themselves
-    (the site's static/vendor/); redone when the package's assets or great-expectations' version change."""
+    (the site's static/vendor/, on the project's object store if it has one); redone when the package's assets or
+    great-expectations' version change."""
     import great_expectations as gx
 
     views = root / "gx" / "plugins" / "custom_data_docs" / "views"
@@ -244,8 +270,19 @@ def _install_assets(root: Path) -> None:
     templates = Path(gx.__file__).parent / "render" / "view" / "templates"
     for name in _TEMPLATES:
         (views / name).write_text(offline_template((templates / name).read_text()))
-    _copy_tree(DATA_DOCS_ASSETS / "static", root / SITE_DIR / "static")
+    if store is None:
+        _copy_tree(DATA_DOCS_ASSETS / "static", root / SITE_DIR / "static")
+    else:
+        _upload_tree(DATA_DOCS_ASSETS / "static", f"{store}/{DATA_DOCS_PREFIX}/static")
     marker.write_text(stamp)
+
+
+def _upload_tree(src: Path, url: str) -> None:
+    import fsspec
+
+    fs, base = fsspec.core.url_to_fs(url)
+    for f in sorted(p for p in src.rglob("*") if p.is_file()):
+        fs.pipe_file(f"{base}/{f.relative_to(src).as_posix()}", f.read_bytes())
 
 
 def _copy_tree(src: Path, dst: Path) -> None:
@@ -366,7 +403,7 @@ def run_checkpoint(run: GxRun, stage: str, expectations: list, frame) -> list:
     )
 
     parametrised, values = parametrise(expectations)
-    with opened(run.root) as ctx:
+    with opened(run.root, run.store) as ctx:
         suite = _suite(ctx, run.suite(stage), parametrised)
         checkpoint = _checkpoint(ctx, run, suite, _batch_definition(ctx, run, suite.name))
         run_id = _run_id(run)
@@ -402,7 +439,7 @@ def record_partitions(run: GxRun, stage: str, rows: list, table: list, partition
     )
 
     parametrised, values = parametrise(rows + table)
-    with opened(run.root) as ctx:
+    with opened(run.root, run.store) as ctx:
         suite = _suite(ctx, run.suite(stage), parametrised)
         batch_definition = _batch_definition(ctx, run, suite.name)
         # Fresh copies: the parametrised ones now belong to the stored suite.
@@ -441,7 +478,7 @@ def build_docs(run: GxRun) -> Path:
 
     if not (run.root / "gx" / "great_expectations.yml").exists():  # no contract was checked yet
         return run.index
-    with opened(run.root) as ctx:
+    with opened(run.root, run.store) as ctx:
         keys = [k for k in ctx.validation_results_store.list_keys() if k.run_id.run_name == run.release_id]
         suites = sorted({k.expectation_suite_identifier.name for k in keys})
         if keys:

@@ -651,7 +651,8 @@ def _uncertainty_parsers(sub) -> None:
                            description="Answer a range sum or a linear query of a published release's product "
                                        "from its values, with the interval of the query's values on the release's "
                                        "bootstrap replicates. Reads the release folder only.")
-    query.add_argument("release", help="the release folder (<output_dir>/<release id>/release)")
+    query.add_argument("release", help="the release folder (<output_dir>/<release id>/release) or its URL "
+                                       "(<output>/dataset=D/kind=K/release=ID, e.g. on s3://)")
     what = query.add_mutually_exclusive_group(required=True)
     what.add_argument("--range", type=int, nargs=2, metavar=("START", "STOP"), help="the sum of rows START..STOP-1")
     what.add_argument("--weights", help="ROW:WEIGHT,... (e.g. 3:1,4:1,7:-1), rows not named weigh 0")
@@ -661,6 +662,8 @@ def _uncertainty_parsers(sub) -> None:
     query.add_argument("--product", help="the product (default: the first with replicates, e.g. histogram.parquet)")
     query.add_argument("--column", help="the value column (default: the product's first)")
     query.add_argument("--confidence", type=_confidence, help="the interval's confidence (default: the release's)")
+    query.add_argument("--storage-options", metavar="JSON", help="the store's fsspec options for a URL (e.g. "
+                       "'{\"profile\": \"analyst\"}'), where its standard environment is not enough")
     query.add_argument("--json", action="store_true", help="machine-readable output")
     query.set_defaults(func=cmd_query)
 

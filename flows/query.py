@@ -1,12 +1,12 @@
 """`dprelease query RELEASE (--range START STOP | --weights ROW:W,... | --origin Z | --destination Z | --pair O D)
-[--product FILE] [--column C] [--confidence C] [--json]`: a range or linear query of a published release (the
-selections of an `od` release are sums of its cells), with its interval from the release's bootstrap replicates
-(`tasks.replicates`). Reads the release folder only."""
+[--product FILE] [--column C] [--confidence C] [--storage-options JSON] [--json]`: a range or linear query of a
+published release (the selections of an `od` release are sums of its cells), with its interval from the release's
+bootstrap replicates (`tasks.replicates`). Reads the release only: a folder, or its prefix on a store (`s3://...`),
+credentials from the store's environment, the operator's block or `--storage-options`."""
 
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 
 def parse_weights(text: str) -> dict[int, float]:
@@ -24,14 +24,13 @@ def parse_weights(text: str) -> dict[int, float]:
 def od_cells(release: str, origin: str | None, destination: str | None) -> dict[int, float]:
     """The cells of an `od` release with the origin and / or destination given, as weights of 1 (zone names are
     public: the spec's and the released table's)."""
-    import pyarrow.parquet as pq
-
+    from tasks import storage
     from tasks.kinds import od
 
     try:
-        info = json.loads((Path(release) / od.CONSISTENCY).read_text())
+        info = json.loads(storage.read_bytes(storage.join(release, od.CONSISTENCY)))
         columns = (info["origin_column"], info["destination_column"])
-        frame = pq.read_table(Path(release) / od.TABLE, columns=["cell", *columns]).to_pandas()
+        frame = storage.read_table(storage.join(release, od.TABLE), columns=["cell", *columns]).to_pandas()
     except (OSError, ValueError, KeyError):
         raise ValueError(f"{release} is not an od release: --origin, --destination and --pair select the cells of "
                          f"an origin-destination table") from None
@@ -47,9 +46,15 @@ def od_cells(release: str, origin: str | None, destination: str | None) -> dict[
 
 
 def cmd_query(args) -> int:
+    from tasks import storage
     from tasks.kinds import od
     from tasks.replicates import Replicates
+    from tasks.storage import options
 
+    if storage.is_url(args.release):
+        if args.storage_options:
+            options.use(options.parse(args.storage_options), args.release.split("://", 1)[0].lower())
+        storage.probe(args.release)  # a store that does not answer: one line in seconds, not the outage retries
     origin, destination = (args.pair or (args.origin, args.destination))
     selected = origin is not None or destination is not None
     replicates = Replicates.open(args.release, args.product or (od.TABLE if selected else None))

@@ -23,7 +23,7 @@ from prefect.states import Failed, State
 from data_contracts import suites
 from data_contracts.project import GxRun, build_docs
 from flows.logs import api_without_tracebacks, consoles_outlive_their_reader, in_run_logging, log_path, run_logging
-from tasks import admission, settings
+from tasks import admission, scheduler, settings
 from tasks.artifacts import (
     StageProgress,
     emit_failed,
@@ -48,7 +48,7 @@ from tasks.retry import INTERNAL_LOG, ours
 from tasks.run import RunPaths, StageOutput, discard_failed, open_run
 from tasks.spec import ReleaseSpec
 from tasks.stages import evaluate, measure, postprocess, prepare
-from tasks.storage.catalogue import release_location
+from tasks.storage.catalogue import release_location, table_location
 from tasks.transient import riding_out
 
 Period = Literal["daily", "weekly", "monthly"]
@@ -112,10 +112,22 @@ def admitted(spec: ReleaseSpec | dict | None, spec_file: str | None, release_id:
     if release_id is not None:
         data = {**data, "release_id": release_id}
     spec = admission.admit_spec(data, source=source)
+    _of_the_deployments_dataset(spec, source)
     release_id = spec.release_id or default_release_id(spec.dataset.id, spec.release.kind, period)
     spec = spec.model_copy(update={"release_id": release_id})
     admitted = admission.admit_run(spec, release_id)
     return spec, release_id, admitted.source
+
+
+def _of_the_deployments_dataset(spec: ReleaseSpec, source: str) -> None:
+    """A flow run whose deployment is tagged `dataset:X` releases dataset X only: a spec naming another dataset ran
+    tagged with both (filters, automations and concurrency limits keyed on the tag acted on the wrong dataset).
+    Refused before anything is read or charged."""
+    tagged = sorted(t.split(":", 1)[1] for t in flow_run.get_tags() if t.startswith("dataset:"))
+    if tagged and spec.dataset.id not in tagged:
+        raise Refused(f"{source} releases dataset '{spec.dataset.id}', but this run is tagged "
+                      f"{', '.join('dataset:' + t for t in tagged)} (its deployment's dataset): run the spec from a "
+                      f"deployment of its dataset, or correct the deployment's tags")
 
 
 def _job_variables() -> dict:
@@ -269,6 +281,7 @@ def _release(spec: ReleaseSpec, release_id: str, log, period: str | None = None,
         INTERNAL_LOG.info("stage outputs removed: %s", after_publication(configured_ledger(), release_id,
                                                                            spec.dataset.id, run) or "none")
     log.info("data docs of the contracts: %s (internal)", gx.index)
+    summary["data_docs"] = str(gx.index)  # the report links the dataset's contract history
     _announce(spec, summary, manifest, run, evaluation, published)
     return summary
 
@@ -282,8 +295,9 @@ def _cluster(spec: ReleaseSpec, run: RunPaths, log):
     try:
         with dask_client(spec.dask, scratch=scratch) as client:
             # The address to the internal log only: the Prefect API is readable by whoever can open the UI.
-            operator = settings.current()
-            dashboard = client.dashboard_link if operator.dask_address or operator.dask_dashboard else "off"
+            choice = scheduler.chosen()
+            log.info("dask scheduler: %s; TLS: %s", choice.source, choice.tls_source)
+            dashboard = client.dashboard_link if choice.address or settings.current().dask_dashboard else "off"
             INTERNAL_LOG.info("dask scheduler %s, dashboard %s", client.scheduler.address, dashboard)
             if not settings.current().performance_report:
                 yield client
@@ -317,7 +331,8 @@ def _announce(spec, summary, manifest, run, evaluation, published: bool) -> None
                       evaluation["headline"] if evaluation else None)
     if not published and not spec.test_mode:  # automations publish downstream on this event
         emit_published(summary)
-        record_lineage(manifest, summary["published_at"])
+        record_lineage(manifest, table_location(spec.output_dir, spec.dataset.id, spec.release.kind),
+                       summary["published_at"], spec.dataset.path)
     emit_if_budget_low(summary)
 
 

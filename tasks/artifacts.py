@@ -23,7 +23,7 @@ from prefect.artifacts import (
     create_table_artifact,
     update_progress_artifact,
 )
-from prefect.assets import Asset, add_asset_metadata, materialize
+from prefect.assets import Asset, AssetProperties, add_asset_metadata, materialize
 from prefect.cache_policies import NO_CACHE
 from prefect.events import emit_event
 from prefect.runtime import deployment, flow_run
@@ -67,7 +67,8 @@ def report_markdown(summary: dict, manifest: dict, contracts: list[dict], evalua
     lines = [f"# Release `{summary['release_id']}`", "",
              f"Kind `{summary['kind']}` on dataset `{summary['dataset_id']}`: **{summary['status']}** "
              f"at {manifest['created_at']}.", "",
-             f"Published files: `{summary['release_dir']}`", "",
+             f"Published files: `{published(summary)}`", "",
+             *_data_docs_lines(summary),
              *privacy_lines(privacy)]
     if budget:
         lines += [f"Dataset budget: spent epsilon = {budget['spent_epsilon']:.6g} of {budget['epsilon']:g}, "
@@ -87,6 +88,24 @@ def report_markdown(summary: dict, manifest: dict, contracts: list[dict], evalua
                  f"Internal (computed on the raw data): see `{summary['internal_dir']}/report.md` on the worker. "
                  f"An operator can show its headline here with {UI_EVALUATION_ENV}=allowed.")
     return "\n".join(lines) + "\n"
+
+
+def published(summary: dict) -> str:
+    """Where readers find the release: its published location (a store's URL, or the operator's output folder), else
+    (a test-mode run, published nowhere) the run folder's release/. Never the worker's working copy of a published
+    release."""
+    return summary.get("published_at") or summary["release_dir"]
+
+
+def link(location: str) -> str:
+    """A location as a link: a store's URL as it is, a local path as a file:// URI."""
+    return location if storage.is_url(location) else Path(location).resolve().as_uri()
+
+
+def _data_docs_lines(summary: dict) -> list[str]:
+    """The contracts' Data Docs (great-expectations' site of the dataset's history), where the release recorded them."""
+    docs = summary.get("data_docs")
+    return [f"Data contracts' history (great-expectations Data Docs): [{docs}]({link(docs)})", ""] if docs else []
 
 
 def _uncertainty(summary: dict, manifest: dict) -> list[str]:
@@ -121,8 +140,12 @@ def publish_artifacts(summary: dict, manifest: dict, contracts_dir: Path, ledger
     if summary.get("timings"):
         create_table_artifact([{"stage": k, "seconds": v} for k, v in summary["timings"].items()],
                               key=key("timings", ds), description="Stage timings (seconds)")
-    create_link_artifact(Path(summary["release_dir"]).resolve().as_uri(), link_text=summary["release_dir"],
-                         key=key("release", ds), description=f"Published files of release {summary['release_id']}")
+    where = published(summary)
+    create_link_artifact(link(where), link_text=where, key=key("release", ds),
+                         description=f"Published files of release {summary['release_id']}")
+    if summary.get("data_docs"):
+        create_link_artifact(link(summary["data_docs"]), link_text=summary["data_docs"], key=key("data-docs", ds),
+                             description=f"Data Docs of dataset {ds}'s contracts (great-expectations)")
 
 
 class StageProgress:
@@ -165,7 +188,7 @@ def emit_published(summary: dict) -> None:
     emit_event("dprelease.release.published", _resource(summary["release_id"], summary["dataset_id"],
                                                         summary["kind"]), related=_related(),
                payload={"epsilon": summary["epsilon"], "delta": summary["delta"],
-                        "release_dir": summary["release_dir"]})
+                        "release_dir": summary["release_dir"], "published_at": published(summary)})
 
 
 def emit_failed(release_id: str, dataset_id: str, kind: str, error: str) -> None:
@@ -192,24 +215,36 @@ def _materialise(metadata: dict[str, dict]) -> None:
         add_asset_metadata(key, values)
 
 
-def record_lineage(manifest: dict, location: str) -> None:
-    """Every published file a Prefect asset materialised by this flow run, with the release id, the dataset and the
-    privacy spend as its metadata: the UI's asset graph shows which runs made which releases. Public facts only
-    (the manifest's), as every artifact."""
-    files = [*sorted(manifest["files"]), "manifest.json"]
-    keys = [storage.join(location, f) for f in files]
-    keys = [k if storage.is_url(k) else f"file://{Path(k).resolve()}" for k in keys]  # as_uri() escapes "="
+def asset_key(location: str) -> str:
+    """A location as a Prefect asset key: a store's URL as it is, a local path as file://PATH (unescaped: as_uri()
+    escapes the "=" of the hive-style folders)."""
+    canonical = storage.canonical(location)
+    return canonical if storage.is_url(canonical) else f"file://{canonical}"
+
+
+def record_lineage(manifest: dict, table: str, location: str, source: str | None) -> None:
+    """A new materialisation of the release's stable asset, `table` (the dataset and kind's location, where every
+    release of them reads as one table), by this flow run, from the dataset's input asset `source`: the UI's asset
+    graph draws input -> dataset/kind, one node each however many releases, and each materialisation carries the
+    release id, its location and privacy spend, the manifest's digest and files as metadata. Public facts only (the
+    manifest's; the input's location is the operator's binding, not its contents), as every artifact."""
     about = {"release_id": manifest["release_id"], "dataset_id": manifest["dataset_id"], "kind": manifest["kind"],
-             "epsilon": manifest["privacy"]["epsilon"], "delta": manifest["privacy"]["delta"],
-             "manifest_sha256": manifest["manifest_sha256"]["sha256"]}
-    valid = [k for k in keys if _asset_key(k)]
-    if valid:
-        _materialise.with_options(assets=[Asset(key=k) for k in valid])({k: about for k in valid})
+             "period": manifest.get("period"), "epsilon": manifest["privacy"]["epsilon"],
+             "delta": manifest["privacy"]["delta"], "manifest_sha256": manifest["manifest_sha256"]["sha256"],
+             "files": [*sorted(manifest["files"]), "manifest.json"], "location": location}
+    target = asset_key(table)
+    if not _valid_key(target):  # a path Prefect will not take as a key (a space, a '#'): no lineage for it
+        return
+    name = f"{manifest['dataset_id']} / {manifest['kind']}"
+    asset = Asset(key=target, properties=AssetProperties(
+        name=name, description=f"Every DP release of dataset {manifest['dataset_id']}, kind {manifest['kind']}"))
+    upstream = [Asset(key=k) for k in ([asset_key(source)] if source else []) if _valid_key(k)]
+    _materialise.with_options(assets=[asset], asset_deps=upstream)({target: about})
 
 
-def _asset_key(key: str) -> bool:
+def _valid_key(key: str) -> bool:
     try:
         Asset(key=key)
-    except ValueError:  # a path Prefect will not take as a key (a space, a '#'): that file is left out of the graph
+    except ValueError:
         return False
     return True

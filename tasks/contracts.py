@@ -3,6 +3,7 @@ dataset's great-expectations project (data_contracts/project.py)."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 
@@ -12,17 +13,36 @@ from prefect.cache_policies import NO_CACHE
 from data_contracts.project import GxRun
 from data_contracts.suites import Contract
 from data_contracts.validate import ContractViolation, failure_report, validate_parquet
-from tasks import settings
+from tasks import settings, storage
 from tasks.partitions import current_client
 from tasks.progress import Progress
 from tasks.retry import sanitised
 
 
 def gx_run(dataset_id: str, kind: str, release_id: str, output_dir: str | Path) -> GxRun:
-    """Where a release records its contracts: the dataset's project in the operator's `gx_folder` (default
-    <output_dir>/.gx), one per dataset id, the release id as run name."""
-    base = settings.current().gx_folder or Path(output_dir) / ".gx"
-    return GxRun(Path(base).resolve() / dataset_id, dataset_id, kind, release_id)
+    """Where a release records its contracts: the dataset's project, one per dataset id, the release id as run name,
+    in `gx_location`. On a store, the project's stores and Data Docs are at `<location>/<dataset id>` and this host
+    keeps only the project's config, in `<output_dir>/.gx/` (a folder per store URL)."""
+    base = gx_location()
+    if base is None:
+        return GxRun(Path(output_dir).resolve() / ".gx" / dataset_id, dataset_id, kind, release_id)
+    if not storage.is_url(base):
+        return GxRun(Path(base).resolve() / dataset_id, dataset_id, kind, release_id)
+    store = storage.join(base, dataset_id)
+    config = Path(output_dir).resolve() / ".gx" / f"{dataset_id}-{hashlib.sha256(store.encode()).hexdigest()[:8]}"
+    return GxRun(config, dataset_id, kind, release_id, store)
+
+
+def gx_location() -> str | None:
+    """The operator's `gx_folder` (a folder or a store's URL); unset, with the output and the scratch on stores (the
+    workers share no disk), `<scratch>/.gx`: private, as the results' counts are raw-derived, and one history
+    whichever host ran the release; else None (`<output_dir>/.gx`, beside the runs)."""
+    current = settings.current()
+    if current.gx_folder is not None:
+        return current.gx_folder
+    if current.output and current.scratch and storage.is_url(current.output) and storage.is_url(current.scratch):
+        return storage.join(current.scratch, ".gx")
+    return None
 
 
 @task(name="contract", task_run_name="contract-{stage}", cache_policy=NO_CACHE, persist_result=False)

@@ -16,7 +16,7 @@ import pyarrow.compute as pc
 
 from data_contracts.validate import read_batches
 from dpalgos.lazy import module
-from tasks import settings, storage
+from tasks import scheduler, settings, storage
 from tasks.errors import InputError, ReleaseError
 from tasks.params import DaskSpec
 
@@ -348,25 +348,14 @@ class InMemory:
         pass
 
 
-def operator_security():
-    """The TLS settings of the operator's scheduler (`dask_tls_*`), or None when none is given."""
-    from distributed.security import Security
-
-    s = settings.current()
-    files = (s.dask_tls_ca_file, s.dask_tls_cert, s.dask_tls_key)
-    if not any(files):
-        return None
-    return Security(tls_ca_file=s.dask_tls_ca_file, tls_client_cert=s.dask_tls_cert, tls_client_key=s.dask_tls_key,
-                    require_encryption=True)
-
-
 @contextlib.contextmanager
 def dask_client(spec: DaskSpec, scratch: Path | None = None) -> Iterator:
-    """A dask.distributed client: to the operator's scheduler (`tasks.settings`: never the spec's choice, since the
-    scheduler and its workers see the raw partitions and the exact statistics), with the operator's TLS settings;
-    or to a local cluster of the spec's size started here, on 127.0.0.1 with mutual TLS from temporary credentials
-    this run alone holds (an attacker's review connected another local account's client to a run's plain-TCP
-    scheduler, and a client of the same user ran code in a worker that read the raw copy of the data).
+    """A dask.distributed client: to the scheduler of the machine (`tasks.scheduler`: the operator's settings, else
+    the team's dask configuration; never the spec's choice, since the scheduler and its workers see the raw
+    partitions and the exact statistics), with its TLS credentials; or to a local cluster of the spec's size started
+    here, on 127.0.0.1 with mutual TLS from temporary credentials this run alone holds (an attacker's review
+    connected another local account's client to a run's plain-TCP scheduler, and a client of the same user ran code
+    in a worker that read the raw copy of the data).
 
     A local cluster's workers keep their files (what they spill to disk when memory runs short: raw partitions)
     in `scratch`, a folder of the run's owner-only internal/, not in dask's default temporary folder, which other
@@ -375,19 +364,17 @@ def dask_client(spec: DaskSpec, scratch: Path | None = None) -> Iterator:
 
     from tasks.threads import limit_threads  # imports distributed, as this function does
 
-    address = settings.current().dask_address
-    wait = settings.current().dask_wait_seconds
+    choice = scheduler.chosen()
+    address, wait = choice.address, settings.current().dask_wait_seconds
     if address:
         # The client's timeout bounds its first connection and its reconnection to a restarted scheduler alike: the
         # operator's dask_wait_seconds (tasks/cluster.py), at least the 30 s a connection took before it.
         try:
-            client = Client(address, timeout=f"{max(wait, 30.0)}s", set_as_default=True,
-                            security=operator_security())
+            client = Client(address, timeout=f"{max(wait, 30.0)}s", set_as_default=True, security=choice.security)
         except (OSError, TimeoutError) as exc:  # before any data is sent; its type is enough
-            raise ReleaseError(f"cannot reach the operator's dask scheduler {address} "
-                               f"({settings.env_of('dask_address')} or dask_address in {settings.config_file()}): "
+            raise ReleaseError(f"cannot reach the dask scheduler {address} (from {choice.source}): "
                                f"{type(exc).__name__}") from None
-        with client, _watched(client, f"the operator's dask scheduler ({settings.env_of('dask_address')})", wait):
+        with client, _watched(client, choice.shown, wait):
             limit_threads(client)
             yield client
         return

@@ -4,6 +4,7 @@ take the replicates' percentile interval. Reads release/ only: what an analyst h
 
     from tasks.replicates import Replicates
     hist = Replicates.open("runs/ID/release")                  # the first product with replicates
+    Replicates.open("s3://public/releases/dataset=D/kind=histogram/release=ID")   # a published release on a store
     hist.range_sum(10, 20)                                     # Answer(estimate, std, lo, hi, ...)
     hist.linear({3: 1.0, 4: 1.0, 7: -1.0})                    # rows 3 + 4 - 7
     hist.answer(lambda v: v[10:20, 0].sum() / v[:, 0].sum())   # any function of the (rows, columns) values
@@ -25,9 +26,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
-import pyarrow.parquet as pq
 
 from dpalgos.intervals import percentile_interval
+from tasks import storage
 from tasks.uncertainty import UNCERTAINTY
 
 
@@ -75,7 +76,7 @@ class Published:
 
 
 def published(release: str | Path, product: str) -> Published:
-    frame = pq.read_table(Path(release) / product).to_pandas()
+    frame = storage.read_table(storage.join(str(release), product)).to_pandas()
     counts = SUMS_COLUMN in frame.columns and "count" in frame.columns
     return Published(product, frame, SUMS_COLUMN if counts else frame.columns[-1], counts)
 
@@ -91,8 +92,9 @@ class Replicates:
 
     @classmethod
     def open(cls, release: str | Path, product: str | None = None) -> Replicates:
-        """The product `product` of the release folder (default: the first with published replicates)."""
-        release = Path(release)
+        """The product `product` of the release folder, a local path or a store's URL (`s3://...`, read through
+        `tasks.storage`) (default: the first with published replicates)."""
+        release = str(release)
         info = _bootstrap_info(release)
         products = {name: p for name, p in info["products"].items() if p["replicates_file"]}
         if not products:
@@ -101,16 +103,16 @@ class Replicates:
         if name not in products:
             raise ValueError(f"{name} has no replicates in {release}; products with replicates: {sorted(products)}")
         p = products[name]
-        values = _read(release / name, p["columns"]).to_numpy(dtype=np.float64)
-        reps = _read(release / p["replicates_file"], ["replicate", p["index"], *p["columns"]])
+        values = _read(storage.join(release, name), p["columns"]).to_numpy(dtype=np.float64)
+        replicates_file = storage.join(release, p["replicates_file"])
+        reps = _read(replicates_file, ["replicate", p["index"], *p["columns"]])
         count = int(reps["replicate"].max()) + 1 if len(reps) else 0
         if count * values.shape[0] != len(reps):
-            raise ValueError(f"{release / p['replicates_file']} holds {len(reps)} rows, not {count} replicates of "
+            raise ValueError(f"{replicates_file} holds {len(reps)} rows, not {count} replicates of "
                              f"the {values.shape[0]} rows of {name}: an incomplete or altered release")
         reps = reps.sort_values(["replicate", p["index"]])
         stacked = reps[p["columns"]].to_numpy(dtype=np.float64).reshape(count, values.shape[0], len(p["columns"]))
-        return cls(name, list(p["columns"]), values, stacked, float(json.loads(
-            (release / UNCERTAINTY).read_text())["confidence"]), bool(p.get("nonnegative")))
+        return cls(name, list(p["columns"]), values, stacked, float(info["confidence"]), bool(p.get("nonnegative")))
 
     def answer(self, query: Callable[[np.ndarray], float], confidence: float | None = None,
                nonnegative: bool = False) -> Answer:
@@ -167,25 +169,27 @@ class Replicates:
         return self.columns.index(column)
 
 
-def _read(path: Path, columns: list[str]):
+def _read(location: str, columns: list[str]):
     """A published Parquet file's columns, or one line saying why not (missing, unreadable, without them)."""
-    if not path.is_file():
-        raise ValueError(f"{path} is missing: an incomplete release folder, or not a release")
+    if not storage.exists(location) or storage.is_dir(location):
+        raise ValueError(f"{location} is missing: an incomplete release folder, or not a release")
     try:
-        return pq.read_table(path, columns=columns).to_pandas()
+        return storage.read_table(location, columns=columns).to_pandas()
     except (OSError, ValueError, KeyError) as exc:  # pyarrow's ArrowInvalid is a ValueError
-        raise ValueError(f"{path} cannot be read as a release file ({type(exc).__name__}): an altered or "
+        raise ValueError(f"{location} cannot be read as a release file ({type(exc).__name__}): an altered or "
                          f"incomplete release") from None
 
 
-def _bootstrap_info(release: Path) -> dict:
-    path = release / UNCERTAINTY
-    if not path.exists():
+def _bootstrap_info(release: str) -> dict:
+    """The release's bootstrap section of uncertainty.json, with the release's confidence."""
+    location = storage.join(release, UNCERTAINTY)
+    if not storage.exists(location):
         raise ValueError(f"{release} has no {UNCERTAINTY}: not a release folder, or made before intervals existed")
     try:
-        info = json.loads(path.read_text()).get("bootstrap", {})
+        whole = json.loads(storage.read_bytes(location))
+        info = whole.get("bootstrap", {})
     except (OSError, ValueError, AttributeError):
-        raise ValueError(f"{path} cannot be read as JSON: an altered or incomplete release") from None
+        raise ValueError(f"{location} cannot be read as JSON: an altered or incomplete release") from None
     if not info.get("replicates"):
         raise ValueError(f"{release} publishes no replicates ({info.get('reason', 'none')})")
-    return info
+    return {**info, "confidence": whole["confidence"]}

@@ -67,6 +67,7 @@ def set_table(column: str, offsets: np.ndarray, values: np.ndarray) -> pa.Table:
 def _transaction_chunks(path: str) -> Iterator[tuple[np.ndarray, np.ndarray]]:
     import fsspec
 
+    storage.configure()  # the operator's credentials block, which fsspec.open applies to a URL's store
     lengths, values = [], []
     with fsspec.open(path, "rt", encoding="utf-8-sig", compression="gzip" if path.endswith(".gz") else None) as fh:
         for line in fh:

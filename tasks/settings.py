@@ -22,7 +22,8 @@ from urllib.parse import urlsplit
 from tasks.errors import ReleaseError
 from tasks.schemes import check_supported
 
-__all__ = ["OperatorSettings", "config_file", "current", "env_of", "is_database", "masked", "table"]
+__all__ = ["OperatorSettings", "config_file", "current", "env_of", "is_database", "masked", "scheduler_address",
+           "table"]
 
 _SCHEDULER_ADDRESS = re.compile(r"(tcp|tls)://(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9](?:[A-Za-z0-9.-]*[A-Za-z0-9])?)"
                                 r":([0-9]{1,5})")
@@ -140,6 +141,23 @@ def _scheduler(value: Any, where: str) -> str | None:
     return value.strip()
 
 
+#: A Prefect block document's name: lowercase letters, digits and dashes.
+_BLOCK_NAME = re.compile(r"[a-z0-9](?:[a-z0-9-]*[a-z0-9])?")
+
+
+def _block_name(value: Any, where: str) -> str | None:
+    if value in (None, ""):
+        return None
+    if not isinstance(value, str) or not _BLOCK_NAME.fullmatch(value.strip()):
+        raise ReleaseError(f"{where} must name a Prefect block (lowercase letters, digits and dashes), got {value!r}")
+    return value.strip()
+
+
+def scheduler_address(value: Any, where: str) -> str | None:
+    """A dask scheduler address checked as the `dask_address` setting is (for one read from dask's configuration)."""
+    return _scheduler(value, where)
+
+
 def _folders(value: Any, where: str) -> tuple[str, ...]:
     items = value.split(os.pathsep) if isinstance(value, str) else value
     if not isinstance(items, (list, tuple)):
@@ -211,8 +229,10 @@ class OperatorSettings:
     dask_address: str | None = setting(
         "DPRELEASE_DASK_ADDRESS", None, _scheduler,
         "The dask scheduler every release of this machine runs on (`tcp://HOST:PORT` or `tls://HOST:PORT`): it and "
-        "its workers see the raw partitions and the exact statistics before noise.",
-        "none: each run starts its own local cluster (TLS, loopback)")
+        "its workers see the raw partitions and the exact statistics before noise. Unset, the team's dask "
+        "configuration's `scheduler-address` (`~/.config/dask/*.yaml`, `DASK_SCHEDULER_ADDRESS`) is used, and the "
+        "run's log says so.",
+        "none: dask's `scheduler-address`, else each run starts its own local cluster (TLS, loopback)")
     dask_tls_ca_file: str | None = setting(
         "DPRELEASE_DASK_TLS_CA_FILE", None, _optional_path,
         "CA certificate of the operator's scheduler (PEM), for a `tls://` address.", "none")
@@ -239,6 +259,12 @@ class OperatorSettings:
         "`dataset=<id>/kind=<kind>/release=<release id>/` with its manifest written last, and listed in its "
         "catalogue (`catalogue/`), which DuckDB or polars read as one table.",
         "none: `<output_dir>/<release id>/release/`, catalogue in `<output_dir>/catalogue/`")
+    aws_credentials_block: str | None = setting(
+        "DPRELEASE_AWS_CREDENTIALS_BLOCK", None, _block_name,
+        "The name of a `prefect-aws` `AwsCredentials` block (saved on the Prefect API every host uses) whose keys, "
+        "region and endpoint open every `s3://` location, on the driver and on each dask worker (needs the `aws` "
+        "extra: `pip install 'dprelease[aws]'`). Unset, the store's standard environment gives them "
+        "(`AWS_ACCESS_KEY_ID`, `AWS_ENDPOINT_URL`, ...).", "none: the environment")
     ui_evaluation: bool = setting(
         "DPRELEASE_UI_EVALUATION", False, _allowed,
         "`allowed` shows the internal evaluation's headline (computed on raw data) in the Prefect UI's report.",
@@ -283,10 +309,13 @@ class OperatorSettings:
         "`dprelease ledger reconcile`, remove those published more than N days ago. The committed measurements are "
         "kept (a release id is drawn once).", "0 (removed once published)")
     gx_folder: str | None = setting(
-        "DPRELEASE_GX_FOLDER", None, _optional_path,
-        "Where the great-expectations projects are: one File Data Context per dataset id (`<folder>/<dataset id>/gx/`) "
-        "keeping its suites, every release's contract results and the Data Docs (internal: owner-only). Set it to keep "
-        "one history per dataset whatever `output_dir` its specs name.", "`<output_dir>/.gx`, beside the runs")
+        "DPRELEASE_GX_FOLDER", None, _location,
+        "Where the great-expectations projects are: one per dataset id, keeping its suites, every release's contract "
+        "results and the Data Docs (internal: their counts are raw-derived). An absolute folder (`<folder>/<dataset "
+        "id>/gx/`, owner-only), or a store's URL (`s3://contracts/gx`: the stores and the Data Docs site at "
+        "`<url>/<dataset id>/`, one history whichever host ran the release). Set it to keep one history per dataset "
+        "whatever `output_dir` its specs name.",
+        "`<scratch>/.gx` when the output and the scratch are on stores; else `<output_dir>/.gx`, beside the runs")
     dask_dashboard: bool = setting(
         "DPRELEASE_DASK_DASHBOARD", False, _on,
         "`on` serves a local cluster's dask dashboard (on 127.0.0.1, a free port, its address in the run's internal "

@@ -15,6 +15,7 @@ import re
 from dataclasses import dataclass
 
 from tasks.errors import InputError, reason
+from tasks.storage.options import configure
 
 _NUMBER = re.compile(r"^[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?$|^[+-]?(nan|inf|infinity)$", re.IGNORECASE)
 #: Leading bytes that say what a file is when it is not UTF-8 text: a refusal names the format, never the content.
@@ -39,6 +40,7 @@ class CsvLayout:
 def _opener(path: str):
     import fsspec
 
+    configure()  # the operator's credentials block, for a URL's store (fsspec.open applies fsspec's configuration)
     return fsspec.open(path, "rb", compression="gzip" if path.endswith(".gz") else None)
 
 

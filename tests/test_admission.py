@@ -187,3 +187,27 @@ def test_no_module_imports_one_that_imports_it_back():
 
     cycles = [c for m in sorted(graph) if state.get(m) is None and (c := cycle_from(m, [m]))]
     assert cycles == []
+
+
+@pytest.mark.usefixtures("prefect_api")
+def test_a_spec_file_of_another_dataset_than_its_deployments_tag_is_refused(tmp_path, monkeypatch):
+    """A deployment tagged `dataset:sensors` whose spec_file names dataset `clinic` ran tagged with both: refused in
+    one line before anything is read or charged; the spec of the tagged dataset runs."""
+    from prefect import tags
+
+    from flows.release import release
+
+    allowed = tmp_path / "specs"
+    allowed.mkdir()
+    monkeypatch.setenv("DPRELEASE_SPEC_FOLDERS", str(allowed))
+    spec = spec_dict(tmp_path, write_csv(tmp_path / "x.csv", blobs(200)), epsilon=0.5, iterations=2)
+    spec["dataset"]["id"] = "clinic"
+    (allowed / "clinic.yaml").write_text(json.dumps(spec))
+    budget("clinic")
+    with tags("dataset:sensors", "kind:kmeans"):
+        state = release(spec_file=str(allowed / "clinic.yaml"), return_state=True)
+    assert state.is_failed() and state.message.count("\n") == 0
+    assert "releases dataset 'clinic', but this run is tagged dataset:sensors" in state.message, state.message
+    assert ledger().releases("clinic") == [] and not (tmp_path / "runs").exists()
+    with tags("dataset:clinic", "kind:kmeans"):
+        assert release(spec_file=str(allowed / "clinic.yaml"), return_state=True).is_completed()

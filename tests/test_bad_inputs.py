@@ -992,6 +992,8 @@ def store_cases(refused: str, silent: str) -> list[Case]:
                                                                s3spec(w, "s3new")], 2, "cannot be reached", env=env),
             Case(f"public register, s3, {where}", ["public", "register", "s3://data/m.csv", "--source", "x"], 2,
                  "cannot be reached", env=env),
+            Case(f"query, s3 release, {where}", ["query", "s3://public/releases/dataset=d/kind=histogram/release=r",
+                                                 "--range", "0", "2"], 2, "cannot be reached", env=env),
         ]
         # A silent endpoint costs its timeouts: two of its commands here, one more through the entry point.
         cases += commands if where != "silent endpoint" else commands[:1] + commands[2:3]
@@ -1004,6 +1006,10 @@ def store_cases(refused: str, silent: str) -> list[Case]:
             "id": "s3d", "path": "s3:///x.csv"})])[1], 2, "names no bucket"),
         Case("run, s3 with dot dot", lambda w: (w.budget("s3d"), ["run", w.spec("dd", dataset={
             "id": "s3d", "path": "s3://b/a/../x.csv"})])[1], 2, "'..'"),
+        Case("query, storage options not JSON", ["query", "s3://public/r", "--range", "0", "2", "--storage-options",
+                                                 '{"secret": "x"'], 2, "not valid JSON"),
+        Case("query, storage options a list", ["query", "s3://public/r", "--range", "0", "2", "--storage-options",
+                                               "[1]"], 2, "must be a JSON object"),
         Case("run, s3 public marginals unreachable", lambda w: ["spec", "check", w.spec("pm", w.spec_dict(
             "contingency", public_marginals="s3://data/m.csv"))], 2, None, env=NO_CREDENTIALS, lines=None),
     ]
@@ -1040,6 +1046,9 @@ def settings_cases() -> list[Case]:
         Case("output ftp", spec, 1, "not supported", env={"DPRELEASE_OUTPUT": "ftp://x/y"}),
         Case("scratch relative", spec, 1, "absolute", env={"DPRELEASE_SCRATCH": "scratch"}),
         Case("low budget fraction 2", spec, 1, "fraction", env={"DPRELEASE_LOW_BUDGET_FRACTION": "2"}),
+        Case("credentials block not a name", spec, 1, "must name a Prefect block",
+             env={"DPRELEASE_AWS_CREDENTIALS_BLOCK": "My Block!"}),
+        Case("gx folder relative", spec, 1, "absolute", env={"DPRELEASE_GX_FOLDER": "gx"}),
         Case("config.toml invalid", lambda w: (_config(w, "ledger = ["), spec(w))[1], 1, "not valid TOML"),
         Case("config.toml unknown key", lambda w: (_config(w, "colour = 1"), spec(w))[1], 1, "unknown setting"),
         Case("config.toml wrong type", lambda w: (_config(w, "memory_limit_gib = \"lots\""), spec(w))[1], 1,

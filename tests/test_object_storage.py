@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -143,7 +144,8 @@ def test_a_release_reads_writes_and_publishes_on_the_store(s3, tmp_path, monkeyp
                  "uncertainty.json", "histogram_replicates.parquet")  # the noisy strategy with its intervals at the top
     assert public == sorted([prefix + k for k in published] +
                             ["releases/catalogue/release=s3-1.parquet"])  # nothing raw-derived is public
-    private = _keys(s3, "private")  # the raw-derived stage outputs removed once published; the measurements kept
+    private = [k for k in _keys(s3, "private") if not k.startswith("scratch/.gx/")]  # the contracts' project apart
+    # the raw-derived stage outputs removed once published; the measurements kept
     assert "scratch/s3-1/measurements/measurements.json" in private and \
         all(k.startswith("scratch/s3-1/measurements/") for k in private), private
     manifest = json.loads(storage.read_bytes(f"s3://public/{prefix}manifest.json"))
@@ -153,6 +155,7 @@ def test_a_release_reads_writes_and_publishes_on_the_store(s3, tmp_path, monkeyp
     [row] = catalogue.rows("s3://public/releases")
     assert row["release_id"] == "s3-1" and row["epsilon"] == manifest["privacy"]["epsilon"]
     assert row["location"] == summary["published_at"] and f"s3://public/{prefix}manifest.json" in row["files"]
+    assert _link_artifact("release-sensors") == summary["published_at"]  # the store's copy, not the worker's
 
     # Another host resumes the release as if its publication had failed (nothing public, the ledger at `measured`):
     # no run folder here, the measurements come from the scratch store, and nothing is drawn again.
@@ -217,31 +220,51 @@ def test_duckdb_and_polars_read_the_daily_releases_as_one_table(tmp_path, monkey
     listed = json.loads(_cli("releases", "list", "--output", str(output), "--dataset", "sensors", "--json").stdout)
     assert [r["release_id"] for r in listed] == [f"sensors-histogram-{d}" for d in days]
 
-    # Lineage: every published file of the last release a Prefect asset its flow run materialised.
+    # Lineage: one stable asset for the dataset and kind, materialised once per release (its id in the
+    # materialisation's metadata) from the input dataset's asset; the link artifact names the published location.
+    summary = state.result()
+    table = f"file://{output}/dataset=sensors/kind=histogram"
+    events = _materialisations(table, len(days))
+    assert sorted(e["payload"]["release_id"] for e in events) == [f"sensors-histogram-{d}" for d in days]
+    run_id = str(state.state_details.flow_run_id)
+    last = next(e for e in events if e["payload"]["release_id"] == summary["release_id"])
+    assert last["payload"]["location"] == summary["published_at"] and "histogram.parquet" in last["payload"]["files"]
+    assert any(r.get("prefect.resource.id") == f"prefect.flow-run.{run_id}" for r in last["related"]), last["related"]
+    assert any(r.get("prefect.resource.id") == f"file://{data}" and r.get("prefect.resource.role") == "asset"
+               for r in last["related"]), last["related"]  # the input dataset, upstream
+    linked = _link_artifact("release-sensors")  # the published copy, not the run folder's working copy
+    assert linked == Path(summary["published_at"]).as_uri() and "/runs/" not in linked, linked
+
+
+def _materialisations(key: str, n: int) -> list[dict]:
+    """The asset materialisation events of `key` (at least `n` of them: events reach the server asynchronously)."""
     from prefect.client.orchestration import get_client
     from prefect.events.worker import EventsWorker
 
-    summary = state.result()
-    published = Path(summary["published_at"])
-    wanted = {f"file://{published / f}" for f in ("manifest.json", "histogram.parquet", "consistency.json",
-                                                 "measurements/noisy_strategy.parquet")}
     events: list[dict] = []
     deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:  # events reach the server's store asynchronously
+    while time.monotonic() < deadline:
         EventsWorker.drain_all(timeout=30)
         with get_client(sync_client=True) as client:
             events = client.request("POST", "/events/filter", json={"filter": {
                 "event": {"name": ["prefect.asset.materialization.succeeded"]},
-                "resource": {"id_prefix": [f"file://{published}"]}, "occurred": {"since": "2000-01-01T00:00:00Z"}},
+                "resource": {"id": [key]}, "occurred": {"since": "2000-01-01T00:00:00Z"}},
                 "limit": 50}).json()["events"]
-        if wanted <= {e["resource"]["prefect.resource.id"] for e in events}:
+        if len(events) >= n:
             break
         time.sleep(1)
-    assert wanted <= {e["resource"]["prefect.resource.id"] for e in events}
-    run_id = str(state.state_details.flow_run_id)
-    for e in events:
-        assert e["payload"]["release_id"] == summary["release_id"] and e["payload"]["epsilon"] == summary["epsilon"]
-        assert any(r.get("prefect.resource.id") == f"prefect.flow-run.{run_id}" for r in e["related"]), e["related"]
+    assert len(events) >= n, events
+    return events
+
+
+def _link_artifact(key: str) -> str:
+    """The link of the latest artifact `key`."""
+    from prefect.client.orchestration import get_client
+    from prefect.client.schemas.filters import ArtifactFilter, ArtifactFilterKey
+
+    with get_client(sync_client=True) as client:
+        [latest] = client.read_latest_artifacts(artifact_filter=ArtifactFilter(key=ArtifactFilterKey(any_=[key])))
+    return re.fullmatch(r"\[.*\]\((.*)\)", latest.data).group(1)
 
 
 def _specs(data: dict[str, str], tmp_path: Path, tag: str) -> list[dict]:
@@ -295,7 +318,8 @@ def test_releases_on_a_cluster_whose_workers_share_no_disk(s3, s3_server, tmp_pa
     """A `dask scheduler` and two `dask worker` processes on loopback, each worker in an empty working directory of
     its own with its own temporary folder, the data, the scratch and the output in the S3 API: histogram, k-means and
     kernel k-means releases complete and are published as the same files, with the same columns, as on the local
-    disk with a local cluster."""
+    disk with a local cluster; a second host's release of one of the datasets joins the first's Data Docs history on
+    the store, and `dprelease query s3://...` answers from a published release."""
     import socket
 
     from flows.release import release
@@ -337,6 +361,14 @@ def test_releases_on_a_cluster_whose_workers_share_no_disk(s3, s3_server, tmp_pa
             ledger().set_budget(spec["dataset"]["id"] + "-s3", 10.0, 1e-5, source=spec["dataset"]["path"])
             spec["dataset"]["id"] += "-s3"
             assert release(spec=spec)["status"] == "published"
+        # A second host (another empty working folder) releases the histogram's dataset again: its contracts join
+        # the same great-expectations history on the store.
+        again = {**_specs(remote, tmp_path, "s3")[0], "output_dir": str(tmp_path / "host-2" / "runs"),
+                 "release_id": "h-s3-host-2"}
+        again["dataset"] = {**again["dataset"], "id": "values-s3"}
+        (tmp_path / "host-2").mkdir()
+        monkeypatch.chdir(tmp_path / "host-2")
+        assert release(spec=again)["status"] == "published"
     finally:
         for proc in procs:
             proc.terminate()
@@ -346,11 +378,16 @@ def test_releases_on_a_cluster_whose_workers_share_no_disk(s3, s3_server, tmp_pa
             reaper.release()
     for row in catalogue.rows("s3://public/releases"):
         assert _structure(row["location"]) == expected[row["kind"]], row["kind"]
-    assert len(catalogue.rows("s3://public/releases")) == 3
+    assert len(catalogue.rows("s3://public/releases")) == 4
     for i in range(2):  # the workers wrote nothing where they run
         assert [p for p in (tmp_path / f"worker-{i}").rglob("*.parquet")] == []
-    kept = storage.files("s3://private/scratch")  # once published, only the measurements stay in the scratch
-    assert kept and all("/measurements/" in f for f in kept), kept
+    kept = [f for f in storage.files("s3://private/scratch") if "/.gx/" not in f]  # the contracts' project apart
+    assert kept and all("/measurements/" in f for f in kept), kept  # once published, only the measurements stay
+    index = storage.read_bytes("s3://private/scratch/.gx/values-s3/data_docs/index.html").decode()
+    assert "h-s3" in index and "h-s3-host-2" in index  # one Data Docs history for both hosts' releases
+    histogram = next(r for r in catalogue.rows("s3://public/releases") if r["release_id"] == "h-s3")["location"]
+    answered = _cli("query", histogram, "--range", "0", "8", "--json", env=s3_server)
+    assert answered.returncode == 0 and json.loads(answered.stdout)["replicates"] > 0, answered.stderr
 
 
 def _wait_for_workers(address: str, n: int, timeout: float = 120) -> None:
@@ -363,3 +400,224 @@ def _wait_for_workers(address: str, n: int, timeout: float = 120) -> None:
         while len(client.scheduler_info()["workers"]) < n:
             assert time.monotonic() < deadline, "the dask workers did not start"
             time.sleep(0.5)
+
+
+DOWNSTREAM = Path(__file__).resolve().parents[1] / "docs" / "how-to" / "object-storage.md"
+
+
+def _doc_block(marker: str) -> str:
+    """The code block of docs/how-to/object-storage.md under `<!-- tested: MARKER -->`, as a reader copies it."""
+    import re
+
+    found = re.search(rf"^<!-- tested: {marker} -->\n```\w+\n(.*?)^```", DOWNSTREAM.read_text(), re.S | re.M)
+    assert found, f"docs/how-to/object-storage.md has no block marked {marker}"
+    return found.group(1)
+
+
+@pytest.mark.usefixtures("prefect_api")
+def test_the_docs_downstream_reads_run_on_the_store(s3, tmp_path, monkeypatch):
+    """Two daily releases published on the S3 API; the how-to's DuckDB (fsspec registered, no httpfs download) and
+    polars reads, its `dprelease query s3://...` and `releases list` run as the page writes them and read those
+    releases; the query's answer is the one the same release folder gives."""
+    from flows.release import release
+    from tasks.replicates import Replicates
+
+    s3.create_bucket(Bucket="dprelease-public")
+    output = "s3://dprelease-public/releases"
+    monkeypatch.setenv("DPRELEASE_OUTPUT", output)
+    source = _put_values(s3, "sensors/part-0.csv")
+    ledger().set_budget("sensors", 5.0, 0.0, source=source)
+    days = ["20261101", "20261102"]
+    for day in days:
+        release(spec=_histogram(source, tmp_path, release_id=f"sensors-histogram-{day}"), period="daily")
+
+    read = {}
+    exec(_doc_block("s3-downstream-python"), read)  # noqa: S102 - the page's code, as a reader runs it
+    assert [r[0] for r in read["catalogue"]] == [f"sensors-histogram-{d}" for d in days]
+    assert len(read["series"]) == 16 * len(days) and {r[0] for r in read["series"]} == \
+        {f"sensors-histogram-{d}" for d in days}
+    assert read["frame"].height == 16 * len(days)
+    published = Path(tmp_path / "runs" / "sensors-histogram-20261102" / "release")
+    local = sorted((r[1], r[2]) for r in read["series"] if r[0] == "sensors-histogram-20261102")
+    import pyarrow.parquet as pq
+
+    assert local == sorted(zip(*pq.read_table(published / "histogram.parquet", columns=["bin", "count"])
+                               .to_pydict().values()))
+
+    query, listing = _doc_block("s3-downstream-cli").strip().splitlines()
+    assert query.startswith("dprelease query s3://") and listing.startswith("dprelease releases list --output s3://")
+    answered = _cli(*query.split()[1:], "--json")
+    assert answered.returncode == 0, answered.stderr
+    answer = json.loads(answered.stdout)
+    expected = Replicates.open(published).range_sum(0, 8)
+    assert (answer["estimate"], answer["lo"], answer["hi"]) == (expected.estimate, expected.lo, expected.hi)
+    listed = _cli(*listing.split()[1:], "--json")
+    assert [r["release_id"] for r in json.loads(listed.stdout)] == [f"sensors-histogram-{d}" for d in days]
+
+
+@pytest.mark.usefixtures("prefect_api")
+def test_query_takes_storage_options_where_the_environment_has_none(s3, s3_server, tmp_path):
+    """`dprelease query s3://...` on a host whose environment names no endpoint nor keys: refused in one line
+    without them, answered with `--storage-options`; a malformed JSON refused without echoing it (it may hold a
+    secret)."""
+    from tasks import storage
+
+    release = "s3://public/releases/dataset=d/kind=histogram/release=r"
+    local = _replicated_release(tmp_path)
+    for f in storage.files(str(local)):
+        storage.write_bytes(storage.join(release, storage.relative(f, str(local))), Path(f).read_bytes())
+    bare = {k: v for k, v in os.environ.items() if k not in S3_ENV} | {
+        "AWS_CONFIG_FILE": str(tmp_path / "none"), "AWS_SHARED_CREDENTIALS_FILE": str(tmp_path / "none"),
+        "AWS_EC2_METADATA_DISABLED": "true"}
+
+    def query(*args):
+        return subprocess.run([sys.executable, "-m", "flows.cli", "query", release, "--range", "0", "4", *args],
+                              capture_output=True, text=True, timeout=120, env=bare)
+    refused = query()
+    assert refused.returncode == 2 and refused.stderr.count("\n") == 1 and "cannot be reached" in refused.stderr, \
+        refused.stderr
+    given = json.dumps({"key": "test", "secret": "test", "client_kwargs": {
+        "endpoint_url": s3_server["AWS_ENDPOINT_URL"], "region_name": "us-east-1"}})
+    answered = query("--storage-options", given, "--json")
+    assert answered.returncode == 0, answered.stderr
+    from tasks.replicates import Replicates
+
+    assert json.loads(answered.stdout)["estimate"] == Replicates.open(str(local)).range_sum(0, 4).estimate
+    bad = query("--storage-options", '{"secret": "hunter2"')
+    assert bad.returncode == 2 and "not valid JSON" in bad.stderr and "hunter2" not in bad.stderr + bad.stdout
+
+
+def _replicated_release(tmp_path: Path) -> Path:
+    """A local histogram release (bootstrap replicates published beside it)."""
+    from flows.release import release
+    from tests.conftest import write_csv
+
+    data = write_csv(tmp_path / "v.csv", np.column_stack([np.random.default_rng(5).uniform(0, 100, 400)]),
+                     header=("x",))
+    ledger().set_budget("d", 5.0, 0.0, source=str(data))
+    summary = release(spec={"dataset": {"id": "d", "path": str(data), "header": True, "bounds": {"x": [0, 100]}},
+                            "release": {"kind": "histogram", "bins": 16, "branching": 4, "epsilon": 1.0},
+                            "output_dir": str(tmp_path / "local"), "evaluate": False, "release_id": "r"})
+    return Path(summary["release_dir"])
+
+
+@pytest.fixture
+def fsspec_config():
+    """fsspec's process-wide configuration (which a credentials block fills) restored after the test."""
+    import fsspec.config
+    import s3fs
+
+    from tasks.storage import options
+
+    saved = {k: dict(v) for k, v in fsspec.config.conf.items()}
+    yield
+    fsspec.config.conf.clear()
+    fsspec.config.conf.update(saved)
+    options._apply_block.cache_clear()
+    s3fs.S3FileSystem.clear_instance_cache()
+
+
+@pytest.mark.usefixtures("prefect_api", "fsspec_config")
+def test_credentials_from_a_prefect_block_where_the_environment_has_none(s3, s3_server, tmp_path, monkeypatch):
+    """A host whose environment holds no AWS credentials nor endpoint: refused without a block; with the operator's
+    `AwsCredentials` block (saved on the Prefect API) a release reads its input from the store and publishes there,
+    and another process (a CLI on another host) that names the block answers a query of it. A block that does not
+    exist is one line."""
+    import s3fs
+    from prefect.settings import PREFECT_API_URL
+
+    from flows.release import release
+    from tasks import storage
+    from tasks.errors import Unreachable
+    from tasks.replicates import Replicates
+
+    prefect_aws = pytest.importorskip("prefect_aws", reason="the aws extra (prefect-aws) reads the block")
+    prefect_aws.AwsCredentials(aws_access_key_id="AKIABLOCKKEY", aws_secret_access_key="block-secret-value",
+                               region_name="us-east-1",
+                               aws_client_parameters={"endpoint_url": s3_server["AWS_ENDPOINT_URL"]}
+                               ).save("moto-s3", overwrite=True)
+    source = _put_values(s3, "sensors/part-0.csv")
+    for key in S3_ENV:
+        monkeypatch.delenv(key)
+    nothing = {"AWS_CONFIG_FILE": str(tmp_path / "none"), "AWS_SHARED_CREDENTIALS_FILE": str(tmp_path / "none"),
+               "AWS_EC2_METADATA_DISABLED": "true"}
+    for key, value in nothing.items():
+        monkeypatch.setenv(key, value)
+    s3fs.S3FileSystem.clear_instance_cache()
+    with pytest.raises(Unreachable):
+        storage.probe(source)
+
+    monkeypatch.setenv("DPRELEASE_AWS_CREDENTIALS_BLOCK", "moto-s3")
+    monkeypatch.setenv("DPRELEASE_SCRATCH", "s3://private/scratch")
+    monkeypatch.setenv("DPRELEASE_OUTPUT", "s3://public/releases")
+    ledger().set_budget("sensors", 5.0, 0.0, source=source)
+    summary = release(spec=_histogram(source, tmp_path, release_id="blk-1"))
+    assert summary["published_at"] == "s3://public/releases/dataset=sensors/kind=histogram/release=blk-1"
+    assert "releases/dataset=sensors/kind=histogram/release=blk-1/manifest.json" in _keys(s3, "public")
+
+    host = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")} | nothing | {
+        "PREFECT_API_URL": PREFECT_API_URL.value()}
+    query = [sys.executable, "-m", "flows.cli", "query", summary["published_at"], "--range", "0", "4", "--json"]
+    answered = subprocess.run(query, capture_output=True, text=True, timeout=120, env=host)
+    assert answered.returncode == 0, answered.stderr
+    assert json.loads(answered.stdout)["estimate"] == Replicates.open(summary["release_dir"]).range_sum(0, 4).estimate
+    missing = subprocess.run(query, capture_output=True, text=True, timeout=120,
+                             env=host | {"DPRELEASE_AWS_CREDENTIALS_BLOCK": "no-such-block"})
+    assert missing.returncode == 2 and missing.stderr.count("\n") == 1, missing.stderr
+    assert "aws-credentials/no-such-block (DPRELEASE_AWS_CREDENTIALS_BLOCK) does not exist" in missing.stderr
+    said = answered.stdout + answered.stderr + missing.stdout + missing.stderr
+    assert "AKIABLOCKKEY" not in said and "block-secret-value" not in said  # no key of the block in any message
+
+
+@pytest.mark.usefixtures("prefect_api")
+def test_two_hosts_record_their_contracts_into_one_data_docs_history(s3, tmp_path, monkeypatch):
+    """Two releases of one dataset from two empty working folders (two hosts: nothing of the first on the second's
+    disk), output and scratch on the S3 API: both releases' contract results are in the one project on the store,
+    and the second host's Data Docs index lists the first host's release beside its own; the release report and the
+    link artifact point at that site. The great-expectations project's content stays private (the scratch bucket)."""
+    import shutil
+
+    from flows.release import release
+    from tasks import storage
+
+    monkeypatch.setenv("DPRELEASE_SCRATCH", "s3://private/scratch")
+    monkeypatch.setenv("DPRELEASE_OUTPUT", "s3://public/releases")
+    source = _put_values(s3, "sensors/part-0.csv")
+    ledger().set_budget("sensors", 5.0, 0.0, source=source)
+    summaries = []
+    for host in ("host-a", "host-b"):
+        folder = tmp_path / host
+        folder.mkdir()
+        monkeypatch.chdir(folder)
+        spec = _histogram(source, folder, release_id=f"gx-{host}")
+        summaries.append(release(spec=spec))
+        shutil.rmtree(folder / "runs" / f"gx-{host}")  # the host's run folder gone: only the store holds the history
+    site = "s3://private/scratch/.gx/sensors/data_docs"
+    assert [s["data_docs"] for s in summaries] == [f"{site}/index.html"] * 2
+    index = storage.read_bytes(f"{site}/index.html").decode()
+    assert "gx-host-a" in index and "gx-host-b" in index  # one history: the first host's run on the second's site
+    validations = [k for k in _keys(s3, "private") if k.startswith("scratch/.gx/sensors/validations/")]
+    for host in ("host-a", "host-b"):
+        assert any(f"/gx-{host}/" in k for k in validations), validations
+        assert any(k.startswith("scratch/.gx/sensors/data_docs/validations/") and f"/gx-{host}/" in k
+                   for k in _keys(s3, "private"))
+    assert not any(".gx" in k for k in _keys(s3, "public"))  # raw-derived counts: never in the public bucket
+    assert _link_artifact("data-docs-sensors") == f"{site}/index.html"
+    assert [p for p in tmp_path.rglob("*") if p.suffix in (".html", ".json") and ".gx" in p.parts] == []  # all remote
+
+
+def test_the_contracts_store_lists_what_another_host_wrote_since(s3):
+    """The great-expectations store on the bucket (data_contracts/object_store.py) lists afresh: a key another host
+    wrote after this process listed is in the next listing (the Data Docs index is built from it), and reads back."""
+    from data_contracts.object_store import FsspecStoreBackend
+
+    store = FsspecStoreBackend("s3://private/gx/d/validations", filepath_suffix=".json",
+                               suppress_store_backend_id=True)
+    store.set(("a",), '{"run": "a"}')
+    assert store.list_keys() == [("a",)]
+    s3.put_object(Bucket="private", Key="gx/d/validations/b.json", Body=b'{"run": "b"}')  # another host's client
+    assert store.has_key(("b",)) and store.get(("b",)) == '{"run": "b"}'  # before this process lists again
+    s3.put_object(Bucket="private", Key="gx/d/validations/c.json", Body=b'{"run": "c"}')
+    assert sorted(store.list_keys()) == [("a",), ("b",), ("c",)]
+    assert store.has_key(("a",)) and not store.has_key(("z",))
+    assert store.remove_key(("a",)) and sorted(store.list_keys()) == [("b",), ("c",)]

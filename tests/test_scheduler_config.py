@@ -12,6 +12,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -283,3 +284,114 @@ def test_another_local_account_cannot_connect_to_a_runs_cluster():
     with LocalCluster(n_workers=1, threads_per_worker=1, processes=False, host="127.0.0.1", protocol="tcp://",
                       dashboard_address="127.0.0.1:0") as before:  # what runs used to start: the probe is answered
         assert probe(before.scheduler_address)[0] == "PLAIN GREETING"
+
+
+# ---- the team's dask configuration, where the operator's settings are unset (tasks/scheduler.py) -------------------
+def _closed_address() -> str:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return f"tcp://127.0.0.1:{sock.getsockname()[1]}"
+
+
+def test_the_teams_dask_configuration_names_the_scheduler_where_the_operator_does_not(monkeypatch):
+    """`scheduler-address` of dask's configuration: the client connects to that scheduler and runs there, the source
+    is named; the operator's dask_address, when set, wins over it (the authority on who sees raw data)."""
+    import dask.config
+    from distributed import LocalCluster
+
+    from tasks import scheduler
+    from tasks.partitions import dask_client
+
+    with LocalCluster(n_workers=1, threads_per_worker=1, processes=False, host="127.0.0.1",
+                      protocol="tcp://", dashboard_address="127.0.0.1:0") as teams, \
+            LocalCluster(n_workers=1, threads_per_worker=1, processes=False, host="127.0.0.1",
+                         protocol="tcp://", dashboard_address="127.0.0.1:0") as operators:
+        with dask.config.set({"scheduler-address": teams.scheduler_address}):
+            assert "dask's configuration `scheduler-address`" in scheduler.chosen().source
+            with dask_client(DaskSpec()) as client:
+                assert client.scheduler.address == teams.scheduler_address
+                assert client.submit(sum, [1, 2, 3]).result() == 6
+        with dask.config.set({"scheduler-address": _closed_address()}):
+            monkeypatch.setenv(DASK_ADDRESS_ENV, operators.scheduler_address)
+            assert scheduler.chosen().source.startswith("the operator's setting dask_address")
+            with dask_client(DaskSpec()) as client:
+                assert client.scheduler.address == operators.scheduler_address
+    with dask.config.set({"scheduler-address": "sched:8786"}):
+        monkeypatch.delenv(DASK_ADDRESS_ENV)
+        with pytest.raises(ReleaseError, match=r"dask's configuration `scheduler-address` .* must be a dask "
+                                               r"scheduler address tcp://HOST:PORT"):
+            scheduler.chosen()
+
+
+def test_the_teams_dask_tls_configuration_reaches_a_tls_scheduler(tmp_path):
+    """A tls:// scheduler from dask's configuration: refused in one line without a CA, certificate and key; with
+    dask's `distributed.comm.tls.*` (the team's files) the client connects."""
+    import dask.config
+    from distributed import LocalCluster
+    from distributed.security import Security
+
+    from tasks.partitions import dask_client
+
+    security = Security.temporary()
+    files = {}
+    for name, pem in (("ca-file", security.tls_ca_file), ("client.cert", security.tls_client_cert),
+                      ("client.key", security.tls_client_key)):
+        files[name] = tmp_path / f"{name}.pem"
+        files[name].write_text(pem)
+    with LocalCluster(n_workers=1, threads_per_worker=1, processes=False, host="127.0.0.1", security=security,
+                      dashboard_address="127.0.0.1:0") as teams:
+        with dask.config.set({"scheduler-address": teams.scheduler_address}):
+            with pytest.raises(ReleaseError, match="takes TLS, and neither the operator's dask_tls_"):
+                with dask_client(DaskSpec()):
+                    pytest.fail("connected without certificates")
+            with dask.config.set({f"distributed.comm.tls.{k}": str(v) for k, v in files.items()}):
+                with dask_client(DaskSpec()) as client:
+                    assert client.submit(sum, [1, 2, 3]).result() == 6
+
+
+_CHOSEN = "from tasks.scheduler import chosen; c = chosen(); print(c.address); print(c.source)"
+
+
+def test_dask_loads_the_teams_configuration_from_its_files_and_variables(tmp_path):
+    """As dask loads it in a new process: a YAML file in $DASK_CONFIG, and DASK_SCHEDULER_ADDRESS over it."""
+    (tmp_path / "dask").mkdir()
+    (tmp_path / "dask" / "team.yaml").write_text("scheduler-address: tcp://10.0.0.7:8786\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DASK_", "DPRELEASE_DASK"))}
+    env |= {"DASK_CONFIG": str(tmp_path / "dask"), "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    from_file = subprocess.run([sys.executable, "-c", _CHOSEN], capture_output=True, text=True, timeout=60, env=env)
+    assert from_file.stdout.splitlines()[0] == "tcp://10.0.0.7:8786", from_file.stderr
+    env["DASK_SCHEDULER_ADDRESS"] = "tcp://10.0.0.8:8786"
+    from_env = subprocess.run([sys.executable, "-c", _CHOSEN], capture_output=True, text=True, timeout=60, env=env)
+    assert from_env.stdout.splitlines()[0] == "tcp://10.0.0.8:8786", from_env.stderr
+    assert "dask's configuration" in from_env.stdout
+
+
+@pytest.mark.usefixtures("prefect_api")
+def test_a_release_runs_on_the_scheduler_of_the_teams_dask_configuration(tmp_path):
+    """A release with no operator scheduler and DASK's `scheduler-address` pointing at a running scheduler: its
+    stages run there, and its log says which source chose it (the address only in the internal log)."""
+    import dask.config
+    from distributed import LocalCluster
+    from prefect import get_client
+
+    from flows.release import release
+
+    data = write_csv(tmp_path / "x.csv", blobs(300)[:, :1], header=("x",))
+    budget("values")
+    spec = {"dataset": {"id": "values", "path": str(data), "header": True, "bounds": {"x": [0, 100]}},
+            "release": {"kind": "histogram", "bins": 16, "branching": 4, "epsilon": 0.5},
+            "output_dir": str(tmp_path / "runs"), "evaluate": False}
+    with LocalCluster(n_workers=1, threads_per_worker=2, processes=False, host="127.0.0.1",
+                      protocol="tcp://", dashboard_address="127.0.0.1:0") as teams, \
+            dask.config.set({"scheduler-address": teams.scheduler_address}):
+        before = teams.scheduler.transition_counter
+        state = release(spec=spec, return_state=True)
+        assert state.result()["status"] == "published"
+        assert teams.scheduler.transition_counter > before  # the stages ran on the team's scheduler
+    said, deadline = [], time.monotonic() + 30
+    while not any("dask scheduler:" in m for m in said) and time.monotonic() < deadline:  # logs arrive in batches
+        time.sleep(1)
+        with get_client(sync_client=True) as client:
+            said = [log.message for log in client.read_logs() if log.flow_run_id == state.state_details.flow_run_id]
+    assert any("dask scheduler: dask's configuration `scheduler-address`" in m for m in said), said
+    assert not any(teams.scheduler_address in m for m in said)

@@ -7,7 +7,8 @@ Three kinds of location, each the operator's (docs/design.md, "Scale and where t
 location of the raw-derived stage outputs every worker must read (`scratch`), and the public output location of the
 releases and their catalogue (`output`). Credentials never come from a spec, a log line or a manifest: each store's
 standard environment gives them (`AWS_ACCESS_KEY_ID`, `AWS_ENDPOINT_URL`, `GOOGLE_APPLICATION_CREDENTIALS`,
-`AZURE_STORAGE_*`) on every host.
+`AZURE_STORAGE_*`) on every host, or fsspec's configuration of the process, which the operator's Prefect credentials
+block or `dprelease query --storage-options` fill (`options.py`).
 """
 
 # The schemes live below this package and the operator's settings, which check a configured location with them.
@@ -44,8 +45,9 @@ from tasks.storage.locations import (
                               relative,
                               within,
 )
+from tasks.storage.options import configure
 
-__all__ = ["EXTRAS", "SCHEMES", "canonical", "check_supported", "copy_into", "digest",
+__all__ = ["EXTRAS", "SCHEMES", "canonical", "check_supported", "configure", "copy_into", "digest",
            "download", "exists", "file_sha256", "files", "filesystem", "identity", "is_dir", "is_url", "join",
            "makedirs", "name", "on_store", "parent", "probe", "read_bytes", "read_table", "relative",
            "remove", "store_failure", "unreachable_message", "upload", "within", "write_batches", "write_bytes",

@@ -41,6 +41,13 @@ def release_location(output_dir: str, dataset_id: str, kind: str, release_id: st
     return join(output, f"dataset={dataset_id}", f"kind={kind}", f"release={release_id}")
 
 
+def table_location(output_dir: str, dataset_id: str, kind: str) -> str:
+    """Where every release of one dataset and kind reads as one table, `<output>/dataset=D/kind=K` (the lineage's
+    stable asset). Without the `output` setting no folder holds them together (each stays in its run folder): the
+    same form under `output_dir` then names the table, for the lineage only."""
+    return join(output_location(output_dir), f"dataset={dataset_id}", f"kind={kind}")
+
+
 def add(output: str, row: dict) -> str:
     """The catalogue row of a published release (after its manifest); returns where it was written."""
     import pyarrow as pa

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Iterable
 
 from tasks.storage.locations import is_url, join, relative
+from tasks.storage.options import configure
 from tasks.transient import connection_error, retried
 
 if TYPE_CHECKING:
@@ -48,9 +49,11 @@ def store_of(location: str) -> str:
 
 
 def filesystem(location: str):
-    """(fsspec filesystem, its path) of a URL; fsspec caches one filesystem per store and options."""
+    """(fsspec filesystem, its path) of a URL; fsspec caches one filesystem per store and options (the operator's
+    credentials block among them: `tasks.storage.options`)."""
     import fsspec
 
+    configure()
     return fsspec.core.url_to_fs(location)
 
 
@@ -73,7 +76,8 @@ def unreachable_message(location: str, exc: BaseException) -> str:
     """One line for a store that cannot be reached: the location, the exception's type (its text may be long and
     names endpoints and keys), where credentials come from."""
     return (f"{location} cannot be reached ({type(exc).__name__}): credentials and endpoint come from the store's "
-            f"standard environment (e.g. AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_ENDPOINT_URL). Nothing was run")
+            f"standard environment (e.g. AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_ENDPOINT_URL) or the "
+            f"operator's Prefect block (DPRELEASE_AWS_CREDENTIALS_BLOCK). Nothing was run")
 
 
 def probe(location: str) -> bool:
@@ -99,6 +103,7 @@ def _probe_filesystem(location: str):
     scheme = location.split("://", 1)[0].lower()
     if scheme != "s3":
         return filesystem(location)
+    configure()
     fs = fsspec.filesystem("s3", skip_instance_cache=True, config_kwargs={
         "connect_timeout": PROBE_CONNECT_SECONDS, "read_timeout": PROBE_READ_SECONDS,
         "retries": {"max_attempts": 1, "mode": "standard"}})
