@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 import yaml
 
+from tasks.ledger import LEDGER_ENV
 from tests.conftest import ledger
 from tests.reaper import guard
 
@@ -314,9 +315,10 @@ def _structure(location: str) -> dict:
 
 @pytest.mark.slow  # about 2-3 minutes: six releases, a dask scheduler and two worker processes
 @pytest.mark.usefixtures("prefect_api")
-def test_releases_on_a_cluster_whose_workers_share_no_disk(s3, s3_server, tmp_path, monkeypatch):
+def test_releases_on_a_cluster_whose_workers_share_no_disk(s3, s3_server, postgres, tmp_path, monkeypatch):
     """A `dask scheduler` and two `dask worker` processes on loopback, each worker in an empty working directory of
-    its own with its own temporary folder, the data, the scratch and the output in the S3 API: histogram, k-means and
+    its own with its own temporary folder, the data, the scratch and the output in the S3 API, the ledger on a
+    PostgreSQL server (as hosts share it): histogram, k-means and
     kernel k-means releases complete and are published as the same files, with the same columns, as on the local
     disk with a local cluster; a second host's release of one of the datasets joins the first's Data Docs history on
     the store, and `dprelease query s3://...` answers from a published release."""
@@ -357,6 +359,7 @@ def test_releases_on_a_cluster_whose_workers_share_no_disk(s3, s3_server, tmp_pa
         monkeypatch.setenv("DPRELEASE_DASK_ADDRESS", f"tcp://127.0.0.1:{port}")
         monkeypatch.setenv("DPRELEASE_SCRATCH", "s3://private/scratch")
         monkeypatch.setenv("DPRELEASE_OUTPUT", "s3://public/releases")
+        monkeypatch.setenv(LEDGER_ENV, postgres.new_database())
         for spec in _specs(remote, tmp_path, "s3"):
             ledger().set_budget(spec["dataset"]["id"] + "-s3", 10.0, 1e-5, source=spec["dataset"]["path"])
             spec["dataset"]["id"] += "-s3"
@@ -388,6 +391,7 @@ def test_releases_on_a_cluster_whose_workers_share_no_disk(s3, s3_server, tmp_pa
     histogram = next(r for r in catalogue.rows("s3://public/releases") if r["release_id"] == "h-s3")["location"]
     answered = _cli("query", histogram, "--range", "0", "8", "--json", env=s3_server)
     assert answered.returncode == 0 and json.loads(answered.stdout)["replicates"] > 0, answered.stderr
+    assert {r["release_id"] for r in ledger().releases("values-s3")} == {"h-s3", "h-s3-host-2"}
 
 
 def _wait_for_workers(address: str, n: int, timeout: float = 120) -> None:
