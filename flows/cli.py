@@ -654,6 +654,9 @@ def _uncertainty_parsers(sub) -> None:
     what = query.add_mutually_exclusive_group(required=True)
     what.add_argument("--range", type=int, nargs=2, metavar=("START", "STOP"), help="the sum of rows START..STOP-1")
     what.add_argument("--weights", help="ROW:WEIGHT,... (e.g. 3:1,4:1,7:-1), rows not named weigh 0")
+    what.add_argument("--rect", type=int, nargs=4, metavar=("X0", "X1", "Y0", "Y1"),
+                      help="a grid release's rectangle sum over cells [X0, X1) x [Y0, Y1) of its first two axes "
+                           "(cell indices, half-open like --range)")
     query.add_argument("--product", help="the product (default: the first with replicates, e.g. histogram.parquet)")
     query.add_argument("--column", help="the value column (default: the product's first)")
     query.add_argument("--confidence", type=_confidence, help="the interval's confidence (default: the release's)")

@@ -1,6 +1,6 @@
-"""`dprelease query RELEASE (--range START STOP | --weights ROW:W,...) [--product FILE] [--column C]
-[--confidence C] [--json]`: a range or linear query of a published release, with its interval from the release's
-bootstrap replicates (`tasks.replicates`). Reads the release folder only."""
+"""`dprelease query RELEASE (--range START STOP | --weights ROW:W,... | --rect X0 X1 Y0 Y1) [--product FILE]
+[--column C] [--confidence C] [--json]`: a range, linear or (grid releases) rectangle query of a published release,
+with its interval from the release's bootstrap replicates (`tasks.replicates`). Reads the release folder only."""
 
 from __future__ import annotations
 
@@ -20,10 +20,15 @@ def parse_weights(text: str) -> dict[int, float]:
 
 
 def cmd_query(args) -> int:
-    from tasks.replicates import Replicates
+    from tasks.replicates import GRID, Replicates, rectangle_weights
 
-    replicates = Replicates.open(args.release, args.product)
-    if args.range:
+    if args.rect and args.product not in (None, GRID):
+        raise ValueError(f"--rect answers from {GRID} (the grid's cells), not {args.product}")
+    replicates = Replicates.open(args.release, GRID if args.rect else args.product)
+    if args.rect:
+        answer = replicates.linear(rectangle_weights(args.release, *args.rect), args.column, args.confidence)
+        what = "sum of cells [{}, {}) x [{}, {})".format(*args.rect)
+    elif args.range:
         start, stop = args.range
         answer = replicates.range_sum(start, stop, args.column, args.confidence)
         what = f"sum of rows [{start}, {stop})"
