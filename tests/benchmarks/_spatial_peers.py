@@ -27,7 +27,7 @@ epsilon-DP end to end and no peer reads a parameter off the data that a release 
 These are benchmark peers, not release code: they draw numpy's floating-point Laplace noise, which the release
 path must not use (DESIGN.md, privacy rules).
 
-    python tests/benchmarks/_spatial_peers.py [--reps 10] [--rects 2000]   # every peer's MSE on the corpus
+    python tests/benchmarks/_spatial_peers.py [--reps 30] [--rects 2000]   # every peer's MSE on the corpus
 """
 
 from __future__ import annotations
@@ -162,6 +162,156 @@ def hdmm_kron(grid, epsilon: float, rng: np.random.Generator) -> np.ndarray:
 
 
 # --------------------------------------------------------------------------------------------------------------
+# UG and AG (Qardaji, Yang & Li, ICDE 2013)
+
+
+def _spread(noisy: np.ndarray, cell: np.ndarray) -> np.ndarray:
+    """Each fine cell's share of its part's noisy count, spread uniformly: `cell` maps every fine cell to its part
+    (an index into `noisy`)."""
+    size = np.bincount(cell.ravel(), minlength=noisy.size).reshape(noisy.shape)
+    return (noisy / size).ravel()[cell]
+
+
+def _grid_split(shape, mx: int, my: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """An mx x my grid of coarse cells over the fine cells (mx <= nx, my <= ny): the coarse cell (row-major) of each
+    fine cell, and the coarse row of each fine row and coarse column of each fine column."""
+    px, py = _parts(shape[0], mx), _parts(shape[1], my)
+    return px[:, None] * my + py[None, :], px, py
+
+
+def uniform_grid(grid, epsilon: float, rng: np.random.Generator) -> np.ndarray:
+    """UG (Qardaji et al. §IV): an m x m grid over the domain, m = ceil(sqrt(N epsilon / c)), c = 10 (their
+    Guideline 1, which balances the noise error m^2 / epsilon^2 of a query against the non-uniformity error
+    sqrt(N) / m of the cells it cuts), Laplace noise on each of its cells, each cell's noisy count spread uniformly
+    over the fine cells it covers. N is a noisy count with N_SHARE of epsilon; the grid gets the rest. The grid's
+    cells are unions of fine cells (m at most the fine resolution per axis; where m does not divide it, cells
+    differ by one fine cell in width), as the data are known at the fine resolution only."""
+    g = _grid(grid)
+    eps_n, eps_g = N_SHARE * epsilon, (1.0 - N_SHARE) * epsilon
+    m = _side(_noisy_total(g, eps_n, rng), eps_g, C)
+    cell = _grid_split(g.shape, min(m, g.shape[0]), min(m, g.shape[1]))[0]
+    counts = np.bincount(cell.ravel(), weights=g.ravel())
+    # Sensitivity: the grid is a partition fixed before it sees the counts (m depends on the noisy N only), so one
+    # point changes one cell by 1: Laplace(1/eps_g); with the N draw, epsilon in all.
+    return _spread(counts + _laplace(rng, 1.0 / eps_g, counts.size), cell)
+
+
+def _split_cells(px: np.ndarray, py: np.ndarray, m2: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """AG's leaves: every coarse cell of the grid (px, py: the coarse row of each fine row, coarse column of each fine
+    column) cut into mx x my parts, mx = min(m2, its width), my = min(m2, its height) in fine cells (m2: one per
+    coarse cell). Returns the leaf of each fine cell (leaves numbered coarse cell by coarse cell) and the coarse cell
+    of every leaf."""
+    wx, wy = np.bincount(px), np.bincount(py)                  # each coarse row's / column's width in fine cells
+    ox = np.arange(px.size) - np.concatenate([[0], np.cumsum(wx)[:-1]])[px]   # offset inside the coarse cell
+    oy = np.arange(py.size) - np.concatenate([[0], np.cumsum(wy)[:-1]])[py]
+    cx, cy = np.divmod(np.arange(wx.size * wy.size), wy.size)
+    W, H = wx[cx], wy[cy]
+    mx, my = np.minimum(m2, W), np.minimum(m2, H)
+    c = px[:, None] * wy.size + py[None, :]
+    lx = (ox[:, None] * mx[c]) // W[c]
+    ly = (oy[None, :] * my[c]) // H[c]
+    first = np.concatenate([[0], np.cumsum(mx * my)[:-1]])
+    return first[c] + lx * my[c] + ly, np.repeat(np.arange(m2.size), mx * my)
+
+
+def adaptive_grid(grid, epsilon: float, rng: np.random.Generator) -> np.ndarray:
+    """AG (Qardaji et al. §V). N is a noisy count with N_SHARE of epsilon; of the rest (eps'):
+    1. level 1: an m1 x m1 grid, m1 = max(10, ceil(sqrt(N eps' / c) / 4)), Laplace noise with alpha eps' (alpha = 0.5);
+    2. level 2: each level-1 cell with noisy count N' cut into m2 x m2 cells, m2 = ceil(sqrt(N' (1 - alpha) eps' /
+       (c / 2))) (at least 1; at most the cell's width and height in fine cells), Laplace noise with (1 - alpha) eps';
+    3. constrained inference (§V-B): a level-1 cell's count becomes the inverse-variance average of its noisy count
+       v and the sum of its m2^2 leaves, v' = (alpha^2 m2^2 v + (1 - alpha)^2 sum u) / (alpha^2 m2^2 + (1 - alpha)^2),
+       and the difference v' - sum u is shared equally among its leaves;
+    4. each leaf's count spread uniformly over its fine cells."""
+    g = _grid(grid)
+    eps_n, eps = N_SHARE * epsilon, (1.0 - N_SHARE) * epsilon
+    eps1, eps2 = ALPHA * eps, (1.0 - ALPHA) * eps
+    m1 = max(10, math.ceil(math.sqrt(max(_noisy_total(g, eps_n, rng), 0.0) * eps / C) / 4))
+    cell1, px, py = _grid_split(g.shape, min(m1, g.shape[0]), min(m1, g.shape[1]))
+    counts1 = np.bincount(cell1.ravel(), weights=g.ravel())
+    # Sensitivity: level 1 is a partition fixed by the noisy N: one point changes one cell by 1.
+    v = counts1 + _laplace(rng, 1.0 / eps1, counts1.size)
+    m2 = np.ceil(np.sqrt(np.maximum(v, 0.0) * eps2 / (C / 2))).astype(np.int64).clip(min=1)
+    leaf, parent = _split_cells(px, py, m2)
+    counts2 = np.bincount(leaf.ravel(), weights=g.ravel(), minlength=parent.size)
+    # Sensitivity: the leaves partition the domain, fixed by the level-1 noisy counts (released values): one point
+    # changes one leaf by 1. Levels compose sequentially: eps_n + eps1 + eps2 = epsilon.
+    u = counts2 + _laplace(rng, 1.0 / eps2, counts2.size)
+    k = np.bincount(parent, minlength=v.size)                 # leaves per level-1 cell (m2x m2y after capping)
+    su = np.bincount(parent, weights=u, minlength=v.size)
+    wv, wu = ALPHA ** 2 * k, (1.0 - ALPHA) ** 2               # inverse variances, up to a common factor
+    vbar = (wv * v + wu * su) / (wv + wu)
+    u = u + ((vbar - su) / k)[parent]
+    return _spread(u, leaf)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# quadtree with HTree consistency (Cormode et al. ICDE 2012; Hay et al. PVLDB 2010)
+
+
+def _blocks(a: np.ndarray, b: int) -> np.ndarray:
+    """Sums of a (n x n) over its b x b blocks."""
+    n = a.shape[0] // b
+    return a.reshape(n, b, n, b).sum(axis=(1, 3))
+
+
+def quadtree_budgets(height: int, epsilon: float, budget: str = "geometric") -> np.ndarray:
+    """The budget of each level, root (0) to leaves (height). Geometric (Cormode et al. §4.1, their Theorem 3 for
+    the range queries of a full tree): the budget grows by 2^(1/3) per level towards the leaves,
+    eps_l = 2^(l/3) epsilon (2^(1/3) - 1) / (2^((height+1)/3) - 1); uniform: epsilon / (height + 1) each."""
+    levels = np.arange(height + 1)
+    if budget == "uniform":
+        return np.full(height + 1, epsilon / (height + 1))
+    r = 2.0 ** (1.0 / 3.0)
+    return r ** levels * epsilon * (r - 1.0) / (r ** (height + 1) - 1.0)
+
+
+def htree_consistent(noisy: list[np.ndarray], variances: np.ndarray) -> list[np.ndarray]:
+    """The weighted least-squares estimate of every node of a quadtree from its independent noisy counts
+    (noisy[l]: the 2^l x 2^l counts of level l, variances[l] their noise variance), by Hay et al.'s two passes
+    (§4 of "Boosting the accuracy of differentially private histograms through consistency", for fan-out k and
+    equal variances) with the per-level weights of Cormode et al. §4.2 for unequal budgets, fan-out 4:
+      up:   z_leaf = y_leaf; z_v = (y_v / var_v + S / var_S) / (1 / var_v + 1 / var_S), S = the sum of v's
+            children's z, var_S = 4 var(z_child); var(z_v) = 1 / (1 / var_v + 1 / var_S);
+      down: x_root = z_root; x_c = z_c + (x_v - S) / 4 for each child c of v (its children's z having equal
+            variances, the difference is shared equally).
+    The result is consistent: every node equals the sum of its children."""
+    h = len(noisy) - 1
+    z, vz = [None] * (h + 1), np.empty(h + 1)
+    z[h], vz[h] = noisy[h], variances[h]
+    for lev in range(h - 1, -1, -1):
+        S, vS = _blocks(z[lev + 1], 2), 4.0 * vz[lev + 1]
+        w = (1.0 / variances[lev]) / (1.0 / variances[lev] + 1.0 / vS)
+        z[lev] = w * noisy[lev] + (1.0 - w) * S
+        vz[lev] = 1.0 / (1.0 / variances[lev] + 1.0 / vS)
+    x = [z[0]]
+    for lev in range(1, h + 1):
+        gap = x[-1] - _blocks(z[lev], 2)
+        x.append(z[lev] + np.kron(gap, np.ones((2, 2))) / 4.0)
+    return x
+
+
+def quadtree(grid, epsilon: float, rng: np.random.Generator, budget: str = "geometric") -> np.ndarray:
+    """The full quadtree over the grid (padded with empty cells to a 2^h x 2^h square), from the root down to single
+    cells (Cormode et al.'s data-independent quadtree, height h = log2 of the padded side), Laplace noise on every
+    node with its level's budget (`quadtree_budgets`, geometric by default), made consistent by
+    `htree_consistent`; the leaves inside the grid are the estimate.
+
+    Sensitivity: the nodes of a level partition the domain, so one point changes one node per level by 1; Laplace
+    noise of scale 1 / eps_l at level l makes level l eps_l-DP, and the levels compose to sum_l eps_l = epsilon.
+    The padding cells are public (always empty); noising them costs nothing in privacy."""
+    g = _grid(grid)
+    side = 1 << max(0, math.ceil(math.log2(max(g.shape))))
+    h = side.bit_length() - 1
+    padded = np.zeros((side, side))
+    padded[:g.shape[0], :g.shape[1]] = g
+    eps = quadtree_budgets(h, epsilon, budget)
+    noisy = [_blocks(padded, side >> lev) + _laplace(rng, 1.0 / eps[lev], (1 << lev, 1 << lev))
+             for lev in range(h + 1)]
+    return htree_consistent(noisy, 2.0 / eps ** 2)[h][:g.shape[0], :g.shape[1]]
+
+
+# --------------------------------------------------------------------------------------------------------------
 # Corpus
 
 
@@ -274,28 +424,34 @@ def datasets(shape=(256, 256), seed: int = 0) -> dict[str, np.ndarray]:
 
 PEERS: dict[str, Callable[[np.ndarray, float, np.random.Generator], np.ndarray]] = {
     "identity": identity,
+    "UG": uniform_grid,
+    "AG": adaptive_grid,
+    "quadtree": quadtree,
     "HDMM": hdmm_kron,
 }
 
 
 def score(grid: np.ndarray, epsilon: float, reps: int, rects: np.ndarray, seed: int = 0) -> dict[str, tuple]:
-    """Each peer's (rectangle MSE, unit-cell MSE, seconds per run), means over `reps` runs."""
+    """Each peer's rectangle MSE and unit-cell MSE (means over `reps` runs, each with the standard error of its mean
+    over the runs: the rectangles of one run share its noise, so the runs are the independent samples) and its
+    seconds per run."""
     truth = rect_answers(grid, rects)
     out = {}
     for i, (name, peer) in enumerate(PEERS.items()):
         rng = np.random.default_rng([seed, i])
-        rect, unit, t0 = [], [], time.perf_counter()
-        for _ in range(reps):
+        rect, unit, t0 = np.empty(reps), np.empty(reps), time.perf_counter()
+        for r in range(reps):
             est = peer(grid, epsilon, rng)
-            rect.append(np.mean((rect_answers(est, rects) - truth) ** 2))
-            unit.append(unit_mse(est, grid))
-        out[name] = (float(np.mean(rect)), float(np.mean(unit)), (time.perf_counter() - t0) / reps)
+            rect[r] = np.mean((rect_answers(est, rects) - truth) ** 2)
+            unit[r] = unit_mse(est, grid)
+        se = lambda a: float(a.std(ddof=1) / math.sqrt(reps)) if reps > 1 else float("nan")
+        out[name] = (float(rect.mean()), se(rect), float(unit.mean()), se(unit), (time.perf_counter() - t0) / reps)
     return out
 
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--reps", type=int, default=10)
+    ap.add_argument("--reps", type=int, default=30)
     ap.add_argument("--rects", type=int, default=2000)
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args(argv)
@@ -306,10 +462,11 @@ def main(argv=None) -> None:
     for d, (name, grid) in enumerate(data.items()):
         for eps in EPSILONS:
             table = score(grid, eps, args.reps, rects, args.seed + 1000 * d)
-            best = min(v[0] for v in table.values())
-            for peer, (rect, unit, secs) in table.items():
-                print(f"RESULT data={name} eps={eps:g} peer={peer} rect_mse={rect:.4g} unit_mse={unit:.4g} "
-                      f"rect_vs_best={rect / best:.3g} seconds={secs:.3f}", flush=True)
+            best_rect, best_unit = (min(v[k] for v in table.values()) for k in (0, 2))
+            for peer, (rect, rect_se, unit, unit_se, secs) in table.items():
+                print(f"RESULT data={name} eps={eps:g} peer={peer} rect_mse={rect:.4g} rect_se={rect_se:.2g} "
+                      f"unit_mse={unit:.4g} unit_se={unit_se:.2g} rect_vs_best={rect / best_rect:.3g} "
+                      f"unit_vs_best={unit / best_unit:.3g} seconds={secs:.3f}", flush=True)
 
 
 if __name__ == "__main__":
