@@ -156,9 +156,33 @@ def hdmm_kron(grid, epsilon: float, rng: np.random.Generator) -> np.ndarray:
     g = _grid(grid)
     ax, ay = _kron_strategy(g.shape)
     assert ax.sensitivity() * ay.sensitivity() <= 1.0 + 1e-9
-    Y = np.apply_along_axis(ay.answers, 1, np.apply_along_axis(ax.answers, 0, g))
-    Y = Y + _laplace(rng, 1.0 / epsilon, Y.shape)
+    Y = kron_answers(ax, ay, g)
+    return kron_least_squares(ax, ay, Y + _laplace(rng, 1.0 / epsilon, Y.shape))
+
+
+def kron_answers(ax: hdmm.PIdentity, ay: hdmm.PIdentity, X: np.ndarray) -> np.ndarray:
+    """(A_x (x) A_y) vec(X) as a matrix: A_x X A_y' (vec row-major)."""
+    return np.apply_along_axis(ay.answers, 1, np.apply_along_axis(ax.answers, 0, X))
+
+
+def kron_least_squares(ax: hdmm.PIdentity, ay: hdmm.PIdentity, Y: np.ndarray) -> np.ndarray:
+    """(A_x (x) A_y)^+ vec(Y) as a matrix: A_x^+ Y (A_y^+)'."""
     return np.apply_along_axis(ay.least_squares, 1, np.apply_along_axis(ax.least_squares, 0, Y))
+
+
+def hdmm_expected_rect_mse(shape, rects, epsilon: float) -> float:
+    """The exact expected squared error of `hdmm_kron`'s answer to each rectangle, averaged over `rects`: a rectangle
+    is the Kronecker product of two 1-D ranges q_x (x) q_y, its least-squares answer's weights on the noisy answers
+    P'q factor into P_x'q_x (x) P_y'q_y, so its variance is 2 / epsilon^2 ||P_x'q_x||^2 ||P_y'q_y||^2."""
+    ax, ay = _kron_strategy(shape)
+
+    def norm2(strategy: hdmm.PIdentity, lo: int, hi: int) -> float:
+        q = np.zeros(strategy.n)
+        q[lo:hi] = 1.0
+        return float(np.sum(strategy.estimate_weights(q) ** 2))
+
+    rects = np.asarray(rects, dtype=np.int64)
+    return float(np.mean([norm2(ax, x0, x1) * norm2(ay, y0, y1) for x0, x1, y0, y1 in rects])) * 2 / epsilon ** 2
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -237,12 +261,20 @@ def adaptive_grid(grid, epsilon: float, rng: np.random.Generator) -> np.ndarray:
     # Sensitivity: the leaves partition the domain, fixed by the level-1 noisy counts (released values): one point
     # changes one leaf by 1. Levels compose sequentially: eps_n + eps1 + eps2 = epsilon.
     u = counts2 + _laplace(rng, 1.0 / eps2, counts2.size)
-    k = np.bincount(parent, minlength=v.size)                 # leaves per level-1 cell (m2x m2y after capping)
+    return _spread(two_level(v, u, parent, ALPHA), leaf)
+
+
+def two_level(v: np.ndarray, u: np.ndarray, parent: np.ndarray, alpha: float) -> np.ndarray:
+    """AG's constrained inference (Qardaji et al. §V-B): the leaves u (parent[i]: the level-1 cell of leaf i) made
+    to sum to v', the inverse-variance average of the level-1 cell's noisy count v (budget alpha, variance
+    proportional to 1 / alpha^2) and the sum of its k leaves (variance k / (1 - alpha)^2),
+    v' = (alpha^2 k v + (1 - alpha)^2 sum u) / (alpha^2 k + (1 - alpha)^2), the difference shared equally. This is
+    the weighted least-squares estimate of the leaves from both levels."""
+    k = np.bincount(parent, minlength=v.size)
     su = np.bincount(parent, weights=u, minlength=v.size)
-    wv, wu = ALPHA ** 2 * k, (1.0 - ALPHA) ** 2               # inverse variances, up to a common factor
+    wv, wu = alpha ** 2 * k, (1.0 - alpha) ** 2
     vbar = (wv * v + wu * su) / (wv + wu)
-    u = u + ((vbar - su) / k)[parent]
-    return _spread(u, leaf)
+    return u + ((vbar - su) / k)[parent]
 
 
 # --------------------------------------------------------------------------------------------------------------
