@@ -97,10 +97,10 @@ def rect_answers(grid, rects) -> np.ndarray:
 
 
 def rectangles(shape, count: int, rng: np.random.Generator) -> np.ndarray:
-    """`count` random half-open rectangles (x0, x1, y0, y1) of varied sizes: Qardaji et al.'s workload (§VI-A) of
-    six query sizes q1..q6, each doubling both sides of the last, the largest half of each axis (a quarter of the
-    domain), the smallest 1/64 of each axis (at least one cell); each rectangle's size drawn uniformly among the six
-    and its position uniformly among those inside the grid."""
+    """`count` random half-open rectangles (x0, x1, y0, y1) of varied sizes, after Qardaji et al.'s workload (§VI) of
+    six query sizes q1..q6 at random positions: here each size doubles both sides of the last, the largest half of
+    each axis (a quarter of the domain), the smallest 1/64 of each axis (at least one cell); each rectangle's size
+    drawn uniformly among the six and its position uniformly among those inside the grid."""
     nx, ny = shape
     k = rng.integers(1, 7, count)                       # side = axis / 2^k
     wx = np.maximum(1, np.ceil(nx / 2.0 ** k)).astype(np.int64)
@@ -363,11 +363,14 @@ def _blobs(rng: np.random.Generator, n: int, k: int, sigma: tuple[float, float])
 
 
 def _polylines(rng: np.random.Generator, n: int, lines: list[np.ndarray], noise: float) -> np.ndarray:
-    """n points along the polylines (each an (v, 2) array of vertices), uniform in arc length over all of them,
-    with Gaussian noise of `noise` across (and along) the road."""
-    segs = np.concatenate([np.stack([line[:-1], line[1:]], axis=1) for line in lines])   # (s, 2, 2)
-    lengths = np.linalg.norm(segs[:, 1] - segs[:, 0], axis=1)
-    which = rng.choice(len(segs), n, p=lengths / lengths.sum())
+    """n points along the polylines (each an (v, 2) array of vertices), each road with its own traffic (lognormal,
+    so a few roads carry most points), uniform in arc length along a road, with Gaussian noise of `noise` across
+    (and along) it."""
+    segs = [np.stack([line[:-1], line[1:]], axis=1) for line in lines]                   # (s, 2, 2) per road
+    traffic = np.concatenate([np.full(len(s), t) for s, t in zip(segs, rng.lognormal(0.0, 1.0, len(lines)))])
+    segs = np.concatenate(segs)
+    weight = np.linalg.norm(segs[:, 1] - segs[:, 0], axis=1) * traffic
+    which = rng.choice(len(segs), n, p=weight / weight.sum())
     t = rng.random(n)[:, None]
     return segs[which, 0] * (1 - t) + segs[which, 1] * t + rng.normal(scale=noise, size=(n, 2))
 
