@@ -152,6 +152,8 @@ def test_grid_release_is_consistent_nonnegative_with_a_signed_estimate_and_a_hea
     assert "heatmap.png" in (internal / "report.md").read_text()
     truth, count = released["truth"], cells["count"].to_numpy().reshape(32, 32)
     assert abs(count.sum() - truth.sum()) < 0.1 * truth.sum()
+    evaluation = json.loads(Path(summary["evaluation"]).read_text())  # internal: scores what was published
+    assert evaluation["records"] == truth.sum() and evaluation["rectangle_query_mse"] > 0, evaluation
 
 
 def test_kronecker_counts_are_the_admm_optimum_not_the_clipped_estimate(released):

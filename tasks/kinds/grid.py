@@ -50,6 +50,7 @@ kronecker = module("dpalgos.kronecker")
 quadtree = module("dpalgos.quadtree")
 counts = module("tasks.kinds.counts")
 histogram = module("tasks.kinds.histogram")
+replicates = module("tasks.replicates")
 
 #: Axes a grid may have: a map (2) or a small cube (3, e.g. space and hour).
 AXES = (2, 3)
@@ -70,6 +71,8 @@ LEVELS = "levels.parquet"
 #: The grid's public shape, its columns, the strategy and the consistency's diagnostics (read by `query --rect`).
 GRID_INFO = "grid.json"
 HEATMAP = "heatmap.png"
+#: The heat map leaves cells below this count blank: a count that rounds to zero is no density.
+HEATMAP_FLOOR = 0.5
 VALUES = ["count", "estimate"]
 #: One bootstrap replicate's cost per measured value and per published value (least squares axis by axis, the
 #: pyramid), and per call: the default number of replicates comes from them.
@@ -284,12 +287,12 @@ def heatmap(count: np.ndarray, bounds: dict, path: Path, title: str) -> Path:
 
     shown = count.sum(axis=tuple(range(2, count.ndim))) if count.ndim > 2 else count
     (xc, (x0, x1)), (yc, (y0, y1)) = list(bounds.items())[:2]
-    positive = shown[shown > 0]
+    visible = shown >= HEATMAP_FLOOR
     fig, ax = plt.subplots(figsize=(5.2, 4.4))
-    image = ax.imshow(np.where(shown > 0, shown, np.nan).T, origin="lower", extent=(x0, x1, y0, y1), aspect="auto",
-                      cmap="viridis", norm=LogNorm(vmin=max(positive.min(), 1e-3), vmax=positive.max())
-                      if positive.size else None)
-    fig.colorbar(image, ax=ax, label="released count (log scale; blank: 0)")
+    image = ax.imshow(np.where(visible, shown, np.nan).T, origin="lower", extent=(x0, x1, y0, y1), aspect="auto",
+                      cmap="viridis", norm=LogNorm(vmin=HEATMAP_FLOOR, vmax=max(shown.max(), 1.0))
+                      if visible.any() else None)
+    fig.colorbar(image, ax=ax, label=f"released count (log scale; blank: below {HEATMAP_FLOOR:g})")
     ax.set_xlabel(xc)
     ax.set_ylabel(yc)
     ax.set_title(title, fontsize=9)
@@ -430,10 +433,8 @@ class GridKind(ReleaseKind):
     def evaluate(self, spec, run, prepared, log):
         """Internal: the MSE of the published answers to random rectangles (sums of the signed estimate, cut at
         zero) and of the published per-cell counts (unit queries), against the exact grid."""
-        from tasks.replicates import published
-
         exact = counts.count(spec, prepared, "cell", cells_of(spec)).reshape(shape_of(spec))
-        table = published(run.release, GRID)
+        table = replicates.published(run.release, GRID)
         estimate, count = (table.column(c).reshape(shape_of(spec)) for c in ("estimate", "count"))
         flat = lambda g: g.sum(axis=tuple(range(2, g.ndim))) if g.ndim > 2 else g
         rects = random_rectangles(spec.release.cells, RECTANGLES_PER_EVALUATION, np.random.default_rng(0))
