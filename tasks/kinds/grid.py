@@ -313,7 +313,10 @@ class GridKind(ReleaseKind):
                "estimate for rectangle sums and non-negative consistent counts per cell by ADMM (Lee, Wang & Kifer)")
 
     def example(self):
-        return {"kind": "grid", "cells": 32, "epsilon": 1.0}
+        """16 cells per axis: the conformance suite's empirical audit finds a halved Laplace scale on a record's few
+        coordinates (HDMM's strategy for 16 cells is the identity); at 32 cells a record moves 9 answers by
+        fractions, which its draws cannot resolve. tests/test_grid.py checks the larger strategies' every column."""
+        return {"kind": "grid", "cells": 16, "epsilon": 1.0}
 
     def check_dataset(self, dataset):
         super().check_dataset(dataset)
