@@ -151,16 +151,23 @@ class PIdentity:
         """The largest column L1 norm of A as computed in floating point (1 up to rounding)."""
         return float(np.max((1.0 + self.B.sum(axis=0)) / self.s))
 
+    def _column(self, a: np.ndarray) -> np.ndarray:
+        """s shaped to scale the rows of `a`: a vector, or a matrix whose columns are histograms (the Kronecker
+        strategy of `dpalgos.kronecker` applies A to every column at once)."""
+        return self.s.reshape((-1,) + (1,) * (a.ndim - 1))
+
     def answers(self, x: np.ndarray) -> np.ndarray:
-        """A x: the n scaled bins x / s, then the p weighted sums B (x / s)."""
-        scaled = np.asarray(x, dtype=np.float64) / self.s
+        """A x: the n scaled bins x / s, then the p weighted sums B (x / s) (x: (n,) or (n, k), column by column)."""
+        x = np.asarray(x, dtype=np.float64)
+        scaled = x / self._column(x)
         return np.concatenate([scaled, self.B @ scaled])
 
     def least_squares(self, y: np.ndarray) -> np.ndarray:
-        """(A'A)^-1 A' y = S X (y_I + B' y_B): linear in y, so unbiased for any histogram."""
+        """(A'A)^-1 A' y = S X (y_I + B' y_B): linear in y, so unbiased for any histogram (y: (n + p,) or
+        (n + p, k), column by column)."""
         y = np.asarray(y, dtype=np.float64)
         v = y[:self.n] + self.B.T @ y[self.n:]
-        return self.s * (v - self.B.T @ linalg.cho_solve(self._chol, self.B @ v))
+        return self._column(v) * (v - self.B.T @ linalg.cho_solve(self._chol, self.B @ v))
 
     def estimate_weights(self, q: np.ndarray) -> np.ndarray:
         """P' q for P = (A'A)^-1 A' the least-squares operator: the weights of the noisy answers in the estimate's

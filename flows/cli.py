@@ -659,6 +659,9 @@ def _uncertainty_parsers(sub) -> None:
     what.add_argument("--origin", metavar="ZONE", help="an od release: the trips from ZONE (the sum of its row)")
     what.add_argument("--destination", metavar="ZONE", help="an od release: the trips to ZONE (the sum of its column)")
     what.add_argument("--pair", nargs=2, metavar=("ORIGIN", "DESTINATION"), help="an od release: one cell")
+    what.add_argument("--rect", type=int, nargs=4, metavar=("X0", "X1", "Y0", "Y1"),
+                      help="a grid release's rectangle sum over cells [X0, X1) x [Y0, Y1) of its first two axes "
+                           "(cell indices, half-open like --range)")
     query.add_argument("--product", help="the product (default: the first with replicates, e.g. histogram.parquet)")
     query.add_argument("--column", help="the value column (default: the product's first)")
     query.add_argument("--confidence", type=_confidence, help="the interval's confidence (default: the release's)")

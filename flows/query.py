@@ -1,8 +1,8 @@
-"""`dprelease query RELEASE (--range START STOP | --weights ROW:W,... | --origin Z | --destination Z | --pair O D)
-[--product FILE] [--column C] [--confidence C] [--storage-options JSON] [--json]`: a range or linear query of a
-published release (the selections of an `od` release are sums of its cells), with its interval from the release's
-bootstrap replicates (`tasks.replicates`). Reads the release only: a folder, or its prefix on a store (`s3://...`),
-credentials from the store's environment, the operator's block or `--storage-options`."""
+"""`dprelease query RELEASE (--range START STOP | --weights ROW:W,... | --rect X0 X1 Y0 Y1 | --origin Z |
+--destination Z | --pair O D) [--product FILE] [--column C] [--confidence C] [--storage-options JSON] [--json]`: a
+range, linear, (grid releases) rectangle or (od releases) origin-destination query of a published release, with its
+interval from the release's bootstrap replicates (`tasks.replicates`). Reads the release only: a folder, or its prefix
+on a store (`s3://...`), credentials from the store's environment, the operator's block or `--storage-options`."""
 
 from __future__ import annotations
 
@@ -48,17 +48,22 @@ def od_cells(release: str, origin: str | None, destination: str | None) -> dict[
 def cmd_query(args) -> int:
     from tasks import storage
     from tasks.kinds import od
-    from tasks.replicates import Replicates
+    from tasks.replicates import GRID, Replicates, rectangle_weights
     from tasks.storage import options
 
     if storage.is_url(args.release):
         if args.storage_options:
             options.use(options.parse(args.storage_options), args.release.split("://", 1)[0].lower())
         storage.probe(args.release)  # a store that does not answer: one line in seconds, not the outage retries
+    if args.rect and args.product not in (None, GRID):
+        raise ValueError(f"--rect answers from {GRID} (the grid's cells), not {args.product}")
     origin, destination = (args.pair or (args.origin, args.destination))
     selected = origin is not None or destination is not None
-    replicates = Replicates.open(args.release, args.product or (od.TABLE if selected else None))
-    if selected:
+    replicates = Replicates.open(args.release, args.product or (GRID if args.rect else od.TABLE if selected else None))
+    if args.rect:
+        answer = replicates.linear(rectangle_weights(args.release, *args.rect), args.column, args.confidence)
+        what = "sum of cells [{}, {}) x [{}, {})".format(*args.rect)
+    elif selected:
         answer = replicates.linear(od_cells(args.release, origin, destination), args.column, args.confidence)
         what = f"trips from {origin or 'any zone'} to {destination or 'any zone'}"
     elif args.range:

@@ -86,6 +86,29 @@ def bin_partition(src: str, dst: str, column: str, lower: float, upper: float, b
 
 
 @storage.on_store
+def grid_partition(src: str, dst: str, columns: Sequence[str], lower: Sequence[float], upper: Sequence[float],
+                   cells: int, weight: str | None, max_weight: int | None = None) -> dict[str, int]:
+    """Row-major index of every record's cell in the grid of `cells` equal-width cells per axis over the PUBLIC
+    bounds of `columns` (values outside fall in the first / last cell of their axis, as `bin_partition`'s), with
+    the record weight capped at max_weight, a batch at a time. Returns the capped rows."""
+    capped = []
+    lo, width = np.asarray(lower, dtype=np.float64), np.asarray(upper, dtype=np.float64) - np.asarray(lower)
+
+    def celled(table: pa.Table) -> pa.Table:
+        index = np.zeros(table.num_rows, dtype=np.int64)
+        for k, c in enumerate(columns):
+            v = table.column(c).to_numpy()
+            index = index * cells + np.clip(np.floor((v - lo[k]) / width[k] * cells), 0, cells - 1).astype(np.int64)
+        cols = {"cell": index}
+        if weight:
+            cols["weight"], n = _capped(table.column(weight).to_numpy(), max_weight)
+            capped.append(n)
+        return pa.table(cols)
+    storage.write_batches(map(celled, read_batches(src, list(columns) + ([weight] if weight else []))), dst)
+    return {"rows_capped_at_max_weight": sum(capped)}
+
+
+@storage.on_store
 def cell_partition(src: str, dst: str, columns: Sequence[str], levels: Sequence[Sequence[str]],
                    weight: str | None, max_weight: int | None = None, outside: int | None = None) -> dict[str, int]:
     """Row-major cell index of every record's levels in the table of shape (|levels_1|, ..., |levels_k|),

@@ -9,7 +9,8 @@ take the replicates' percentile interval. Reads release/ only: what an analyst h
     hist.linear({3: 1.0, 4: 1.0, 7: -1.0})                    # rows 3 + 4 - 7
     hist.answer(lambda v: v[10:20, 0].sum() / v[:, 0].sum())   # any function of the (rows, columns) values
 
-`dprelease query RELEASE --range 10 20` answers the same from the command line (flows/query.py).
+`dprelease query RELEASE --range 10 20` answers the same from the command line (flows/query.py), and
+`--rect X0 X1 Y0 Y1` a grid release's rectangle of cells (`rectangle_weights`).
 
 The count kinds (histogram, matrix mechanism, contingency table) publish every count twice: `estimate`, signed, whose
 sums are unbiased, and `count`, non-negative per row. Sums are answered from `estimate` (its replicates are the
@@ -167,6 +168,30 @@ class Replicates:
                     f"and their sums with them)" if column == "count" and SUMS_COLUMN in self.columns else "")
             raise ValueError(f"{self.product} has no column {column!r} with replicates ({self.columns}){twin}")
         return self.columns.index(column)
+
+
+#: A grid release's cells, and its public shape (the `grid` kind's products, tasks/kinds/grid.py).
+GRID, GRID_INFO = "grid.parquet", "grid.json"
+
+
+def rectangle_weights(release: str, x0: int, x1: int, y0: int, y1: int) -> np.ndarray:
+    """The weights over a grid release's cells (row-major) of the rectangle [x0, x1) x [y0, y1) of its first two
+    axes (every cell of the other axes, if any): 1 inside, 0 outside. One line saying why not for a release that is
+    not a grid's or a rectangle outside it."""
+    location = storage.join(str(release), GRID_INFO)
+    if not storage.exists(location):
+        raise ValueError(f"{release} is not a grid release (no {GRID_INFO}): --rect needs one")
+    try:
+        shape = [int(n) for n in json.loads(storage.read_bytes(location))["shape"]]
+    except (OSError, ValueError, KeyError, TypeError):
+        raise ValueError(f"{location} cannot be read as a grid's shape: an altered or incomplete release") from None
+    for name, lo, hi, n in (("x", x0, x1, shape[0]), ("y", y0, y1, shape[1])):
+        if not 0 <= lo < hi <= n:
+            raise ValueError(f"--rect: need 0 <= {name}0 < {name}1 <= {n} (cells of the grid's axis, half-open), "
+                             f"got [{lo}, {hi})")
+    weights = np.zeros(shape)
+    weights[x0:x1, y0:y1] = 1.0
+    return weights.ravel()
 
 
 def _read(location: str, columns: list[str]):

@@ -370,3 +370,31 @@ def test_fp_attack_recomputes_what_the_kind_measured(tmp_path, release):
     kind_release(spec, tmp_path, np.random.default_rng(1))
     result = attack_run(parse_spec({**spec, "mode": "test"}), tmp_path)
     assert all(r["tested"] and r["possible_at_c"] == r["values"] for r in result["rows"]), result["rows"]
+
+
+# --------------------------------------------------------------------------------------------------------------------
+# spatial_peers.py: the grid kind's published estimate (rectangles) and counts (unit cells)
+# --------------------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("workload", ["rectangles", "unit"])
+def test_spatial_peers_scores_the_grid_release(tmp_path, workload):
+    """spatial_peers.py's `ours` is the grid release of the spec a user writes for the workload (its default
+    strategy: kronecker for rectangles, identity for single cells): the signed estimate its rectangle answers sum,
+    and the counts its unit-cell answers read, from the same noise; points at cell centres so that the benchmark's
+    grid of counts is the one the kind bins."""
+    from tests.benchmarks.spatial_peers import ours
+
+    cells = 32
+    rng = np.random.default_rng(4)
+    grid = np.where(rng.random((cells, cells)) < 0.2, rng.integers(1, 30, (cells, cells)), 0)
+    ix, iy = np.nonzero(grid)
+    reps = grid[ix, iy]
+    X = np.column_stack([np.repeat((ix + 0.5) / cells, reps), np.repeat((iy + 0.5) / cells, reps)])
+    estimate, count = ours(grid.astype(float), 1.0, workload, np.random.default_rng(8))
+    spec = {"dataset": {"id": "g", "path": str(points_file(tmp_path / "p.parquet", X)),
+                        "bounds": {"c0": [0.0, 1.0], "c1": [0.0, 1.0]}},
+            "release": {"kind": "grid", "cells": cells, "epsilon": 1.0, "workload": workload}}
+    release = kind_release(spec, tmp_path, np.random.default_rng(8))
+    table = pq.read_table(release / "grid.parquet").to_pandas()
+    np.testing.assert_allclose(table["estimate"].to_numpy().reshape(cells, cells), estimate, rtol=1e-9, atol=1e-9)
+    if workload == "unit":
+        np.testing.assert_allclose(table["count"].to_numpy().reshape(cells, cells), count, rtol=1e-9, atol=1e-9)

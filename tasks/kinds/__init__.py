@@ -4,7 +4,17 @@ and the conformance suite all derive from `REGISTRY`."""
 
 from __future__ import annotations
 
-from tasks.kinds import contingency, friendlycore, histogram, kernel_kmeans, kmeans, matrix_mechanism, od, synthetic
+from tasks.kinds import (
+    contingency,
+    friendlycore,
+    grid,
+    histogram,
+    kernel_kmeans,
+    kmeans,
+    matrix_mechanism,
+    od,
+    synthetic,
+)
 from tasks.kinds.base import ReleaseKind
 
 __all__ = ["REGISTRY", "ReleaseKind", "kind_of"]
@@ -19,6 +29,7 @@ REGISTRY: dict[str, ReleaseKind] = {k.name: k for k in (
     friendlycore.MEAN,
     friendlycore.KMEANS,
     od.KIND,
+    grid.KIND,
 )}
 
 

@@ -14,7 +14,7 @@ import pyarrow.parquet as pq
 from data_contracts.validate import parquet_files
 from tasks import storage
 from tasks.kinds.uncertainty import Bootstrap, Center, Product
-from tasks.partitions import bin_partition, cell_partition, current_client, index_counts
+from tasks.partitions import bin_partition, cell_partition, current_client, grid_partition, index_counts
 from tasks.progress import Progress, gather
 from tasks.run import RunPaths, StageOutput
 
@@ -48,6 +48,13 @@ def encode_bins(spec, run: RunPaths, ingested: StageOutput, bins: int, log=None)
     (column, (lo, hi)), = spec.dataset.bounds.items()
     return encode(run, ingested, partial(bin_partition, column=column, lower=lo, upper=hi, bins=bins,
                                          **_weights(spec)), log)
+
+
+def encode_grid(spec, run: RunPaths, ingested: StageOutput, cells: int, log=None) -> StageOutput:
+    """Every record's row-major cell in the grid of `cells` per axis over the public bounds, in their order."""
+    bounds = spec.dataset.bounds
+    return encode(run, ingested, partial(grid_partition, columns=list(bounds), lower=[b[0] for b in bounds.values()],
+                                         upper=[b[1] for b in bounds.values()], cells=cells, **_weights(spec)), log)
 
 
 def encode_cells(spec, run: RunPaths, ingested: StageOutput, log=None) -> StageOutput:

@@ -42,8 +42,9 @@ from _simulate import Simulated, Simulator, local_client  # noqa: E402
 
 from dpalgos import friendlycore as fc  # noqa: E402
 from tasks.kinds import REGISTRY  # noqa: E402
+from tasks.kinds import grid as G  # noqa: E402
 from tasks.kinds import histogram as H  # noqa: E402
-from tasks.replicates import Replicates  # noqa: E402
+from tasks.replicates import Replicates, rectangle_weights  # noqa: E402
 
 NOMINAL = 0.95
 
@@ -175,6 +176,47 @@ class HistogramTree(Histogram):
 class HistogramUnit(Histogram):
     """The histogram for single bins (workload unit: the identity strategy)."""
     base = {"epsilon": 1.0, "workload": "unit"}
+
+
+class Grid(Case):
+    """The grid kind with its defaults (rectangles: HDMM's Kronecker strategy, counts by ADMM) on the first two
+    columns of a points set, 32 x 32 cells; queries are random rectangles answered as `query --rect` answers them."""
+    kind, shape, base, product = "grid", "points", {"epsilon": 1.0, "cells": 32}, G.GRID
+
+    def fields(self, dataset):
+        return {}
+
+    def dataset_section(self, folder):
+        section = self.dataset.write(folder)
+        return {**section, "bounds": dict(list(section["bounds"].items())[:2])}
+
+    def truth(self, sim) -> np.ndarray:
+        """The true grid: the identity block of A x = (x_ij / (s_i s_j)) times s_i s_j."""
+        cells, exact = self.release["cells"], sim.noise.exact("strategy")[0]
+        s = G.committed_kronecker(sim.measurements, 2).factors[0].s
+        rows = int(round(exact.size ** 0.5))
+        return np.rint(exact.reshape(rows, rows)[:cells, :cells] * np.outer(s, s))
+
+    def direct(self, sim):
+        return {(G.NOISY_STRATEGY, "noisy_count"): sim.noise.exact("strategy")[0]}
+
+    def post(self, sim):
+        grid = self.truth(sim)
+        pyramid = G.quadtree.pyramid(grid)
+        return {(G.GRID, "count"): grid.ravel(), (G.GRID, "estimate"): grid.ravel(),
+                (G.LEVELS, "count"): pyramid, (G.LEVELS, "estimate"): pyramid}
+
+    def query_hits(self, sim, rng, count):
+        replicates = _replicates(sim, self.product)
+        if replicates is None:
+            return np.zeros(0, dtype=bool)
+        grid = self.truth(sim)
+        hits = []
+        for rect in G.random_rectangles(self.release["cells"], count, rng):
+            answer = replicates.linear(rectangle_weights(sim.release, *rect))
+            x0, x1, y0, y1 = rect
+            hits.append(answer.lo <= grid[x0:x1, y0:y1].sum() <= answer.hi)
+        return np.array(hits)
 
 
 class MatrixMechanism(_Counts):
@@ -402,11 +444,12 @@ class FriendlyKMeans(Case):
         return exact[0].reshape(self.release["k"], -1) if exact else None
 
 
-CASES = {c.__name__.lower(): c for c in (Histogram, HistogramTree, HistogramUnit, MatrixMechanism, Contingency,
-                                         ContingencyBayes, ContingencyMarginals, Od, OdMarginals, KMeans, Mean,
+CASES = {c.__name__.lower(): c for c in (Histogram, HistogramTree, HistogramUnit, Grid, MatrixMechanism,
+                                         Contingency, ContingencyBayes, ContingencyMarginals, Od, OdMarginals, KMeans,
+                                         Mean,
                                          FriendlyKMeans)}
 KIND_OF_CASE = {"histogram": "histogram", "histogramtree": "histogram (tree)",
-                "histogramunit": "histogram (unit: identity)",
+                "histogramunit": "histogram (unit: identity)", "grid": "grid",
                 "matrixmechanism": "matrix_mechanism", "contingency": "contingency",
                 "contingencybayes": "contingency (empirical Bayes)",
                 "contingencymarginals": "contingency (one-way marginals public)", "od": "od",

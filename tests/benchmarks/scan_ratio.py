@@ -4,7 +4,9 @@ the same counts, in one run, per size; and the peak memory of the process that r
 
     python tests/benchmarks/scan_ratio.py --kind histogram --sizes 1e6,1e7,1e8 [--cache DIR] [--partitions 8]
 
-histogram: 1024 public bins of one column; the scans count the records per bin. kmeans: k = 5, 5 rounds; the scans
+histogram: 1024 public bins of one column; the scans count the records per bin. grid: 256 x 256 public cells of two
+columns (the defaults: HDMM's Kronecker strategy, counts by ADMM, the bootstrap); the scans count the records per
+cell; its data are the kmeans data (two uniform columns). kmeans: k = 5, 5 rounds; the scans
 are 5 passes, each assigning every scaled point to its nearest of 5 centres and summing counts and coordinates per
 centre (the release's rounds also project onto the domain and draw noise: the scans are the floor, not a twin).
 
@@ -39,17 +41,21 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 ROOT = Path(__file__).resolve().parents[2]
-BINS, K, ROUNDS, LOW, HIGH = 1024, 5, 5, 0.0, 100.0
+BINS, CELLS, K, ROUNDS, LOW, HIGH = 1024, 256, 5, 5, 0.0, 100.0
 RELEASES = {
     "histogram": {"kind": "histogram", "bins": BINS, "branching": 4, "epsilon": 1.0},
     "kmeans": {"kind": "kmeans", "k": K, "iterations": ROUNDS, "epsilon": 1.0, "postprocess": ["consistency"]},
+    "grid": {"kind": "grid", "cells": CELLS, "epsilon": 1.0},
 }
-COLUMNS = {"histogram": ["x"], "kmeans": ["x", "y"]}
+COLUMNS = {"histogram": ["x"], "kmeans": ["x", "y"], "grid": ["x", "y"]}
+#: The kinds that read another's generated data (the same columns and law).
+DATA_OF = {"grid": "kmeans"}
 
 
 def dataset(cache: Path, kind: str, n: int, partitions: int) -> Path:
     """The Parquet files of `n` records for `kind`, generated on first use (written under a temporary name, then
     renamed: an interrupted generation is not reused)."""
+    kind = DATA_OF.get(kind, kind)
     folder = cache / f"{kind}-{n}-{partitions}"
     if folder.exists():
         return folder
@@ -102,6 +108,10 @@ def duckdb_scan(kind: str, data: Path):
         return lambda: con.execute(
             f"SELECT least(greatest(floor((x - {LOW}) / {HIGH - LOW} * {BINS}), 0), {BINS - 1})::INTEGER AS b, "
             f"count(*) FROM {files} GROUP BY b").fetchall()
+    if kind == "grid":
+        cell = lambda c: f"least(greatest(floor(({c} - {LOW}) / {HIGH - LOW} * {CELLS}), 0), {CELLS - 1})::INTEGER"
+        return lambda: con.execute(f"SELECT {cell('x')} * {CELLS} + {cell('y')} AS cell, count(*) FROM {files} "
+                                   f"GROUP BY cell").fetchall()
     scaled = ", ".join(f"2 * ({c} - {LOW}) / {HIGH - LOW} - 1 AS {c}" for c in COLUMNS[kind])
     C = _centres(kind)
     dist = [" + ".join(f"({c} - {float(C[j, i])!r}) * ({c} - {float(C[j, i])!r})"
@@ -123,6 +133,10 @@ def polars_scan(kind: str, data: Path):
     if kind == "histogram":
         b = ((pl.col("x") - LOW) / (HIGH - LOW) * BINS).floor().clip(0, BINS - 1).cast(pl.Int32).alias("b")
         return lambda: pl.scan_parquet(files).select(b).group_by("b").len().collect()
+    if kind == "grid":
+        cell = lambda c: ((pl.col(c) - LOW) / (HIGH - LOW) * CELLS).floor().clip(0, CELLS - 1).cast(pl.Int32)
+        index = (cell("x") * CELLS + cell("y")).alias("cell")
+        return lambda: pl.scan_parquet(files).select(index).group_by("cell").len().collect()
     scaled = [(2 * (pl.col(c) - LOW) / (HIGH - LOW) - 1).alias(c) for c in COLUMNS[kind]]
     C = _centres(kind)
     dist = [sum((pl.col(c) - C[j, i]) ** 2 for i, c in enumerate(COLUMNS[kind])) for j in range(K)]

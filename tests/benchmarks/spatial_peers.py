@@ -1,0 +1,121 @@
+"""The `grid` kind's PUBLISHED answers against the spatial peers (identity, UG, AG, a quadtree with HTree
+consistency, HDMM's Kronecker strategy: tests/benchmarks/_spatial_peers.py) on 2-D count grids, at epsilon 0.1
+and 1 (issue 46).
+
+Ours is the release of the spec a user writes for each workload, through the kind's own public functions
+(`tasks.kinds.grid`: its plan, `measure_grid` through the plan's entries, `signed_estimate` / `estimates`,
+`rectangle_sums`), with the noise of the plan's entries (`dpalgos.noise.simulated`: the same laws as the
+production samplers, seeded numpy for speed; tests/test_benchmarks_score_the_release.py checks that these are
+the values the release publishes):
+  rectangles  `workload: rectangles` (the default strategy, STRATEGY_FOR_WORKLOAD): a rectangle's answer is the
+              sum of the published signed `estimate` over its cells, cut at zero (what `query --rect` answers);
+  unit cells  `workload: unit`: a cell's answer is its published `count`.
+A peer answers both from its own estimated grid, signed, as it publishes it. The rectangle workload is the
+peers' (`rectangles`: six sizes after Qardaji et al., random positions), the same for every method.
+
+    python tests/benchmarks/spatial_peers.py [--data grid.npy | points.csv] [--reps 10] [--rects 2000]
+
+Without --data: the corpus (`_spatial_peers.datasets`: the shipped check-ins and generated uniform, clustered,
+very sparse, road-like and taxi-like grids). A CSV holds points x,y (header), binned on 256 x 256 cells over
+their --bounds (default: the points' range; a benchmark's choice, a release's bounds are public inputs).
+Prints `RESULT data=... eps=... workload=... ours=... best_peer=... ours_over_best=...` per cell and
+`RESULT workload=... geo_mean=... worst=...` per workload.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _spatial_peers as peers  # noqa: E402
+
+from dpalgos.noise import simulated  # noqa: E402
+from tasks.kinds import grid as G  # noqa: E402
+from tasks.spec import parse_spec  # noqa: E402
+
+CELLS = 256
+
+
+def spec_for(epsilon: float, workload: str, cells: int = CELLS):
+    """The spec a user writes for the workload (defaults otherwise); the dataset's path is never read here."""
+    return parse_spec({"dataset": {"id": "bench", "path": "unused.parquet", "bounds": {"x": [0, 1], "y": [0, 1]}},
+                       "release": {"kind": "grid", "cells": cells, "epsilon": epsilon, "workload": workload}})
+
+
+def ours(grid: np.ndarray, epsilon: float, workload: str, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """One simulated release of the exact grid: (published signed estimate, published counts)."""
+    spec = spec_for(epsilon, workload, grid.shape[0])
+    plan = G.KIND.plan(spec)
+    strategy = G.kronecker_now(spec.release.cells, 2) if spec.release.strategy_used == "kronecker" else None
+    noisy, _ = G.measure_grid(spec, grid, simulated(plan, rng), strategy)
+    if workload == "rectangles":  # its answers are sums of the signed estimate: the counts are not needed
+        return G.signed_estimate(spec, noisy, strategy), None
+    count, estimate, _ = G.estimates(spec, noisy, plan[G.entry_of(spec)].scale, strategy)
+    return estimate, count
+
+
+def score(grid: np.ndarray, epsilon: float, reps: int, rects: np.ndarray, seed: int) -> dict:
+    """{method: (rectangle MSE, unit-cell MSE)}: ours per workload, each peer's from its estimate."""
+    truth = peers.rect_answers(grid, rects)
+    out = {}
+    rng = np.random.default_rng([seed, 1])
+    rect = [np.mean((G.rectangle_sums(ours(grid, epsilon, "rectangles", rng)[0], rects) - truth) ** 2)
+            for _ in range(reps)]
+    unit = [peers.unit_mse(ours(grid, epsilon, "unit", rng)[1], grid) for _ in range(reps)]
+    out["ours"] = (float(np.mean(rect)), float(np.mean(unit)))
+    for i, (name, peer) in enumerate(peers.PEERS.items()):
+        rng = np.random.default_rng([seed, 10 + i])
+        runs = [peer(grid, epsilon, rng) for _ in range(reps)]
+        out[name] = (float(np.mean([np.mean((peers.rect_answers(e, rects) - truth) ** 2) for e in runs])),
+                     float(np.mean([peers.unit_mse(e, grid) for e in runs])))
+    return out
+
+
+def load(path: Path, bounds: list[float] | None) -> dict[str, np.ndarray]:
+    if path.suffix == ".npy":
+        return {path.stem: np.asarray(np.load(path), dtype=np.float64)}
+    points = np.loadtxt(path, delimiter=",", skiprows=1, usecols=(0, 1))
+    x0, x1, y0, y1 = bounds or (points[:, 0].min(), points[:, 0].max(), points[:, 1].min(), points[:, 1].max())
+    grid, _, _ = np.histogram2d(np.clip(points[:, 0], x0, x1), np.clip(points[:, 1], y0, y1), bins=CELLS,
+                                range=[[x0, x1], [y0, y1]])
+    return {path.stem: grid}
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--data", type=Path, help="a 2-D grid of counts (.npy) or points x,y (.csv); default: the corpus")
+    ap.add_argument("--bounds", type=float, nargs=4, metavar=("X0", "X1", "Y0", "Y1"), help="a CSV's bounds")
+    ap.add_argument("--reps", type=int, default=10)
+    ap.add_argument("--rects", type=int, default=2000)
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args(argv)
+    data = load(args.data, args.bounds) if args.data else peers.datasets(seed=args.seed)
+    ratios = {"rectangles": [], "unit": []}
+    for d, (name, grid) in enumerate(data.items()):
+        rects = peers.rectangles(grid.shape, args.rects, np.random.default_rng([args.seed, 99]))
+        print(f"# {name}: {grid.shape}, {grid.sum():.4g} points, {np.mean(grid == 0):.1%} empty cells", flush=True)
+        for eps in peers.EPSILONS:
+            t0 = time.perf_counter()
+            table = score(grid, eps, args.reps, rects, args.seed + 1000 * d)
+            for j, workload in enumerate(ratios):
+                best = min((k for k in table if k != "ours"), key=lambda k: table[k][j])
+                ratio = table["ours"][j] / table[best][j]
+                ratios[workload].append(ratio)
+                others = " ".join(f"{k}={v[j]:.4g}" for k, v in table.items() if k != "ours")
+                print(f"RESULT data={name} eps={eps:g} workload={workload} ours={table['ours'][j]:.4g} "
+                      f"best_peer={best} ours_over_best={ratio:.3g} {others}", flush=True)
+            print(f"# {name} eps={eps:g}: {time.perf_counter() - t0:.0f} s", flush=True)
+    for workload, r in ratios.items():
+        print(f"RESULT workload={workload} geo_mean={math.exp(np.mean(np.log(r))):.3g} worst={max(r):.3g}",
+              flush=True)
+
+
+if __name__ == "__main__":
+    main()
