@@ -1,4 +1,4 @@
-"""Make docs/grid-heatmap.png: the heat map a `grid` release's report shows (`tasks.kinds.grid.heatmap`, released
+"""Make docs/grid-heatmap.png: the heat map a `grid` release's report shows (`tasks.kinds.grid.picture`, released
 counts only), here of the shipped 256 x 256 check-in grid released at epsilon 1 with the defaults (the Kronecker
 strategy, counts by ADMM), the noise drawn by the plan's exact samplers (OpenDP).
 
@@ -17,6 +17,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 from dpalgos.noise import ExactNoise, Measure  # noqa: E402
 from tasks.kinds import grid as G  # noqa: E402
+from tasks.report import heatmap  # noqa: E402
 from tasks.spec import parse_spec  # noqa: E402
 
 CHECKIN = REPO.parent / "shared" / "data" / "spatial" / "checkin_256_256.npy"
@@ -32,7 +33,7 @@ def main() -> None:
     plan, strategy = G.KIND.plan(spec), G.kronecker_now(256, 2)
     noisy, _ = G.measure_grid(spec, np.load(CHECKIN).astype(np.float64), Measure(plan, ExactNoise()), strategy)
     count, _, _ = G.estimates(spec, noisy, plan["strategy"].scale, strategy)
-    G.heatmap(count, spec.dataset.bounds, args.out, "released counts of the check-ins (kronecker, epsilon 1)")
+    heatmap(G.picture(count, spec.dataset.bounds, "released counts of the check-ins (kronecker, epsilon 1)"), args.out)
 
 
 if __name__ == "__main__":

@@ -55,13 +55,23 @@ def heatmap(shown: Heatmap, path: Path) -> Path:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    import numpy as np
+    from matplotlib.colors import LogNorm
 
     rows, cols = shown.values.shape
-    fig, ax = plt.subplots(figsize=(min(12.0, 3.0 + 0.35 * cols), min(10.0, 2.5 + 0.3 * rows)))
-    image = ax.imshow(shown.values, cmap="viridis", aspect="auto", interpolation="nearest")
-    fig.colorbar(image, ax=ax)
+    fig, ax = plt.subplots(figsize=(5.2, 4.4) if shown.extent else
+                           (min(12.0, 3.0 + 0.35 * cols), min(10.0, 2.5 + 0.3 * rows)))
+    values, norm, label = shown.values, None, None
+    if shown.log_floor is not None:
+        values = np.where(shown.values >= shown.log_floor, shown.values, np.nan)
+        if np.isfinite(values).any():
+            norm = LogNorm(vmin=shown.log_floor, vmax=max(float(np.nanmax(values)), 1.0))
+        label = f"log scale; blank: below {shown.log_floor:g}"
+    place = {"origin": "lower", "extent": shown.extent} if shown.extent else {}
+    image = ax.imshow(values, cmap="viridis", aspect="auto", interpolation="nearest", norm=norm, **place)
+    fig.colorbar(image, ax=ax, label=label)
     for ticks, labels, axis in ((ax.set_yticks, shown.rows, "y"), (ax.set_xticks, shown.columns, "x")):
-        if len(labels) <= MAX_TICK_LABELS:
+        if labels and len(labels) <= MAX_TICK_LABELS:
             ticks(range(len(labels)), labels, **({"rotation": 90} if axis == "x" else {}))
     ax.set_ylabel(shown.row_name)
     ax.set_xlabel(shown.column_name)

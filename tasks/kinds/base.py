@@ -86,13 +86,17 @@ def dense_footprint(rows: float, cols: float, flops: float, what: str) -> Footpr
 @dataclass(frozen=True)
 class Heatmap:
     """A released matrix to show as a heat map in the report (`ReleaseKind.heatmap`): values (rows, columns), the
-    labels of each axis, the axes' names and a title. Released values and public labels only."""
+    labels of each axis, the axes' names and a title. Released values and public labels only. A map of space
+    (`grid`) gives its public extent (x0, x1, y0, y1: columns along x, rows along y, row 0 at the bottom) instead of
+    labels, and a floor below which values are left blank on a log scale."""
     values: np.ndarray
     rows: tuple[str, ...]
     columns: tuple[str, ...]
     row_name: str
     column_name: str
     title: str
+    extent: tuple[float, float, float, float] | None = None
+    log_floor: float | None = None
 
 
 @dataclass(frozen=True)

@@ -38,8 +38,8 @@ from dpalgos.intervals import NoiseLaw
 from dpalgos.lazy import module
 from dpalgos.plan import Mechanism, Plan
 from tasks import strategies
-from tasks.kinds.base import Draw, Footprint, ReleaseKind, dense_footprint, noise_footprint
-from tasks.kinds.uncertainty import Bootstrap, Center, Direct, Product, UncertaintyParams, bootstrap_planned
+from tasks.kinds.base import Draw, Footprint, Heatmap, ReleaseKind, dense_footprint, noise_footprint
+from tasks.kinds.uncertainty import Direct, Product, UncertaintyParams, bootstrap_planned
 from tasks.params import ConsistencyBase
 from tasks.run import committed_plan
 
@@ -70,7 +70,6 @@ GRID = "grid.parquet"
 LEVELS = "levels.parquet"
 #: The grid's public shape, its columns, the strategy and the consistency's diagnostics (read by `query --rect`).
 GRID_INFO = "grid.json"
-HEATMAP = "heatmap.png"
 #: The heat map leaves cells below this count blank: a count that rounds to zero is no density.
 HEATMAP_FLOOR = 0.5
 VALUES = ["count", "estimate"]
@@ -276,31 +275,12 @@ def _level_columns(spec) -> dict[str, np.ndarray]:
             **{f"{c}_end": made[f"end_{k}"] for k, c in enumerate(names)}}
 
 
-def heatmap(count: np.ndarray, bounds: dict, path: Path, title: str) -> Path:
-    """The released per-cell counts as a picture (3-D grids: summed over the last axis), log-scaled: released values
-    and public bounds only."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    from matplotlib.colors import LogNorm
-
+def picture(count: np.ndarray, bounds: dict, title: str) -> Heatmap:
+    """The released per-cell counts as the report's heat map (3-D grids: summed over the last axis), log-scaled,
+    placed by the public bounds: released values and public bounds only."""
     shown = count.sum(axis=tuple(range(2, count.ndim))) if count.ndim > 2 else count
     (xc, (x0, x1)), (yc, (y0, y1)) = list(bounds.items())[:2]
-    visible = shown >= HEATMAP_FLOOR
-    fig, ax = plt.subplots(figsize=(5.2, 4.4))
-    image = ax.imshow(np.where(visible, shown, np.nan).T, origin="lower", extent=(x0, x1, y0, y1), aspect="auto",
-                      cmap="viridis", norm=LogNorm(vmin=HEATMAP_FLOOR, vmax=max(shown.max(), 1.0))
-                      if visible.any() else None)
-    fig.colorbar(image, ax=ax, label=f"released count (log scale; blank: below {HEATMAP_FLOOR:g})")
-    ax.set_xlabel(xc)
-    ax.set_ylabel(yc)
-    ax.set_title(title, fontsize=9)
-    fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    return Heatmap(shown.T, (), (), yc, xc, title, extent=(x0, x1, y0, y1), log_floor=HEATMAP_FLOOR)
 
 
 class GridKind(ReleaseKind):
@@ -387,8 +367,6 @@ class GridKind(ReleaseKind):
             "columns": list(spec.dataset.bounds), "cells": p.cells, "shape": list(shape_of(spec)),
             "bounds": {c: list(b) for c, b in spec.dataset.bounds.items()}, "strategy": p.strategy_used,
             "consistency": info}, indent=2))
-        heatmap(count, spec.dataset.bounds, internal / HEATMAP,
-                f"released counts ({p.strategy_used}, epsilon {p.epsilon:g})")
         return [GRID, LEVELS, GRID_INFO]
 
     def release_contract(self, spec):
@@ -410,9 +388,8 @@ class GridKind(ReleaseKind):
         return float(cells_of(spec) + quadtree.pyramid_size(spec.release.cells, axes_of(spec)))
 
     def bootstrap(self, spec, measurements, staging, plan):
-        """Around the released signed estimate: the measurements it implies (the strategy's answers, its quadtree,
-        or itself) plus the plan's noise, estimated again. The estimate is linear, so each replicate's error has
-        exactly the release's law: the intervals of every rectangle sum hold at their confidence, on any data."""
+        """Around the released signed estimate (`counts.signed_bootstrap`): the measurements it implies are the
+        strategy's answers, its quadtree, or itself."""
         estimate = counts.read_column(staging / GRID, "estimate").reshape(shape_of(spec))
         strategy, entry = self._strategy(spec, measurements), entry_of(spec)
         law = NoiseLaw.of(plan[entry])
@@ -421,17 +398,18 @@ class GridKind(ReleaseKind):
                        estimate.ravel()[quadtree.morton(spec.release.cells, axes_of(spec))]),
                    "identity": lambda: estimate.ravel()}[spec.release.strategy_used]()
 
-        def rerun(noisy, rng):
-            cells = signed_estimate(spec, noisy[entry], strategy)
+        def solve(y):
+            cells = signed_estimate(spec, y, strategy)
             return {GRID: cells.reshape(-1, 1), LEVELS: quadtree.pyramid(cells)[:, None]}
-        bounded = (("count", "estimate"),)
-        return Bootstrap(
-            products=(Product(GRID, "cell", ("estimate",), bounded=bounded),
-                      Product(LEVELS, "node", ("estimate",), replicates=False, bounded=bounded)),
-            centers=(Center(entry, implied, law),), rerun=rerun,
-            notes=("rectangle queries are answered from `estimate` (signed, unbiased sums); `count` (non-negative "
-                   "per cell) gets the estimate's interval cut at zero and widened to hold it",
-                   "levels.parquet's intervals come from the cells' replicates' block sums"))
+        return counts.signed_bootstrap(
+            GRID, "cell", entry, law, implied, solve,
+            also=(Product(LEVELS, "node", ("estimate",), replicates=False, bounded=(("count", "estimate"),)),),
+            notes=("levels.parquet's intervals come from the cells' replicates' block sums",))
+
+    def heatmap(self, spec, release):
+        count = counts.read_column(release / GRID, "count").reshape(shape_of(spec))
+        return picture(count, spec.dataset.bounds,
+                       f"released counts ({spec.release.strategy_used}, epsilon {spec.release.epsilon:g})")
 
     def evaluate(self, spec, run, prepared, log):
         """Internal: the MSE of the published answers to random rectangles (sums of the signed estimate, cut at
