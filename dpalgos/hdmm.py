@@ -101,15 +101,28 @@ def optimise(n: int, p: int | None = None, seed: int = 0, *, maxiter: int = 3000
     return Optimised(best.x.reshape(p, n), float(best.fun), iterations, start + 1, time.perf_counter() - t0)
 
 
+#: The largest entry of a B the optimiser may return. Past it the loss is a difference of numbers of order
+#: (1 + sum B)^2 n^2 and cancels to nothing: at 8 bins L-BFGS-B ran B to 1.2e9, "loss" 0, and least squares on the
+#: strategy lost a bin. The shipped strategies' entries are below 150.
+MAX_ENTRY = 1e4
+
+
+def sane(B: np.ndarray) -> bool:
+    """A p-Identity B whose loss and least squares are computed reliably (`MAX_ENTRY`)."""
+    return bool(np.isfinite(B).all() and B.min() >= 0 and B.max() <= MAX_ENTRY)
+
+
 def _starts(n: int, p: int, seed: int, identity: float, maxiter: int, ftol: float, max_starts: int):
-    best, iterations = None, 0
+    """The best sane run of up to max_starts; B = 0 (the identity, loss `identity`) when none is sane."""
+    best = optimize.OptimizeResult(x=np.zeros(p * n), fun=identity)
+    iterations = 0
     for start in range(max_starts):
         x0 = np.random.default_rng(seed + start).random(p * n)
         res = optimize.minimize(loss_and_grad, x0, args=(p, n), jac=True, method="L-BFGS-B",
                                 bounds=[(0.0, None)] * x0.size,
                                 options={"ftol": ftol, "gtol": 1e-12, "maxiter": maxiter, "maxfun": 2 * maxiter})
         iterations += int(res.nit)
-        if best is None or res.fun < best.fun:
+        if sane(res.x) and 0 < res.fun < best.fun:
             best = res
         if best.fun < 0.999 * identity:
             break

@@ -50,11 +50,14 @@ def optimise_seconds(n: int) -> float:
 
 
 def pidentity(n: int) -> np.ndarray:
-    """B of the p-Identity strategy for all ranges of n bins (p = n / 16): shipped, cached, or optimised now."""
+    """B of the p-Identity strategy for all ranges of n bins (p = n / 16): shipped, cached, or optimised now. A cached
+    B that is not `hdmm.sane` (written before the optimiser checked its runs) is optimised again."""
     path = located(n)
     if path is not None:
         with np.load(path) as f:
-            return f["B"].astype(np.float64)
+            B = f["B"].astype(np.float64)
+        if hdmm.sane(B):
+            return B
     B = hdmm.optimise(n, seed=SEED).B
     _save(cache_folder() / _name(n, hdmm.default_rows(n)), B)
     return B
