@@ -23,10 +23,14 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable
 
+from dpalgos.lazy import module
 from dpalgos.plan import Plan
 from tasks import settings, storage
 from tasks.errors import ReleaseConflict
 from tasks.processes import alive
+
+pa = module("pyarrow")
+pq = module("pyarrow.parquet")
 
 META = "measurements.json"
 #: What a run writes in its scratch besides the measurements, each a folder named after its stage: raw-derived
@@ -46,6 +50,23 @@ class StageOutput:
 def read_meta(measurements: str | Path) -> dict:
     """The metadata the DP measurement task stored beside the noisy measurements."""
     return json.loads((Path(measurements) / META).read_text())
+
+
+def table_content(table: pa.Table) -> bytes:
+    """What a table says, as bytes: its columns (names, types) and values as one Arrow IPC stream of a single
+    chunk, without key-value metadata. Seeds derived from the measurements hash this, never a file's bytes:
+    publishing rewrites every Parquet file with metadata naming the release (`tasks.manifest.describe`), so the
+    published copy's bytes differ from those postprocessing read, its values do not."""
+    table = table.replace_schema_metadata(None).combine_chunks()
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table)
+    return sink.getvalue().to_pybytes()
+
+
+def measurement_content(f: Path) -> bytes:
+    """A measurements file's content: a Parquet file's `table_content`, any other file's bytes."""
+    return table_content(pq.read_table(f)) if Path(f).suffix == ".parquet" else Path(f).read_bytes()
 
 
 def committed_plan(measurements: str | Path) -> Plan:

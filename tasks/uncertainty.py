@@ -40,7 +40,7 @@ from tasks.kinds.uncertainty import (
     replicates_of,
     skipped_reason,
 )
-from tasks.run import committed_plan
+from tasks.run import committed_plan, measurement_content
 
 UNCERTAINTY = "uncertainty.json"
 #: The spawn key of the direct intervals' public coins, beside the bootstrap's replicates (keys 0..B-1).
@@ -61,18 +61,8 @@ def seed_of(measurements: Path) -> int:
     same replicates."""
     h = hashlib.sha256(b"dprelease uncertainty v1")
     for f in sorted(Path(measurements).iterdir()):
-        h.update(f.name.encode() + b"\0" + _content(f))
+        h.update(f.name.encode() + b"\0" + measurement_content(f))
     return int(h.hexdigest()[:32], 16)
-
-
-def _content(f: Path) -> bytes:
-    if f.suffix != ".parquet":
-        return f.read_bytes()
-    table = pq.read_table(f).replace_schema_metadata(None).combine_chunks()
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, table.schema) as writer:
-        writer.write_table(table)
-    return sink.getvalue().to_pybytes()
 
 
 @dataclass(frozen=True)

@@ -34,7 +34,7 @@ from tasks.kinds.uncertainty import (
 )
 from tasks.params import ReleaseBase
 from tasks.partitions import Partitioned, Streamed, current_client, table_points
-from tasks.run import StageOutput, committed_plan, read_meta
+from tasks.run import StageOutput, committed_plan, measurement_content, read_meta, table_content
 
 pa = module("pyarrow")
 pq = module("pyarrow.parquet")
@@ -129,13 +129,15 @@ def seeded(spec) -> bool:
 
 
 def postprocessing_seed(measurements: Path) -> int:
-    """The postprocessing's randomness (MCMC, k-means restarts) is seeded from the measurements' bytes: it is
-    not privacy noise, and a rerun on the same measurements must reproduce the release exactly."""
-    return _seed_of((measurements / TRAJECTORY).read_bytes())
+    """The postprocessing's randomness (MCMC, k-means restarts) is seeded from the measurements' values
+    (`tasks.run.table_content`: not the file's bytes, which publishing rewrites with the release's metadata): it
+    is not privacy noise, and a rerun on the same measurements, the published copy's included, must reproduce the
+    release exactly."""
+    return _seed_of(measurement_content(measurements / TRAJECTORY))
 
 
-def _seed_of(trajectory_bytes: bytes) -> int:
-    return int(hashlib.sha256(trajectory_bytes).hexdigest()[:8], 16)
+def _seed_of(content: bytes) -> int:
+    return int(hashlib.sha256(content).hexdigest()[:8], 16)
 
 
 def _refinement_info(r: leekifer.Refinement, p) -> dict:
@@ -210,11 +212,11 @@ def write_trajectory(folder: Path, traj: dpkmeans.Trajectory, seeding: dpkmeans.
 
 
 def trajectory_seed(traj: dpkmeans.Trajectory, seeding: dpkmeans.Seeding | None = None) -> int:
-    """`postprocessing_seed` of the measurements file `write_trajectory` would write, without writing it (the same
-    bytes: pyarrow writes a table to a buffer as to a file): the benchmarks' in-memory releases use it."""
+    """`postprocessing_seed` of the measurements file `write_trajectory` would write, without writing it (the table
+    through a Parquet buffer, as a file stores and reads it back): the benchmarks' in-memory releases use it."""
     sink = pa.BufferOutputStream()
     pq.write_table(trajectory_table(traj, seeding), sink)
-    return _seed_of(sink.getvalue().to_pybytes())
+    return _seed_of(table_content(pq.read_table(pa.BufferReader(sink.getvalue()))))
 
 
 def read_trajectory(folder: str | Path, noise_scale: float, sum_noise_scale: float | None = None
