@@ -28,7 +28,8 @@ def _contracts() -> dict:
 def _good(name: str, n: int = 6) -> dict:
     """Columns that pass `name`'s suite, values at its bounds included."""
     if name == "ingested":
-        return {"x": np.linspace(-1e300, 1e300, n), "y": np.zeros(n), "c": np.array(["a", "b", "z", "a", "b", "a"][:n], dtype=object),
+        return {"x": np.linspace(-1e300, 1e300, n), "y": np.zeros(n),
+                "c": np.array(["a", "b", "z", "a", "b", "a"][:n], dtype=object),
                 "w": np.array([0.0, 5.0, 1, 2, 3, 4][:n])}
     if name == "normalised":
         return {"x": np.array([-1.0, 0.5, 0, 0.25, 1.0, -0.5][:n]), "y": np.array([0.0, -0.5, 0, 0.75, 0, 0.5][:n])}
