@@ -28,6 +28,7 @@ The semantics copied (great-expectations 1.24, pandas execution engine):
 
 from __future__ import annotations
 
+import copy
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -118,23 +119,34 @@ def _check(config: dict, columns: _Columns) -> dict | None:
     return None
 
 
-def passing(frame: pd.DataFrame, expectations: list, suite_name: str) -> dict | None:
-    """The suite's result as great-expectations' JSON when every expectation passes and each is one this module
-    decides; None otherwise (the caller validates with great-expectations)."""
-    if len(frame) == 0:
-        return None
-    columns, results = _Columns(frame), []
-    for exp in expectations:
-        config = exp.configuration.to_json_dict()
-        if any(isinstance(v, dict) for v in config["kwargs"].values()):  # a suite parameter
+class Suite:
+    """A row suite's expectations as the JSON configurations its results carry, made once for all the batches of a
+    partition (great-expectations' serialisation of a configuration costs about a millisecond, the reductions of a
+    batch a few)."""
+
+    def __init__(self, expectations: list, name: str):
+        self.name = name
+        self.configs = [exp.configuration.to_json_dict() for exp in expectations]
+        for config in self.configs:
+            config["kwargs"] = {"batch_id": BATCH_ID, **{k: v for k, v in config["kwargs"].items() if k != "batch_id"}}
+        #: a suite parameter (a value to look up) is not decided here
+        self.decidable = not any(isinstance(v, dict) for c in self.configs for k, v in c["kwargs"].items())
+
+    def passing(self, frame: pd.DataFrame) -> dict | None:
+        """The suite's result as great-expectations' JSON when every expectation passes and each is one this module
+        decides; None otherwise (the caller validates with great-expectations)."""
+        if len(frame) == 0 or not self.decidable:
             return None
-        result = _check(config, columns)
-        if result is None:
-            return None
-        config["kwargs"] = {"batch_id": BATCH_ID, **{k: v for k, v in config["kwargs"].items() if k != "batch_id"}}
-        results.append({"success": True, "expectation_config": config, "result": result, "meta": {},
-                        "exception_info": dict(_NO_EXCEPTION)})
-    return {"success": True, "results": results, "suite_name": suite_name, "suite_parameters": {},
-            "statistics": {"evaluated_expectations": len(results), "successful_expectations": len(results),
-                           "unsuccessful_expectations": 0, "success_percent": 100.0 if results else None},
-            "meta": {"computed_by": "dprelease data_contracts.direct (great-expectations' metrics, numpy)"}, "id": None}
+        columns, results = _Columns(frame), []
+        for config in self.configs:
+            result = _check(config, columns)
+            if result is None:
+                return None
+            results.append({"success": True, "expectation_config": copy.deepcopy(config), "result": result,
+                            "meta": {}, "exception_info": dict(_NO_EXCEPTION)})
+        n = len(results)
+        return {"success": True, "results": results, "suite_name": self.name, "suite_parameters": {},
+                "statistics": {"evaluated_expectations": n, "successful_expectations": n,
+                               "unsuccessful_expectations": 0, "success_percent": 100.0 if n else None},
+                "meta": {"computed_by": "dprelease data_contracts.direct (great-expectations' metrics, numpy)"},
+                "id": None}
