@@ -6,11 +6,11 @@ Why: great-expectations' fixed cost per validation (20 ms for the histogram's 4 
 2-d points, whatever the rows) was most of a release's contract time at 10^8 records, paid on every batch of every
 partition (docs/explanation/performance.md). The direct computation is a few reductions per column.
 
-The rule that keeps the behaviour great-expectations': `passing` returns a result only when every expectation is one
-it knows, with arguments it knows, and passes; anything else (a failure, an empty frame, a column missing, a dtype
-other than int64 / float64 where a range is checked, a strict bound, a suite parameter) returns None, and the caller
-runs great-expectations' own validation on the frame (`validate._validate`): a failure's result is always
-great-expectations'. So the direct path must never pass a frame great-expectations fails, and its passing results
+The rule that keeps the behaviour great-expectations': `Suite.passing` returns a result only when every expectation is
+one it knows, with arguments it knows, and passes; anything else (a failure, an empty frame, a column missing, a dtype
+other than int64 / float64 where a range is checked, a strict bound, a suite parameter, two columns of one name)
+returns None, and the caller runs great-expectations' own validation on the frame (`validate._validate`): a
+failure's result is always great-expectations'. So the direct path must never pass a frame great-expectations fails, and its passing results
 must be great-expectations' passing results, field for field: tests/test_contracts_direct.py checks both against
 great-expectations on frames built to break each rule (NaN, infinities, nulls, the bounds themselves, integers past
 2^53, dtypes).
@@ -135,7 +135,7 @@ class Suite:
     def passing(self, frame: pd.DataFrame) -> dict | None:
         """The suite's result as great-expectations' JSON when every expectation passes and each is one this module
         decides; None otherwise (the caller validates with great-expectations)."""
-        if len(frame) == 0 or not self.decidable:
+        if len(frame) == 0 or not self.decidable or not frame.columns.is_unique:
             return None
         columns, results = _Columns(frame), []
         for config in self.configs:
