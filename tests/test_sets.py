@@ -93,3 +93,51 @@ def test_rows_of_one_user_become_one_record(tmp_path):
     assert rows == 2 and parts == 1  # user 8 has no items: no record (the ingest contract refuses empty ones)
     assert [sorted(X[i].indices.tolist()) for i in range(2)] == [[0, 5], [1, 2, 9]]
     assert "user" not in pq.ParquetFile(tmp_path / "out" / "part.0.parquet").schema_arrow.names
+
+
+def _by_lines(path) -> tuple[list, list]:
+    """The records of a transactions file by Python's text reading, a line at a time (how they were read before the
+    blocks): items per line and every item id, or the exception it raises."""
+    import io
+
+    raw = gzip.open(path).read() if str(path).endswith(".gz") else open(path, "rb").read()
+    lengths, values = [], []
+    for line in io.StringIO(raw.decode("utf-8-sig"), newline=None):
+        items = [int(t) for t in line.split()]
+        lengths.append(len(items))
+        values.extend(items)
+    return lengths, values
+
+
+@pytest.mark.parametrize("text", [
+    "5 3 5 1\n7\n2 2 2\n", "1 2\n\n\n3", "\ufeff1 2\r\n3\r\n", "1\r2\r\n3\n", "  +4\t-2 \t 007\n\n 9  ",
+    "1\x0b2\x0c3\n4\xa05\u30006\n", "1 2\n3 4\n" * 40, "", "\n", "1" * 17 + " 2\n", "٣ 4\n", "1_0 2\n"])
+@pytest.mark.parametrize("block", [7, 2 ** 20])
+def test_transactions_blocks_read_as_python_reads_lines(tmp_path, monkeypatch, text, block):
+    """Lines and tokens found in blocks by numpy, or by Python's text rules where a block holds anything but ASCII
+    digits, signs, spaces, tabs and line feeds: the same records as a line at a time, cut into the same partitions
+    (blocks of 7 bytes cut lines and a CRLF's neighbours; parts of 3 records)."""
+    from tasks import sets
+
+    monkeypatch.setattr(sets, "BLOCK_BYTES", block)
+    monkeypatch.setattr(sets, "ROWS_PER_PART", 3)
+    src = tmp_path / "t.dat.gz"
+    with gzip.open(src, "wb") as fh:
+        fh.write(text.encode("utf-8"))
+    lengths, values = _by_lines(src)
+    chunks = list(sets._transaction_chunks(str(src)))
+    assert [c[0].size - 1 for c in chunks] == [min(3, len(lengths) - i) for i in range(0, len(lengths), 3)]
+    assert np.concatenate([np.diff(c[0]) for c in chunks] or [[]]).tolist() == lengths
+    assert np.concatenate([c[1] for c in chunks] or [[]]).tolist() == values
+
+
+@pytest.mark.parametrize("text", ["1 2\n3 x\n", "1 -\n", "1 2-3\n", "+\n", "1 ++2\n", "1 2\n3\xe94\n"])
+def test_transactions_bad_tokens_refused_as_python_refuses_them(tmp_path, monkeypatch, text):
+    from tasks import sets
+
+    monkeypatch.setattr(sets, "BLOCK_BYTES", 4)
+    (tmp_path / "bad.dat").write_text(text)
+    with pytest.raises(ValueError):
+        _by_lines(tmp_path / "bad.dat")
+    with pytest.raises(InputError, match="item ids must be integers"):
+        list(sets._transaction_chunks(str(tmp_path / "bad.dat")))

@@ -258,18 +258,23 @@ def write_table(table: pa.Table, location: str, metadata: dict | None = None) ->
 
 def write_batches(tables: Iterable[pa.Table], location: str) -> None:
     """One Parquet file of the tables in order (at least one), a row group each. Floating-point columns are written
-    without dictionary encoding, which measured values seldom repeat enough to pay for: 16 ns a value to write
-    against 6 (pyarrow 26, 2026-11-29); other columns keep it (a bin index: smaller files, written as fast)."""
+    plain, without dictionary encoding, which measured values seldom repeat enough to pay for (16 ns a value to write
+    against 6); integer columns (a bin or cell index) delta-encoded: 1.43 bytes a value for 1,024 bins, about the
+    dictionary's 1.26, written in 21-30 ns against its 43-54 (the dictionary's write was 3.5 s of the 10^8-record
+    histogram's 10 s of worker time in `encoded`); other columns (text) keep the dictionary. pyarrow 26,
+    2026-11-29, 2 shared cores."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
     tables = iter(tables)
     first = next(tables)
-    coded = [f.name for f in first.schema if not pa.types.is_floating(f.type)]
+    delta = {f.name: "DELTA_BINARY_PACKED" for f in first.schema if pa.types.is_integer(f.type)}
+    coded = [f.name for f in first.schema if not pa.types.is_floating(f.type) and f.name not in delta]
     fs, path = (None, location) if not is_url(location) else filesystem(location)
     if fs is None:
         Path(location).parent.mkdir(parents=True, exist_ok=True)
-    with pq.ParquetWriter(path, first.schema, filesystem=fs, use_dictionary=coded) as writer:
+    with pq.ParquetWriter(path, first.schema, filesystem=fs, use_dictionary=coded,
+                          column_encoding=delta or None) as writer:
         writer.write_table(first, row_group_size=max(first.num_rows, 1))
         for table in tables:
             writer.write_table(table, row_group_size=max(table.num_rows, 1))

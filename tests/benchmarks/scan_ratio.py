@@ -18,6 +18,16 @@ threads (DuckDB's `threads`, polars' pool is the machine's two cores). Per size,
     RESULT kind=... n=... stages_s=... duckdb_s=... polars_s=... stages_over_scan=... marginal_ratio=... \
 peak_mb=... peak_mb_growth=...
 
+With `--external-s3`, per size the same release in one run: as above, then twice on an external dask cluster (a
+`dask scheduler` and a `dask worker --nworkers 2 --nthreads 1`, started here, each in an empty folder) with the data,
+the scratch and the output on an S3 API server (moto's, on loopback, as the tests use it), the data uploaded there
+once per run. The first release on new workers pays their imports (great-expectations' 3.6 s among them, on each
+worker process, at its first contract); the second is what a long-lived cluster costs, and the ratio's:
+
+    RESULT kind=... n=... mode=external-s3 local_s=... external_s=... external_over_local=... first_on_new_workers_s=...
+
+(goal, issue 45: at most 1.5 at 10^7 records). The workers' memory is their own processes': not reported.
+
 `stages_over_scan`: the stages' seconds over DuckDB's; `marginal_ratio`: the release's added seconds per added record
 over DuckDB's, from the previous size (`marginal_ratio_polars` the same against polars); `peak_mb_growth`: the
 release process's peak resident memory over the previous size's. Goals (issue 45): marginal_ratio <= 5 and
@@ -27,7 +37,9 @@ peak_mb_growth <= 1.2 from 10^7 to 10^8.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import logging
 import os
 import re
 import subprocess
@@ -35,12 +47,14 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Iterator
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
 BINS, CELLS, K, ROUNDS, LOW, HIGH = 1024, 256, 5, 5, 0.0, 100.0
 RELEASES = {
     "histogram": {"kind": "histogram", "bins": BINS, "branching": 4, "epsilon": 1.0},
@@ -68,8 +82,9 @@ def dataset(cache: Path, kind: str, n: int, partitions: int) -> Path:
     return folder
 
 
-def release(kind: str, data: Path, n: int, work: Path) -> tuple[dict, float]:
-    """(the release's stage seconds by stage, peak resident MB of the `dprelease run` process)."""
+def release(kind: str, data: Path | str, n: int, work: Path, extra_env: dict | None = None) -> tuple[dict, float]:
+    """(the release's stage seconds by stage, peak resident MB of the `dprelease run` process); `extra_env`: the
+    operator's settings (an external scheduler, a scratch location)."""
     folder = work / f"{kind}-{n}"
     folder.mkdir(parents=True)
     spec = {"dataset": {"id": f"scan-{kind}-{n}", "path": str(data),
@@ -79,7 +94,7 @@ def release(kind: str, data: Path, n: int, work: Path) -> tuple[dict, float]:
     reading = folder / "spec.json"
     reading.write_text(json.dumps(spec))
     env = {**os.environ, "DPRELEASE_LEDGER": str(folder / "ledger.sqlite"), "XDG_CONFIG_HOME": str(folder / "xdg"),
-           "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+           "PYTHONPATH": _python_path(), **(extra_env or {})}
     env.pop("DPRELEASE_TEST_MODE", None)
     subprocess.run([sys.executable, "-m", "flows.cli", "budget", "set", spec["dataset"]["id"], "--epsilon", "100",
                     "--source", str(data), "--reading-from", str(reading)], check=True, capture_output=True, env=env,
@@ -91,6 +106,106 @@ def release(kind: str, data: Path, n: int, work: Path) -> tuple[dict, float]:
     summary = json.loads(out.stdout[out.stdout.index("{"):])
     peak_kb = int(re.search(r"Maximum resident set size \(kbytes\): (\d+)", out.stderr).group(1))
     return summary["timings"], peak_kb / 1024
+
+
+def _python_path() -> str:
+    return os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+
+
+@contextlib.contextmanager
+def s3_server() -> Iterator[dict]:
+    """moto's S3 API server on loopback with the buckets data, private (scratch) and public (output); yields the
+    environment its clients need."""
+    from moto.server import ThreadedMotoServer
+
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)  # a line per request otherwise
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    env = {"AWS_ENDPOINT_URL": f"http://{host}:{port}", "AWS_ACCESS_KEY_ID": "bench",
+           "AWS_SECRET_ACCESS_KEY": "bench", "AWS_DEFAULT_REGION": "us-east-1"}
+    os.environ.update(env)  # this process uploads the data
+    import boto3
+
+    for bucket in ("data", "private", "public"):
+        boto3.client("s3").create_bucket(Bucket=bucket)
+    try:
+        yield env
+    finally:
+        server.stop()
+
+
+@contextlib.contextmanager
+def dask_cluster(work: Path, env: dict) -> Iterator[str]:
+    """A `dask scheduler` and two single-threaded workers (`dask worker --nworkers 2 --nthreads 1`) on loopback, each
+    started in an empty folder of its own (the workers import the package through PYTHONPATH, and reach the store
+    through `env`); yields the scheduler's address."""
+    import socket
+
+    from distributed import Client
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    address = f"tcp://127.0.0.1:{port}"
+    env = {**os.environ, **env, "DASK_LOGGING__DISTRIBUTED": "warning", "PYTHONPATH": _python_path()}
+    dask = str(Path(sys.executable).parent / "dask")
+    procs = []
+
+    def start(name: str, args: list[str]) -> None:
+        folder = work / name
+        folder.mkdir()
+        procs.append(subprocess.Popen([dask, *args], cwd=folder, env=env, stdout=open(folder / "log", "w"),
+                                      stderr=subprocess.STDOUT))
+    try:
+        start("scheduler", ["scheduler", "--host", "127.0.0.1", "--port", str(port), "--dashboard-address",
+                            "127.0.0.1:0"])
+        deadline = time.time() + 60
+        while True:
+            try:
+                Client(address, timeout=2).close()
+                break
+            except OSError:
+                if time.time() > deadline:
+                    raise
+                time.sleep(0.5)
+        start("workers", ["worker", address, "--nworkers", "2", "--nthreads", "1", "--host", "127.0.0.1",
+                          "--local-directory", str(work / "workers")])
+        with Client(address, timeout=30) as client:
+            client.wait_for_workers(2, timeout=120)
+        yield address
+    finally:
+        for proc in reversed(procs):  # the workers, then the scheduler
+            proc.terminate()
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+def external_s3(args, cache: Path, work: Path) -> None:
+    """`--external-s3`: per size, the release on the local cluster from the local files, then on the external cluster
+    with data, scratch and output in the S3 server, in the same minutes."""
+    from tasks import storage
+
+    with s3_server() as env, dask_cluster(work, env) as address:
+        for n in [int(float(s)) for s in args.sizes.split(",")]:
+            data = dataset(cache, args.kind, n, args.partitions)
+            remote = f"s3://data/{data.name}"
+            storage.upload(data, remote)
+            local, _ = release(args.kind, data, n, work / "local")
+            runs = [release(args.kind, remote, n, work / f"external-{i}", {
+                **env, "DPRELEASE_DASK_ADDRESS": address, "DPRELEASE_SCRATCH": f"s3://private/{i}/{data.name}",
+                "DPRELEASE_OUTPUT": f"s3://public/{i}/{data.name}"})[0] for i in ("cold", "warm")]
+            load = os.getloadavg()[0]
+            for name, timings in zip(("local", "ext. cold", "ext. warm"), [local] + runs):
+                print(f"{n:>12,} records  {name:<9}  " + "  ".join(f"{k} {v:.2f}" for k, v in timings.items())
+                      + f"  | stages {sum(timings.values()):.2f} s  load {load:.2f}", flush=True)
+            cold, warm = (sum(t.values()) for t in runs)
+            print(f"RESULT kind={args.kind} n={n} mode=external-s3 local_s={sum(local.values()):.2f} "
+                  f"external_s={warm:.2f} external_over_local={warm / sum(local.values()):.2f} "
+                  f"first_on_new_workers_s={cold:.2f} load={load:.2f}", flush=True)
 
 
 def _centres(kind: str) -> np.ndarray:
@@ -168,9 +283,15 @@ def main() -> None:
     parser.add_argument("--partitions", type=int, default=8)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--cache", default=str(Path.home() / ".cache" / "dprelease-bench" / "scan_ratio"))
+    parser.add_argument("--external-s3", action="store_true",
+                        help="the release on the local cluster and on an external one with its data in S3 (moto)")
     args = parser.parse_args()
     cache = Path(args.cache)
     cache.mkdir(parents=True, exist_ok=True)
+    if args.external_s3:
+        with tempfile.TemporaryDirectory(prefix="scan-ratio-") as work:
+            external_s3(args, cache, Path(work))
+        return
     previous = None
     with tempfile.TemporaryDirectory(prefix="scan-ratio-") as work:
         for n in [int(float(s)) for s in args.sizes.split(",")]:
