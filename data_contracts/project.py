@@ -121,9 +121,71 @@ def opened(root: Path, store: str | None = None) -> Iterator:
     with open(root / ".lock", "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         try:
+            trusted(root, store)
             yield _context(root, store)
         finally:
             fcntl.flock(lock, fcntl.LOCK_UN)
+
+
+#: The modules a project's config may name (great-expectations loads `module_name`s, and a plugins folder, as
+#: code): great-expectations' own and this package's store and views.
+OUR_MODULES = ("data_contracts.object_store", "data_contracts.offline_view")
+
+
+def trusted(root: Path, store: str | None = None) -> None:
+    """Refuse a project this process's user did not make alone. Its folder may sit under a spec's output_dir: a
+    config planted there (by another local user, or copied in) would run its own code in the release process (a
+    plugin, a store's module_name) or send the raw-derived validation results elsewhere (a store's base directory or
+    URL). So: the folders and the config are this user's, not writable by others, no symbolic link; the config names
+    no module but great-expectations' and ours, its stores stay inside the project (or at `store`); no Python in its
+    plugins folder."""
+    gx_dir = root / "gx"
+    for path in (root.parent, root, gx_dir, gx_dir / "great_expectations.yml", gx_dir / "plugins"):
+        try:
+            info = path.lstat()
+        except FileNotFoundError:
+            continue
+        if os.path.islink(path) or info.st_uid != os.geteuid() or info.st_mode & 0o022:
+            raise ValueError(f"the contracts project {root} is refused: {path} is a symbolic link, another user's, or "
+                             f"writable by others. Remove the project folder (it is made again) or set gx_folder")
+    if (gx_dir / "plugins").is_dir() and any((gx_dir / "plugins").rglob("*.py")):
+        raise ValueError(f"the contracts project {root} is refused: its plugins folder holds Python code, which "
+                         f"great-expectations would run in the release. Remove the project folder (it is made again)")
+    config = gx_dir / "great_expectations.yml"
+    if config.is_file():
+        _check_config(root, _yaml_values(config.read_text()), store)
+
+
+def _yaml_values(text: str) -> list[tuple[str, object]]:
+    """(key, value) of every mapping entry of a YAML document, at any depth (unparseable: none, `_repair` rewrites
+    it)."""
+    import yaml
+
+    try:
+        doc = yaml.safe_load(text)
+    except yaml.YAMLError:
+        return []
+    found, todo = [], [doc]
+    while todo:
+        node = todo.pop()
+        if isinstance(node, dict):
+            found += [(str(k), v) for k, v in node.items()]
+            todo += list(node.values())
+        elif isinstance(node, list):
+            todo += node
+    return found
+
+
+def _check_config(root: Path, entries: list[tuple[str, object]], store: str | None) -> None:
+    for key, value in entries:
+        bad = (key == "module_name" and not (str(value).startswith("great_expectations")
+                                             or value in OUR_MODULES)
+               or (key.endswith("_directory") or key.endswith("_path"))
+               and (Path(str(value)).is_absolute() or ".." in Path(str(value)).parts)
+               or key == "base_url" and not (store is not None and str(value).startswith(store.rstrip("/") + "/")))
+        if bad:
+            raise ValueError(f"the contracts project {root} is refused: its config names a {key} this dprelease "
+                             f"does not write. Remove the project folder (it is made again)")
 
 
 def _context(root: Path, store: str | None = None):

@@ -201,6 +201,35 @@ def test_a_project_survives_a_kill_while_it_was_made_or_its_config_rewritten(tmp
     assert {run for _, run in _stored(gx)} == {"blobs-r1", "blobs-r2", "blobs-r3"}
 
 
+@pytest.mark.parametrize("plant", ["module", "plugin", "store_elsewhere", "others_write"])
+def test_a_planted_project_is_refused_before_great_expectations_reads_it(tmp_path, plant):
+    """The project may sit under a spec's output_dir: a config another hand left there (a store backend or plugin
+    that great-expectations imports as code, a store writing the raw-derived results elsewhere, a folder others may
+    write) is refused in one line, and nothing it names runs or is written."""
+    import os
+
+    good = {"x": np.array([0.5, -0.2]), "y": np.array([-0.5, 0.7])}
+    gx = _gx(tmp_path, "blobs-r1")
+    validate_parquet(_parts(tmp_path / "a", [good]), suites.normalised(COLS), gx=gx)
+    config = gx.root / "gx" / "great_expectations.yml"
+    marker, elsewhere = tmp_path / "ran", tmp_path / "elsewhere"
+    if plant == "module":
+        (tmp_path / "evil_backend.py").write_text(f"open({str(marker)!r}, 'w').write('x')\n")
+        config.write_text(config.read_text().replace("class_name: TupleFilesystemStoreBackend",
+                                                     "class_name: TupleFilesystemStoreBackend\n      module_name: "
+                                                     "evil_backend", 1))
+    elif plant == "plugin":
+        (gx.root / "gx" / "plugins" / "evil.py").write_text(f"open({str(marker)!r}, 'w').write('x')\n")
+    elif plant == "store_elsewhere":
+        config.write_text(config.read_text().replace("base_directory: uncommitted/validations/",
+                                                     f"base_directory: {elsewhere}/", 1))
+    else:
+        os.chmod(gx.root, 0o777)
+    with pytest.raises(ValueError, match="the contracts project .* is refused"):
+        validate_parquet(_parts(tmp_path / "b", [good]), suites.normalised(COLS), gx=_gx(tmp_path, "blobs-r2"))
+    assert not marker.exists() and not elsewhere.exists()
+
+
 def test_narrow_integer_columns_are_checked_as_arrays_and_still_fail_when_out_of_range(tmp_path):
     """An int32 bin index went value by value through great-expectations' pandas range check (550 ns a record):
     columns are widened to int64 before the check, which must still see every value."""

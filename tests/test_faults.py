@@ -346,6 +346,19 @@ def test_a_scratch_inside_the_public_output_or_around_it_is_refused_before_anyth
     assert out.returncode == 2 and "is inside the output folder" in out.stderr, out.stderr
 
 
+@pytest.mark.parametrize("gx, output", [("public/gx", "public"), ("private", "private/releases")])
+def test_a_contracts_project_inside_the_public_output_or_around_it_is_refused(tmp_path, gx, output):
+    """The great-expectations project holds raw-derived counts (validation results, Data Docs): never published."""
+    data = _values(tmp_path)
+    ledger().set_budget("sensors", 5.0, 0.0, source=str(data))
+    (tmp_path / "spec.yaml").write_text(yaml.safe_dump(_histogram(data, tmp_path, "placed")))
+    env = {"DPRELEASE_GX_FOLDER": str(tmp_path / gx), "DPRELEASE_OUTPUT": str(tmp_path / output)}
+    out = _cli("spec", "check", str(tmp_path / "spec.yaml"), env=env)
+    assert out.returncode == 2 and out.stderr.count("\n") == 1 and "Traceback" not in out.stderr, out.stderr
+    assert "gx_folder location" in out.stderr and "Nothing was run" in out.stderr
+    assert ledger().releases("sensors") == []
+
+
 # ---- the data read is the version the checks took ----------------------------------------------------------------
 @pytest.mark.usefixtures("prefect_api")
 def test_data_replaced_while_it_is_read_is_refused_and_nothing_is_charged(tmp_path, monkeypatch):
