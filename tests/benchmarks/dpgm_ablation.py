@@ -5,6 +5,7 @@ queries. Variants (each a change from the release's defaults):
 
     default            the release's defaults
     many=A             weight A of the row of all records for many items (`dpgm.TOTAL_WEIGHT_MANY`)
+    weight=A           weight A of the present/absent rows for few items (`dpgm.TOTAL_WEIGHT`)
     k=K                K clusters
     shares=C,M,S       the split of epsilon: clustering, marginals, SGD
     max_items=N        the per-record clip of the marginals and the last length bin
@@ -42,6 +43,8 @@ def settings_of(variant: str, base: E.DPGMSettings, many: float) -> tuple[E.DPGM
         key, value = change.split("=", 1)
         if key == "many":
             many = float(value)
+        elif key == "weight":
+            dpgm.TOTAL_WEIGHT = float(value)
         elif key == "k":
             base = dataclasses.replace(base, k=int(value))
         elif key == "shares":
@@ -76,8 +79,9 @@ def main() -> None:
         X = E.restrict_items(X, args.items)
     base = E.DPGMSettings(epsilon=args.epsilon, delta=1.0 / X.shape[0])
     print(f"{X.shape[0]} records, {X.shape[1]} items", flush=True)
-    indep, default_many = {}, dpgm.TOTAL_WEIGHT_MANY
+    indep, default_many, default_weight = {}, dpgm.TOTAL_WEIGHT_MANY, dpgm.TOTAL_WEIGHT
     for variant in args.variants.split(";" if ";" in args.variants else ","):
+        dpgm.TOTAL_WEIGHT = default_weight
         settings, many = settings_of(variant, base, default_many)
         dpgm.TOTAL_WEIGHT_MANY = many
         rows = []
@@ -87,10 +91,11 @@ def main() -> None:
             t0 = time.perf_counter()
             S, guarantee, _ = E.run(X, settings, np.random.default_rng(seed))
             if seed not in indep:   # the baseline of the release's defaults: one per seed
-                dpgm.TOTAL_WEIGHT_MANY = default_many
+                variant_weights = dpgm.TOTAL_WEIGHT_MANY, dpgm.TOTAL_WEIGHT
+                dpgm.TOTAL_WEIGHT_MANY, dpgm.TOTAL_WEIGHT = default_many, default_weight
                 indep[seed] = errors(X, E.independent(X, base, np.random.default_rng(10_000 + seed)), Q, buckets,
                                      true_lin, true_any)
-                dpgm.TOTAL_WEIGHT_MANY = many
+                dpgm.TOTAL_WEIGHT_MANY, dpgm.TOTAL_WEIGHT = variant_weights
             rows.append((*errors(X, S, Q, buckets, true_lin, true_any), *indep[seed]))
             print(f"{variant} seed {seed}: ({guarantee.epsilon:.3f})-DP, {time.perf_counter() - t0:.0f}s; dpgm linear "
                   f"{rows[-1][0]:.4g} any-of {rows[-1][1]:.4g}; independent linear {rows[-1][2]:.4g} any-of "
