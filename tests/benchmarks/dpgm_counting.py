@@ -263,6 +263,7 @@ def totals_floor(X: sp.csr_matrix, args, delta: float) -> None:
 
 def main() -> None:
     args = parse()
+    peers(args)   # an unknown peer is refused before the data are loaded
     t0 = time.perf_counter()
     X = E.load_transactions(args.data)
     loaded = X.shape[0]
