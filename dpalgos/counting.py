@@ -8,8 +8,9 @@ Relative error |Q(D) - Q(D^)| / max(Q(D), s), sanity bound s = 0.1% of |D|.
 
 Baselines: MWEM (Hardt et al.) on the item histogram for the linear class, with records clipped to at most
 `max_items` items (L1 sensitivity max_items; `mwem_linear` takes the counts of clipped records, or of records
-weighted by min(1, max_items / |record|), same bound); for the any-of class, records drawn with independent
-items from DP item marginals and a DP record-length histogram.
+weighted by min(1, max_items / |record|), same bound). The any-of class's baseline, independent items from DP
+item totals and record lengths at DPGM's (epsilon, delta), is `dpgm.independent_items` (DPGM with one cluster and
+no model).
 """
 
 from __future__ import annotations
@@ -19,7 +20,6 @@ import numpy as np
 import scipy.sparse as sp
 
 from dpalgos import baselines
-from dpalgos.arrays import distinct
 from dpalgos.mechanisms import laplace_mechanism
 
 BUCKETS = 5
@@ -152,37 +152,3 @@ def record_weights(X: sp.csr_matrix, max_items: int) -> np.ndarray:
 def weighted_item_counts(X: sp.csr_matrix, max_items: int) -> np.ndarray:
     """Item counts (m,) with every record weighted by `record_weights` (L1 sensitivity max_items)."""
     return np.asarray((sp.diags(record_weights(X, max_items)) @ X).sum(axis=0), dtype=np.float64).ravel()
-
-
-def length_histogram(X: sp.csr_matrix, max_items: int, min_length: int = 1) -> np.ndarray:
-    """Number of records of each length min_length..max_items (longer ones in the last bin; min_length 0 keeps
-    the empty records as a length of their own)."""
-    lengths = np.minimum(np.diff(X.indptr), max_items)
-    return np.bincount(lengths, minlength=max_items + 1)[min_length:].astype(np.float64)
-
-
-def independent_records(X: sp.csr_matrix, *, epsilon: float, max_items: int, n: int, rng: np.random.Generator,
-                        min_length: int = 1) -> sp.csr_matrix:
-    """`independent_from_stats` of the records X."""
-    return independent_from_stats(weighted_item_counts(X, max_items), length_histogram(X, max_items, min_length),
-                                  epsilon=epsilon, max_items=max_items, n=n, rng=rng, min_length=min_length)
-
-
-def independent_from_stats(clipped_counts: np.ndarray, length_hist: np.ndarray, *, epsilon: float, max_items: int,
-                           n: int, rng: np.random.Generator, min_length: int = 1) -> sp.csr_matrix:
-    """n records with independent items, from the item counts of records weighted by min(1, max_items /
-    |record|) (L1 sensitivity max_items) and the histogram of record lengths min_length..max_items
-    (sensitivity 1), each measured with the Laplace mechanism at epsilon / 2. Every record gets a noisy
-    length and items drawn in proportion to the noisy marginals (a repeated draw is dropped)."""
-    m = clipped_counts.size
-    # One record adds at most max_items (weighted) items to the counts: L1 sensitivity max_items.
-    marg = np.maximum(laplace_mechanism(clipped_counts, sensitivity=max_items, epsilon=epsilon / 2, rng=rng), 0.0)
-    # One record is in one length bin: L1 sensitivity 1.
-    hist = np.maximum(laplace_mechanism(length_hist, sensitivity=1.0, epsilon=epsilon / 2, rng=rng), 0.0)
-    p_len = hist / hist.sum() if hist.sum() > 0 else np.full(hist.size, 1.0 / hist.size)
-    p_item = marg / marg.sum() if marg.sum() > 0 else np.full(m, 1.0 / m)
-    L = rng.choice(np.arange(min_length, max_items + 1), size=n, p=p_len)
-    rows = np.repeat(np.arange(n), L)
-    cols = rng.choice(m, size=rows.size, p=p_item)
-    key = distinct(rows.astype(np.int64) * m + cols)
-    return sp.csr_matrix((np.ones(key.size, dtype=np.float32), (key // m, key % m)), shape=(n, m))

@@ -50,6 +50,16 @@ class ReleaseSpec(Strict):
                              "$DPRELEASE_LEDGER)")
         return data
 
+    @model_validator(mode="before")
+    @classmethod
+    def _public_defaults(cls, data):
+        """A kind's defaults that follow from the dataset's public schema (`ReleaseKind.public_defaults`)."""
+        if isinstance(data, dict) and isinstance(data.get("release"), dict) and isinstance(data.get("dataset"), dict):
+            kind = REGISTRY.get(data["release"].get("kind"))
+            if kind is not None:
+                data = {**data, "release": kind.public_defaults(data["release"], data["dataset"])}
+        return data
+
     @model_validator(mode="after")
     def _seed_only_in_test_mode(self):
         if self.seed is not None and self.mode != "test":

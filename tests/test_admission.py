@@ -45,7 +45,7 @@ OVERSIZED = {
         lambda t: _sets(t, 50), {"kind": "kernel_kmeans", "k": 1000, "features": 10_000, "gamma": 0.1,
                                  "epsilon": 1.0, "delta": 1e-6}, "the random Fourier features of one partition"),
     "synthetic, 10^7 items": (lambda t: _sets(t, 10 ** 7), {"kind": "synthetic", "gamma": 0.1, "epsilon": 1.0,
-                                                           "delta": 1e-6}, "the 4 models of 4,000,000,000 weights"),
+                                                           "delta": 1e-6}, "the 8 models of 4,000,000,000 weights"),
     "friendly k-means, 10^6 subsets": (
         lambda t: {"id": "f", "path": str(write_csv(t / "f.csv", blobs(50))), "numeric": ["x", "y"]},
         {"kind": "friendly_kmeans", "k": 2, "subsets": 10 ** 6, "epsilon": 1.0, "delta": 1e-6, "r": 1.0},

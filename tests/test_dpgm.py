@@ -458,3 +458,32 @@ def test_mwem_beats_uniform_and_clipping_keeps_at_most_max_items():
     truth = counting.linear_answers(counts, Q)
     assert (np.abs(counting.linear_answers(est, Q) - truth).mean()
             < 0.6 * np.abs(counting.linear_answers(uniform, Q) - truth).mean())
+
+
+@pytest.mark.parametrize("items", [20, 300])          # with and without present/absent rows (max_items 30)
+def test_independent_baseline_spends_the_release_budget_on_dpgm_marginals_entry_for_one_cluster(items):
+    plan = dpgm.independent_plan(epsilon=1.74, delta=1e-5, max_items=30, items=items)
+    (entry,) = plan.mechanisms
+    assert entry.name == "marginals" and entry.distribution == "gaussian"
+    assert entry.sensitivity == dpgm.marginals_sensitivity(30, items, 30)    # DPGM's sensitivity argument, k = 1
+    accountant = RdpAccountant()
+    accountant.compose(plan.event())
+    assert 1.74 / 2 <= accountant.get_epsilon(1e-5) <= 1.74 * (1 + 1e-6)     # the whole (epsilon, delta), no more
+
+
+def test_independent_baseline_keeps_totals_and_lengths_and_not_which_items_go_together():
+    rng = np.random.default_rng(40)
+    n, m = 6000, 12
+    pairs = rng.random(n) < 0.5                       # items 0 and 1 always together, in half the records
+    X = (rng.random((n, m)) < 0.2).astype(np.float32)
+    X[:, 0] = X[:, 1] = pairs
+    X[X.sum(axis=1) == 0, 5] = 1                      # non-empty records
+    X = sp.csr_matrix(X)
+    exact = dpgm.cluster_counts(X, np.zeros(n, np.int64), 1, max_items=30)   # no noise: the totals themselves
+    S = dpgm.independent_items(exact, m, rng)
+    assert abs(S.shape[0] - n) <= 1
+    np.testing.assert_allclose(counting.item_counts(S), counting.item_counts(X), atol=2)
+    np.testing.assert_array_equal(np.bincount(np.diff(S.indptr), minlength=m + 1)[:m + 1],
+                                  np.bincount(np.diff(X.indptr), minlength=m + 1)[:m + 1])
+    together = lambda Y: float(Y[:, 0].multiply(Y[:, 1]).sum()) / Y.shape[0]
+    assert together(X) == pytest.approx(0.5, abs=0.02) and together(S) < 0.35   # the pairs come apart

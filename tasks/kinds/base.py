@@ -117,6 +117,11 @@ class ReleaseKind(ABC):
     #: one line for the kinds table (README, `dprelease kinds`)
     summary: ClassVar[str]
 
+    def public_defaults(self, release: dict, dataset: dict) -> dict:
+        """The release section with the defaults that follow from the dataset's public schema filled in (a spec's
+        raw sections, before validation); most kinds have none."""
+        return release
+
     def check_dataset(self, dataset: DatasetSpec) -> None:
         """Refuse a dataset section that does not fit the kind's data shape (a spec error)."""
         has = {"bounds": bool(dataset.bounds), "categories": bool(dataset.categories),

@@ -48,13 +48,17 @@ sp = module("scipy.sparse")
 counting = module("dpalgos.counting")
 dpgm = module("dpalgos.dpgm")
 kk = module("dpalgos.kernel_kmeans")
+noise_sources = module("dpalgos.noise")
 
 class SyntheticParams(KernelKMeansParams):
     """DPGM (Acs et al. Algorithm 1): DP kernel k-means into k clusters, one generative model per cluster
     trained with DP-SGD, synthetic set-valued records sampled from the mixture. epsilon and delta cover all of
     it (clustering, per-cluster marginals, DP-SGD), the noise calibrated together with dp_accounting."""
     kind: Literal["synthetic"] = Field("synthetic", description="the release kind")  # type: ignore[assignment]
-    k: int = Field(dpgm.DEFAULT_K, ge=1, description="clusters (one generative model each)")
+    k: int = Field(dpgm.DEFAULT_K, ge=1, description="clusters (one generative model each); default from the "
+                                                      "public item_count and max_items (`dpgm.default_k`): "
+                                                      f"{dpgm.DEFAULT_K} for few items (item_count + 2 <= 4 "
+                                                      f"(max_items + 1)), {dpgm.DEFAULT_K_MANY} for more")
     iterations: int = Field(dpgm.DEFAULT_ITERATIONS, ge=1, description="DP kernel k-means iterations")
     model: Literal["vae", "rbm"] = Field("vae", description="generative model of every cluster")
     hidden: list[Annotated[int, Field(ge=1)]] = Field([200], min_length=1, max_length=2,
@@ -170,6 +174,15 @@ class SyntheticKind(ReleaseKind):
         return {"kind": "synthetic", "k": 2, "iterations": 2, "features": 20, "gamma": 0.05, "steps": 4,
                 "q": 0.2, "hidden": [8], "max_items": 10, "epsilon": 2.0, "delta": 1e-6, "queries": 20,
                 "budget_shares": [0.15, 0.35, 0.5]}
+
+    def public_defaults(self, release, dataset):
+        """k from the public item count and max_items when the spec leaves it out (`dpgm.default_k`)."""
+        items, max_items = dataset.get("item_count"), release.get("max_items", SyntheticParams.model_fields[
+            "max_items"].default)
+        if "k" in release or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 1
+                                     for v in (items, max_items)):
+            return release   # set, or left to validation to refuse
+        return {**release, "k": dpgm.default_k(items, max_items, MIN_LENGTH)}
 
     def check_feasible(self, spec):
         check_public_sample(spec)
@@ -390,10 +403,11 @@ def load_models(measurements, meta) -> list:
             for c in range(meta["k"])]
 
 
-def partition_counting(X, Q, max_items):
-    """(item counts, any-of answers, weighted item counts, record-length histogram 1..max_items) of a partition."""
+def partition_counting(X, Q, max_items, table_max_items):
+    """(item counts, any-of answers, item counts weighted to max_items, the one-cluster `cluster_counts` table at
+    table_max_items) of a partition."""
     return (counting.item_counts(X), counting.anyof_answers(X, Q), counting.weighted_item_counts(X, max_items),
-            counting.length_histogram(X, max_items))
+            dpgm.cluster_counts(X, np.zeros(X.shape[0], np.int64), 1, table_max_items, MIN_LENGTH))
 
 
 def partition_synthetic_counting(X, Q):
@@ -411,7 +425,7 @@ def evaluate_counting(spec, run, prepared, log, max_items: int = 12, mwem_rounds
     raw = Partitioned.sets(client, parquet_files(prepared.path), ds.items_column, ds.item_count)
     syn = Partitioned.sets(client, parquet_files(run.release / SYNTHETIC), ds.items_column, ds.item_count)
     try:
-        counts, anyof, clipped, lengths = raw.reduce(partition_counting, Q, max_items)
+        counts, anyof, clipped, table = raw.reduce(partition_counting, Q, max_items, p.max_items)
         s_counts, s_anyof = syn.reduce(partition_synthetic_counting, Q)
     finally:
         raw.close()
@@ -420,7 +434,11 @@ def evaluate_counting(spec, run, prepared, log, max_items: int = 12, mwem_rounds
     true_lin = counting.linear_answers(counts, Q)
     err = lambda est, true: counting.by_bucket(counting.relative_errors(true, est, n), buckets)
     mwem = counting.mwem_linear(clipped, Q, epsilon=p.epsilon, max_items=max_items, rounds=mwem_rounds, rng=rng)
-    indep = counting.independent_from_stats(clipped, lengths, epsilon=p.epsilon, max_items=max_items, n=n, rng=rng)
+    # The independent-items baseline of the release's (epsilon, delta) and max_items (`dpgm.independent_plan`).
+    plan = dpgm.independent_plan(epsilon=p.epsilon, delta=p.delta, max_items=p.max_items, items=ds.item_count,
+                                 min_length=MIN_LENGTH)
+    indep = dpgm.independent_items(noise_sources.simulated(plan, rng)("marginals", table), ds.item_count, rng,
+                                   MIN_LENGTH)
     errors = {"dpgm_linear": err(counting.linear_answers(s_counts, Q), true_lin),
               "mwem_linear": err(counting.linear_answers(mwem, Q), true_lin),
               "dpgm_anyof": err(s_anyof, anyof),

@@ -1,6 +1,6 @@
 """The peers' own interpreters: each benchmark peer runs in a venv of its own, created on first use in a cache
 folder with pinned versions, so that a fresh clone runs `kmeans_peers.py`, `contingency_peers.py` and
-`dpgm_counting.py --peers mst` with no argument beyond the data (and the Tumult Analytics helpers of
+`dpgm_counting.py --peers mst,aim` with no argument beyond the data (and the Tumult Analytics helpers of
 `_tumult_peer.py`).
 
 Why a venv per peer: their dependencies conflict with the pipeline's (dpmm pins numpy 1.26 and opendp 0.12,
@@ -41,9 +41,10 @@ class Peer:
 PEERS = {
     "mst": Peer("mst", "dpmm-0.1.9", {
         "dpmm==0.1.9": "MST of McKenna et al. 2021 as the DPGM benchmark has run it since it was added (the release "
-                       "whose figures README quotes); dpmm itself pins numpy 1.26 and opendp 0.12, which is why "
-                       "it cannot share the pipeline's venv",
-    }, "dpmm.models.mst"),
+                       "whose figures README quotes), and AIM (McKenna et al. 2022) from the same release "
+                       "(tests/benchmarks/_dpmm_peer.py); dpmm itself pins numpy 1.26 and opendp 0.12, which is "
+                       "why it cannot share the pipeline's venv",
+    }, "dpmm.models.mst, dpmm.models.aim"),
     "diffprivlib": Peer("diffprivlib", "0.6.6-sklearn-1.6.1", {
         "diffprivlib==0.6.6": "the latest release (2025-04); the k-means peer figures were measured with it",
         "scikit-learn==1.6.1": "diffprivlib 0.6.6 fails to import with scikit-learn 1.9 (it imports private "
