@@ -49,15 +49,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
-from data_contracts.validate import RESULT_FORMAT, merged_result, no_fingerprint, result_key
+from data_contracts.gx_run import DATA_DOCS_PREFIX, SITE, SITE_DIR, GxRun
+from data_contracts.results import RESULT_FORMAT, merged_result, no_fingerprint, result_key
 
 #: Expectation fields that carry values derived from the spec (bounds, counts, levels; column names are the
 #: schema and stay literal).
 PARAMETER_FIELDS = ("min_value", "max_value", "value", "value_set")
 DATA_SOURCE = "dprelease"
-SITE = "local_site"
-#: The site's files, relative to a project folder.
-SITE_DIR = Path("gx") / "uncommitted" / "data_docs" / SITE
 #: The vendored page assets and the page templates that load them (data_contracts/data_docs/README.md).
 DATA_DOCS_ASSETS = Path(__file__).resolve().parent / "data_docs"
 #: Result fields dropped before a merged result is stored: a hash of the validated data.
@@ -69,28 +67,6 @@ STORE_PREFIXES = {"expectations_store": ("ExpectationsStore", "expectations"),
                   "validation_results_store": ("ValidationResultsStore", "validations"),
                   "checkpoint_store": ("CheckpointStore", "checkpoints"),
                   "validation_definition_store": ("ValidationDefinitionStore", "validation_definitions")}
-DATA_DOCS_PREFIX = "data_docs"
-
-
-@dataclass(frozen=True)
-class GxRun:
-    """Where one release records its contract results: the dataset's project folder, the names of its suites and
-    the run name (the release id). With `store` (a URL), the project's stores and Data Docs live there, every
-    host's, and `root` holds only this host's config, plugins and lock (data_contracts/object_store.py)."""
-    root: Path
-    dataset: str
-    kind: str
-    release_id: str
-    store: str | None = None
-
-    def suite(self, stage: str) -> str:
-        return f"{self.kind}.{stage}"
-
-    @property
-    def index(self) -> Path | str:
-        if self.store is not None:
-            return f"{self.store}/{DATA_DOCS_PREFIX}/index.html"
-        return self.root / SITE_DIR / "index.html"
 
 
 @functools.lru_cache(maxsize=1)

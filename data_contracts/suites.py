@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import functools
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Callable, Sequence
 
 import numpy as np
@@ -26,7 +26,7 @@ L1_TOLERANCE = 1e-9
 L1_NORM = "l1_norm"
 
 
-@dataclass
+@dataclass(frozen=True)
 class Contract:
     stage: str
     rows: list
@@ -342,9 +342,7 @@ def mixture(k: int) -> Contract:
 
 def synthetic_sets(column: str, item_count: int) -> Contract:
     """Synthetic set-valued records: the ingest format's contract, as a release."""
-    contract = ingested_sets(column, item_count)
-    contract.stage = "release"
-    return contract
+    return replace(ingested_sets(column, item_count), stage="release")
 
 
 def friendly_result(columns: Sequence[str], rows: int, intervals: bool = False) -> Contract:

@@ -3,23 +3,22 @@
 from __future__ import annotations
 
 import contextlib
-import json
 import threading
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Iterator
 
 from data_contracts.direct import Suite
+from data_contracts.results import RESULT_FORMAT, merged_result, no_fingerprint, result_key
 from data_contracts.suites import Contract
 
 if TYPE_CHECKING:  # pandas and pyarrow load on the first validation, not with the contracts (see `_read`)
     import pandas as pd
     import pyarrow as pa
 
-    from data_contracts.project import GxRun
+    from data_contracts.gx_run import GxRun
 
-#: The result format of every validation: counts, never row values (a failure's text reaches logs and states).
-RESULT_FORMAT = {"result_format": "BASIC", "partial_unexpected_count": 0, "include_unexpected_rows": False}
+
 
 
 @dataclass(frozen=True)
@@ -73,18 +72,6 @@ def _new_batch_definition():
     ctx.variables.progress_bars = ProgressBarsConfig(globally=False)
     asset = ctx.data_sources.add_pandas("stage").add_dataframe_asset("frame")
     return asset.add_batch_definition_whole_dataframe("whole")
-
-
-def no_fingerprint() -> None:
-    """great-expectations hashes every frame under 1 GB it validates into the result's batch markers (a fingerprint of
-    the rows, which `data_contracts.project` dropped before storing a merged result): most of a row suite's time on a
-    partition of floats (measured 2026-11-29, tests/benchmarks/scan_ratio.py). A threshold of 0 skips the hash, for
-    every result (no stored result holds one); if a great-expectations release renames the constant, nothing
-    breaks: the hash is computed again and dropped from merged results as before."""
-    from great_expectations.execution_engine import pandas_execution_engine as engine
-
-    if hasattr(engine, "HASH_THRESHOLD"):
-        engine.HASH_THRESHOLD = 0
 
 
 def _widened(table: pa.Table) -> pa.Table:
@@ -371,33 +358,6 @@ def validate_parquet(path: str | Path, contract: Contract, gx: GxRun | None = No
 def _failures(results: list, contract: Contract, name: str) -> list[Failure]:
     return [Failure(contract.stage, name, r.expectation_config.kwargs.get("column"), r.expectation_config.type,
                     _describe(r)) for r in results if not r.success]
-
-
-def result_key(config: dict) -> str:
-    """An expectation's identity in a result (great-expectations orders results its own way)."""
-    kwargs = {k: v for k, v in config["kwargs"].items() if k != "batch_id"}
-    return json.dumps([config["type"], kwargs], sort_keys=True, default=str)
-
-
-def merged_result(results: list[dict]) -> dict:
-    """One expectation's results over parts of an output (batches of a file, files of an output) as one: counts
-    summed (elements, missing, unexpected; the percentages from the sums), an observed value kept when they agree."""
-    if not results:
-        return {}
-    if any("element_count" in r for r in results):
-        total = {k: sum(r.get(k, 0) for r in results) for k in ("element_count", "missing_count", "unexpected_count")}
-        present = total["element_count"] - total["missing_count"]
-        pct = lambda n, d: 100.0 * n / d if d else 0.0
-        return {**total, "partial_unexpected_list": [],
-                "missing_percent": pct(total["missing_count"], total["element_count"]),
-                "unexpected_percent": pct(total["unexpected_count"], present),
-                "unexpected_percent_total": pct(total["unexpected_count"], total["element_count"]),
-                "unexpected_percent_nonmissing": pct(total["unexpected_count"], present)}
-    observed = {json.dumps(r.get("observed_value"), sort_keys=True, default=str) for r in results}
-    merged = {k: v for k, v in results[0].items() if k != "details"}
-    if len(observed) > 1:
-        merged["observed_value"] = sorted(observed)
-    return merged
 
 
 def failure_report(error: ContractViolation) -> dict:

@@ -21,7 +21,8 @@ from prefect.runtime import flow_run
 from prefect.states import Failed, State
 
 from data_contracts import suites
-from data_contracts.project import GxRun, build_docs
+from data_contracts.gx_run import GxRun
+from data_contracts.project import build_docs
 from flows.logs import api_without_tracebacks, consoles_outlive_their_reader, in_run_logging, log_path, run_logging
 from tasks import admission, scheduler, settings
 from tasks.artifacts import (

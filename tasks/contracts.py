@@ -10,7 +10,7 @@ from pathlib import Path
 from prefect import get_run_logger, task
 from prefect.cache_policies import NO_CACHE
 
-from data_contracts.project import GxRun
+from data_contracts.gx_run import GxRun
 from data_contracts.suites import Contract
 from data_contracts.validate import ContractViolation, failure_report, validate_parquet
 from tasks import settings, storage

@@ -112,7 +112,7 @@ def test_corrupt_parquet_breaks_the_contract(tmp_path):
 
 # ---- the dataset's great-expectations project (data_contracts/project.py) -------------------------------------------
 def _gx(tmp_path, release_id: str):
-    from data_contracts.project import GxRun
+    from data_contracts.gx_run import GxRun
 
     return GxRun(tmp_path / "gx" / "blobs", "blobs", "kmeans", release_id)
 

@@ -13,7 +13,8 @@ import pytest
 
 from data_contracts import suites
 from data_contracts.direct import Suite
-from data_contracts.validate import _widened, result_key, validate_partition, validated_by_gx
+from data_contracts.results import result_key
+from data_contracts.validate import _widened, validate_partition, validated_by_gx
 
 BIG = 2 ** 53 + 1  # an int64 that float64 does not hold
 

@@ -13,6 +13,7 @@ the noise source's secret generator: the guarantee is over those coins, so they 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from functools import lru_cache
@@ -226,9 +227,8 @@ class _FriendlyKind(ReleaseKind):
         return [RESULT, INFO]
 
     def release_contract(self, spec):
-        name, contract = RESULT, suites.friendly_result(spec.dataset.columns, self._rows(spec), intervals=True)
-        contract.stage = "release"
-        return name, contract
+        contract = suites.friendly_result(spec.dataset.columns, self._rows(spec), intervals=True)
+        return RESULT, dataclasses.replace(contract, stage="release")
 
     #: The plan entries of the PTR weight and of the released mean / centres.
     weight_entry: str

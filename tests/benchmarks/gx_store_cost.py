@@ -35,7 +35,8 @@ def main() -> None:
         import numpy as np
         import pandas as pd
 
-        from data_contracts.project import GxRun, build_docs, run_checkpoint
+        from data_contracts.gx_run import GxRun
+        from data_contracts.project import build_docs, run_checkpoint
 
         boto3.client("s3").create_bucket(Bucket="private")
         frame = pd.DataFrame({"x": np.random.default_rng(0).uniform(0, 1, args.rows)})
