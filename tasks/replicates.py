@@ -9,7 +9,7 @@ take the replicates' percentile interval. Reads release/ only: what an analyst h
     hist.linear({3: 1.0, 4: 1.0, 7: -1.0})                    # rows 3 + 4 - 7
     hist.answer(lambda v: v[10:20, 0].sum() / v[:, 0].sum())   # any function of the (rows, columns) values
 
-`dprelease query RELEASE --range 10 20` answers the same from the command line (flows/query.py), and
+`dprelease query RELEASE --range 10 20` answers the same from the command line (flows/cli/query.py), and
 `--rect X0 X1 Y0 Y1` a grid release's rectangle of cells (`rectangle_weights`).
 
 The count kinds (histogram, matrix mechanism, contingency table) publish every count twice: `estimate`, signed, whose

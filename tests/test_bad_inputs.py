@@ -1218,7 +1218,7 @@ def test_no_friendly_core_is_published_but_never_looks_like_a_release(as_json, w
     import argparse
 
     import flows.release
-    from flows.cli import NO_VALUES, _run_release
+    from flows.cli.run import NO_VALUES, _run_release
 
     summary = _no_core_summary(tmp_path, world)
     assert any("no friendly core" in c for c in summary["caveats"])

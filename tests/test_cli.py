@@ -111,7 +111,7 @@ def test_readme_kinds_table_is_the_registry():
     """The README's table of release kinds is `dprelease kinds`, derived from the registry."""
     from pathlib import Path
 
-    from flows.cli import kinds_table
+    from flows.cli.kinds import kinds_table
     from tasks.kinds import REGISTRY
 
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
@@ -170,7 +170,7 @@ def test_spec_check_json(tmp_path):
 def test_the_terminal_summary_names_the_evaluation_but_shows_none_of_its_figures(tmp_path):
     """The evaluation's figures are raw-derived (with the published values they can single out a record): the
     summary printed on the terminal names the file only."""
-    from flows.cli import format_summary
+    from flows.cli.run import format_summary
 
     evaluation = tmp_path / "evaluation.json"
     evaluation.write_text(json.dumps({"headline": "unit-query MSE 11.78 (noisy leaves: 25)"}))

@@ -183,7 +183,7 @@ def _hook():
 
 
 def test_the_sites_kinds_and_settings_tables_are_generated_from_the_code():
-    from flows.cli import kinds_table
+    from flows.cli.kinds import kinds_table
     from tasks.settings import table
 
     hook = _hook()

@@ -3,7 +3,7 @@
 A page asks for a table with a marker on a line of its own, `<!-- generated: NAME -->`; the build replaces it with
 `GENERATORS[NAME]()`. An unknown name fails the build. The generators read the code's own single sources:
 
-- `kinds`: `flows.cli.kinds_table()` (the registry; `dprelease kinds` prints the same table);
+- `kinds`: `flows.cli.kinds.kinds_table()` (the registry; `dprelease kinds` prints the same table);
 - `settings`: `tasks.settings.table()` (the operator settings' fields);
 - `cli`: `flows.cli.build_parser()`, every subcommand and option with its help;
 - `exit-codes`: the exit codes stated in `flows.cli`'s docstring;
@@ -60,7 +60,7 @@ def _escape(text: str) -> str:
 
 # ---- kinds, settings, exit codes ----------------------------------------------------------------------------------
 def kinds() -> str:
-    from flows.cli import kinds_table
+    from flows.cli.kinds import kinds_table
 
     return kinds_table()
 

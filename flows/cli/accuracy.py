@@ -8,7 +8,22 @@ from __future__ import annotations
 
 import json
 
+from flows.cli.arguments import positive_finite, positive_int
 from tasks.errors import SpecError
+
+
+def add_parsers(sub) -> None:
+    acc = sub.add_parser("accuracy", help="expected error of each published quantity, per epsilon, before spending",
+                         description="The accuracy planner: the expected error (standard deviation and interval "
+                                     "half-width at the spec's confidence) of each quantity the spec's release "
+                                     "publishes, for each epsilon, from the plan alone. Reads neither the data nor "
+                                     "the ledger; states its assumptions where the error depends on the data.")
+    acc.add_argument("spec", help="release spec file (YAML or JSON)")
+    acc.add_argument("--epsilon", type=positive_finite, nargs="+", help="epsilons to plan (default: the spec's)")
+    acc.add_argument("--records", type=positive_int, help="a public guess of the number of records, for quantities "
+                                                          "whose error depends on it (a cluster's size, a core weight)")
+    acc.add_argument("--json", action="store_true", help="machine-readable output")
+    acc.set_defaults(func=cmd_accuracy)
 
 
 def with_epsilon(spec, epsilon: float):

@@ -8,6 +8,33 @@ from __future__ import annotations
 
 import json
 
+from flows.cli.arguments import confidence
+
+
+def add_parsers(sub) -> None:
+    query = sub.add_parser("query", help="a range or linear query of a release, with its interval",
+                           description="Answer a range sum or a linear query of a published release's product "
+                                       "from its values, with the interval of the query's values on the release's "
+                                       "bootstrap replicates. Reads the release folder only.")
+    query.add_argument("release", help="the release folder (<output_dir>/<release id>/release) or its URL "
+                                       "(<output>/dataset=D/kind=K/release=ID, e.g. on s3://)")
+    what = query.add_mutually_exclusive_group(required=True)
+    what.add_argument("--range", type=int, nargs=2, metavar=("START", "STOP"), help="the sum of rows START..STOP-1")
+    what.add_argument("--weights", help="ROW:WEIGHT,... (e.g. 3:1,4:1,7:-1), rows not named weigh 0")
+    what.add_argument("--origin", metavar="ZONE", help="an od release: the trips from ZONE (the sum of its row)")
+    what.add_argument("--destination", metavar="ZONE", help="an od release: the trips to ZONE (the sum of its column)")
+    what.add_argument("--pair", nargs=2, metavar=("ORIGIN", "DESTINATION"), help="an od release: one cell")
+    what.add_argument("--rect", type=int, nargs=4, metavar=("X0", "X1", "Y0", "Y1"),
+                      help="a grid release's rectangle sum over cells [X0, X1) x [Y0, Y1) of its first two axes "
+                           "(cell indices, half-open like --range)")
+    query.add_argument("--product", help="the product (default: the first with replicates, e.g. histogram.parquet)")
+    query.add_argument("--column", help="the value column (default: the product's first)")
+    query.add_argument("--confidence", type=confidence, help="the interval's confidence (default: the release's)")
+    query.add_argument("--storage-options", metavar="JSON", help="the store's fsspec options for a URL (e.g. "
+                       "'{\"profile\": \"analyst\"}'), where its standard environment is not enough")
+    query.add_argument("--json", action="store_true", help="machine-readable output")
+    query.set_defaults(func=cmd_query)
+
 
 def parse_weights(text: str) -> dict[int, float]:
     """"3:1,4:1,7:-0.5" -> {3: 1.0, 4: 1.0, 7: -0.5}."""

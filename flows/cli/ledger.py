@@ -1,8 +1,6 @@
-"""`dprelease ledger reconcile`: the ledger, the catalogue and the published releases made to agree after a fault
-(`tasks.reconcile`); `dprelease ledger upgrade`: the ledger's schema brought to the newest revision this code knows
-(`tasks.ledger.versions`). Subcommands of `dprelease ledger` (flows/cli.py wires them in), and `ledger_from`, the
-ledger a command's `--ledger` names, which every ledger command of flows/cli.py opens through: it lives here, below
-the CLI, so that this module imports nothing of flows/cli.py."""
+"""`dprelease ledger migrate`: a SQLite ledger copied into a PostgreSQL database; `ledger reconcile`: the ledger,
+the catalogue and the published releases made to agree after a fault (`tasks.reconcile`); `ledger upgrade`: the
+ledger's schema brought to the newest revision this code knows (`tasks.ledger.versions`)."""
 
 from __future__ import annotations
 
@@ -10,8 +8,10 @@ import json
 import sys
 from pathlib import Path
 
+from flows.cli.arguments import LEDGER_HELP, ledger_from
 from tasks import settings
-from tasks.ledger import configured_ledger, configured_location, ledger_at, upgrade_ledger
+from tasks.errors import ReleaseError, SpecError
+from tasks.ledger import PrivacyLedger, ledger_at, upgrade_ledger
 from tasks.settings import is_database, masked
 
 RECONCILE_DESCRIPTION = (
@@ -23,16 +23,6 @@ RECONCILE_DESCRIPTION = (
     "without its manifest or its ledger row) are reported, not changed, and the command exits 1. It also removes the "
     "stage outputs of releases published longer ago than the `scratch_keep_days` setting. Every run completes its "
     "own release's records by itself; run this after an outage, or on a schedule, for all of them.")
-
-
-def ledger_from(args, create: bool = True):
-    """The ledger of --ledger, else the machine's configured one (`tasks.ledger.configured_ledger`; create=False:
-    None where nothing was ever recorded), and its name as messages show it (a URL's password masked)."""
-    if args.ledger:
-        return ledger_at(args.ledger, create), masked(args.ledger)
-    return configured_ledger(create), configured_location()
-
-
 UPGRADE_DESCRIPTION = (
     "Bring the ledger's tables to the newest schema revision this dprelease knows, in one transaction under the "
     "ledger's lock, and print from which revision to which. A ledger written before schema versions gets the "
@@ -42,8 +32,26 @@ UPGRADE_DESCRIPTION = (
     "dprelease knows is refused, here and by every release.")
 
 
-def add_parsers(lsub, ledger_help: str) -> None:
-    """The `reconcile` and `upgrade` subcommands of `dprelease ledger`."""
+def add_parsers(sub) -> None:
+    ledger = sub.add_parser("ledger", help="move the privacy ledger to a shared database, reconcile it with the "
+                                           "published releases, or upgrade its schema",
+                            description="The privacy ledger's store: a SQLite file on one machine, or a PostgreSQL "
+                                        "database that every host running releases shares.")
+    lsub = ledger.add_subparsers(dest="ledger_command", required=True)
+    migrate = lsub.add_parser("migrate", help="copy a SQLite ledger into an empty PostgreSQL database",
+                              description="Copy every row of a SQLite ledger (budgets, their history, spends, public "
+                                          "inputs) into a PostgreSQL database that holds no ledger rows, in one "
+                                          "transaction, then check that the copy holds as many rows and that "
+                                          "every dataset has the same budget and composed spend. Stop every "
+                                          "release first; afterwards, point every host's `ledger` setting at the "
+                                          "database. The SQLite file is left as it was.")
+    migrate.add_argument("--to", required=True, metavar="URL", dest="target",
+                         help="the PostgreSQL database to copy into, postgresql://USER@HOST:PORT/DATABASE (its "
+                              "password is never printed); it must hold no ledger rows")
+    migrate.add_argument("--from", metavar="PATH", dest="source", default=None,
+                         help="the SQLite ledger to copy (default: the `ledger` setting, which must then be a "
+                              "SQLite file)")
+    migrate.set_defaults(func=cmd_ledger_migrate)
     rec = lsub.add_parser("reconcile", help="make the ledger, the catalogue and the published releases agree",
                           description=RECONCILE_DESCRIPTION)
     rec.add_argument("--output", default=None,
@@ -54,12 +62,34 @@ def add_parsers(lsub, ledger_help: str) -> None:
                           "scratch location, whose run folder the ledger does not name)")
     rec.add_argument("--dry-run", action="store_true", help="say what would change, change nothing")
     rec.add_argument("--json", action="store_true", help="machine-readable output: every finding")
-    rec.add_argument("--ledger", default=None, help=ledger_help)
+    rec.add_argument("--ledger", default=None, help=LEDGER_HELP)
     rec.set_defaults(func=cmd_ledger_reconcile)
     upg = lsub.add_parser("upgrade", help="bring the ledger's schema to the newest revision",
                           description=UPGRADE_DESCRIPTION)
-    upg.add_argument("--ledger", default=None, help=ledger_help)
+    upg.add_argument("--ledger", default=None, help=LEDGER_HELP)
     upg.set_defaults(func=cmd_ledger_upgrade)
+
+
+def cmd_ledger_migrate(args) -> int:
+    from tasks.ledger.migrate import copy_ledger
+
+    source_location = args.source or settings.current().ledger
+    if settings.is_database(source_location) or not settings.is_database(args.target):
+        raise SpecError(f"ledger migrate copies a SQLite file (--from, else the `ledger` setting: "
+                        f"{settings.masked(source_location)}) into a PostgreSQL database (--to postgresql://...)")
+    source = ledger_at(source_location, create=False)
+    if source is None:
+        raise SpecError(f"no privacy ledger at {source_location}: nothing to migrate")
+    target = PrivacyLedger(args.target)
+    copied = copy_ledger(source, target)
+    print(f"copied the ledger {source.name} into {target.name}: "
+          + ", ".join(f"{table} {n} rows" for table, n in copied["rows"].items()))
+    for dataset_id, (epsilon, delta, spent) in copied["datasets"].items():
+        print(f"  dataset '{dataset_id}': lifetime epsilon={epsilon:g} delta={delta:g}, spent epsilon={spent:.6g} "
+              f"(the same in both)")
+    print(f"next: set `ledger = \"{target.name}\"` on every host that runs releases (the password as you "
+          f"keep it), then check with `dprelease budget show DATASET`")
+    return 0
 
 
 def cmd_ledger_upgrade(args) -> int:
@@ -79,7 +109,6 @@ def cmd_ledger_upgrade(args) -> int:
 
 def cmd_ledger_reconcile(args) -> int:
     from tasks import storage
-    from tasks.errors import ReleaseError
     from tasks.reconcile import AGREES, DISAGREES, PENDING, REPAIRED, SWEPT, reconcile
 
     ledger, shown = ledger_from(args, create=False)
