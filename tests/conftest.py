@@ -92,6 +92,21 @@ def budget(dataset_id: str, epsilon: float = 10.0, delta: float = 1e-6) -> None:
     ledger().set_budget(dataset_id, epsilon, delta)
 
 
+def flow_run_logs(client, flow_run_id) -> list[str]:
+    """The messages of one flow run's logs (the API returns 200 logs a call, of every run unless filtered: a session's
+    shared server holds thousands)."""
+    from prefect.client.schemas.filters import LogFilter, LogFilterFlowRunId
+
+    found, offset = [], 0
+    while True:
+        page = client.read_logs(log_filter=LogFilter(flow_run_id=LogFilterFlowRunId(any_=[flow_run_id])),
+                                offset=offset)
+        found += [log.message for log in page]
+        if len(page) < 200:
+            return found
+        offset += len(page)
+
+
 def ledger():
     from tasks.ledger import configured_ledger
 

@@ -12,7 +12,7 @@ import pytest
 
 from tasks import admission
 from tasks.errors import Refused
-from tests.conftest import blobs, budget, ledger, spec_dict, write_csv
+from tests.conftest import blobs, budget, flow_run_logs, ledger, spec_dict, write_csv
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -123,7 +123,7 @@ def test_a_flow_run_reads_spec_files_only_from_the_operators_folders(tmp_path, m
         for state in (outside, absent, inside):
             run = client.read_flow_run(state.state_details.flow_run_id)
             said += [run.state.message or "", run.name]
-            said += [log.message for log in client.read_logs() if log.flow_run_id == run.id]
+            said += flow_run_logs(client, run.id)
     assert said and not any("HIV" in text or "bob" in text for text in said)
 
 

@@ -22,7 +22,7 @@ from tasks import settings
 from tasks.errors import ReleaseError, SpecError
 from tasks.params import DaskSpec
 from tasks.spec import parse_spec
-from tests.conftest import blobs, budget, spec_dict, write_csv
+from tests.conftest import blobs, budget, flow_run_logs, spec_dict, write_csv
 
 DASK_ADDRESS_ENV = "DPRELEASE_DASK_ADDRESS"
 
@@ -392,6 +392,6 @@ def test_a_release_runs_on_the_scheduler_of_the_teams_dask_configuration(tmp_pat
     while not any("dask scheduler:" in m for m in said) and time.monotonic() < deadline:  # logs arrive in batches
         time.sleep(1)
         with get_client(sync_client=True) as client:
-            said = [log.message for log in client.read_logs() if log.flow_run_id == state.state_details.flow_run_id]
+            said = flow_run_logs(client, state.state_details.flow_run_id)
     assert any("dask scheduler: dask's configuration `scheduler-address`" in m for m in said), said
     assert not any(teams.scheduler_address in m for m in said)
