@@ -1,5 +1,6 @@
 """Benchmark peers for 2-D count grids (density maps) and rectangle queries, written from their papers (no package
-offers them; no peer code copied), with the corpus of grids and the rectangle workload they are scored on.
+offers them; no peer code copied; the papers are not in ../shared/papers, so from the published texts as known here:
+the sections are named rather than numbered), with the corpus of grids and the rectangle workload they are scored on.
 
 Each peer is `peer(grid, epsilon, rng) -> np.ndarray`: grid the true 2-D counts (shape (nx, ny), non-negative),
 epsilon a pure-DP budget under add/remove of one point (one cell changes by 1), rng a numpy Generator; the result
@@ -7,18 +8,18 @@ is the peer's estimated grid of the same shape, signed (nothing is clipped), fro
 query by summing cells (prefix sums: `rect_answers`). The sensitivity argument sits next to each noise draw.
 
     identity  Laplace(1/epsilon) on every cell.
-    UG        Qardaji, Yang & Li, "Differentially private grids for geospatial data", ICDE 2013, §IV (uniform grid):
+    UG        Qardaji, Yang & Li, "Differentially private grids for geospatial data", ICDE 2013, uniform grids:
               an m x m grid, m = sqrt(N epsilon / c), c = 10, coarse cells spread uniformly over their fine cells.
-    AG        the same paper, §V (adaptive grids): a coarse m1 x m1 grid with alpha epsilon, each coarse cell split
+    AG        the same paper, adaptive grids: a coarse m1 x m1 grid with alpha epsilon, each coarse cell split
               m2 x m2 by its noisy count with (1 - alpha) epsilon, two-level constrained inference, uniform leaves.
     quadtree  Cormode, Procopiuc, Srivastava, Shen & Yu, "Differentially private spatial decompositions", ICDE 2012:
-              the full (data-independent) quadtree down to single cells, geometric budget across levels (§4.1),
+              the full (data-independent) quadtree down to single cells, their geometric budget across levels,
               made consistent by weighted least squares (Hay, Rastogi, Miklau & Suciu, PVLDB 2010, two passes;
-              Cormode et al. §4.2 for unequal level budgets), fan-out 4.
+              Cormode et al.'s post-processing for unequal level budgets), fan-out 4.
     HDMM      McKenna, Miklau, Hay & Machanavajjhala, "Optimizing error of high-dimensional statistical queries
-              under differential privacy", PVLDB 2018, §6 (OPT_x): the Kronecker product of the per-axis p-Identity
-              strategies optimised for all 1-D ranges (the project's `dpalgos.hdmm`, shipped under
-              tasks/strategies/), Laplace noise, least squares solved per axis.
+              under differential privacy", PVLDB 2018, OPT_x (Kronecker products): the Kronecker product of the
+              per-axis p-Identity strategies optimised for all 1-D ranges (the project's `dpalgos.hdmm`, shipped
+              under tasks/strategies/), Laplace noise, least squares solved per axis.
 
 UG and AG need N, the number of points, to set their resolution; the paper takes it as given. Here N is a noisy
 count drawn with N_SHARE of epsilon (sequential composition: the grid gets the rest), so that every peer is
@@ -47,7 +48,7 @@ from tasks import strategies  # noqa: E402
 
 SPATIAL = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "spatial"
 CHECKIN = SPATIAL / "checkin_256_256.npy"
-#: Qardaji et al.'s constant c in m = sqrt(N epsilon / c) (their §IV-B: c = 10 fits every dataset they tried).
+#: Qardaji et al.'s constant c in m = sqrt(N epsilon / c) (their Guideline 1; c = 10 in their experiments).
 C = 10.0
 #: The share of epsilon UG and AG spend on the noisy number of points N that sets their resolution.
 N_SHARE = 0.05
@@ -97,8 +98,8 @@ def rect_answers(grid, rects) -> np.ndarray:
 
 
 def rectangles(shape, count: int, rng: np.random.Generator) -> np.ndarray:
-    """`count` random half-open rectangles (x0, x1, y0, y1) of varied sizes, after Qardaji et al.'s workload (§VI) of
-    six query sizes q1..q6 at random positions: here each size doubles both sides of the last, the largest half of
+    """`count` random half-open rectangles (x0, x1, y0, y1) of varied sizes, after Qardaji et al.'s workload of six
+    query sizes q1..q6 at random positions: here each size doubles both sides of the last, the largest half of
     each axis (a quarter of the domain), the smallest 1/64 of each axis (at least one cell); each rectangle's size
     drawn uniformly among the six and its position uniformly among those inside the grid."""
     nx, ny = shape
@@ -140,7 +141,7 @@ def identity(grid, epsilon: float, rng: np.random.Generator) -> np.ndarray:
 def _kron_strategy(shape) -> tuple[hdmm.PIdentity, hdmm.PIdentity]:
     """HDMM's OPT_x strategy for the product workload (all x-ranges) x (all y-ranges), i.e. all rectangles: the
     Kronecker product A_x (x) A_y of the 1-D OPT_0 p-Identity strategies for all ranges of each axis (McKenna et al.
-    §6.1: for a product workload W_1 (x) W_2 the error of A_1 (x) A_2 factors into the per-axis errors, so each
+    OPT_x: for a product workload W_1 (x) W_2 the error of A_1 (x) A_2 factors into the per-axis errors, so each
     factor is optimised alone). The strategies come shipped, cached or optimised now (`tasks.strategies`)."""
     return tuple(hdmm.PIdentity.of(strategies.pidentity(int(n))) for n in shape)
 
@@ -204,7 +205,7 @@ def _grid_split(shape, mx: int, my: int) -> tuple[np.ndarray, np.ndarray, np.nda
 
 
 def uniform_grid(grid, epsilon: float, rng: np.random.Generator) -> np.ndarray:
-    """UG (Qardaji et al. §IV): an m x m grid over the domain, m = ceil(sqrt(N epsilon / c)), c = 10 (their
+    """UG (Qardaji et al., uniform grid): an m x m grid over the domain, m = ceil(sqrt(N epsilon / c)), c = 10 (their
     Guideline 1, which balances the noise error m^2 / epsilon^2 of a query against the non-uniformity error
     sqrt(N) / m of the cells it cuts), Laplace noise on each of its cells, each cell's noisy count spread uniformly
     over the fine cells it covers. N is a noisy count with N_SHARE of epsilon; the grid gets the rest. The grid's
@@ -239,12 +240,13 @@ def _split_cells(px: np.ndarray, py: np.ndarray, m2: np.ndarray) -> tuple[np.nda
 
 
 def adaptive_grid(grid, epsilon: float, rng: np.random.Generator) -> np.ndarray:
-    """AG (Qardaji et al. §V). N is a noisy count with N_SHARE of epsilon; of the rest (eps'):
+    """AG (Qardaji et al., adaptive grids). N is a noisy count with N_SHARE of epsilon; of the rest (eps'):
     1. level 1: an m1 x m1 grid, m1 = max(10, ceil(sqrt(N eps' / c) / 4)), Laplace noise with alpha eps' (alpha = 0.5);
     2. level 2: each level-1 cell with noisy count N' cut into m2 x m2 cells, m2 = ceil(sqrt(N' (1 - alpha) eps' /
        (c / 2))) (at least 1; at most the cell's width and height in fine cells), Laplace noise with (1 - alpha) eps';
-    3. constrained inference (§V-B): a level-1 cell's count becomes the inverse-variance average of its noisy count
-       v and the sum of its m2^2 leaves, v' = (alpha^2 m2^2 v + (1 - alpha)^2 sum u) / (alpha^2 m2^2 + (1 - alpha)^2),
+    3. constrained inference (the paper's, between the two levels): a level-1 cell's count becomes the
+       inverse-variance average of its noisy count v and the sum of its m2^2 leaves,
+       v' = (alpha^2 m2^2 v + (1 - alpha)^2 sum u) / (alpha^2 m2^2 + (1 - alpha)^2),
        and the difference v' - sum u is shared equally among its leaves;
     4. each leaf's count spread uniformly over its fine cells."""
     g = _grid(grid)
@@ -265,8 +267,8 @@ def adaptive_grid(grid, epsilon: float, rng: np.random.Generator) -> np.ndarray:
 
 
 def two_level(v: np.ndarray, u: np.ndarray, parent: np.ndarray, alpha: float) -> np.ndarray:
-    """AG's constrained inference (Qardaji et al. §V-B): the leaves u (parent[i]: the level-1 cell of leaf i) made
-    to sum to v', the inverse-variance average of the level-1 cell's noisy count v (budget alpha, variance
+    """AG's constrained inference (Qardaji et al.): the leaves u (parent[i]: the level-1 cell of leaf i) made to sum
+    to v', the inverse-variance average of the level-1 cell's noisy count v (budget alpha, variance
     proportional to 1 / alpha^2) and the sum of its k leaves (variance k / (1 - alpha)^2),
     v' = (alpha^2 k v + (1 - alpha)^2 sum u) / (alpha^2 k + (1 - alpha)^2), the difference shared equally. This is
     the weighted least-squares estimate of the leaves from both levels."""
@@ -288,8 +290,8 @@ def _blocks(a: np.ndarray, b: int) -> np.ndarray:
 
 
 def quadtree_budgets(height: int, epsilon: float, budget: str = "geometric") -> np.ndarray:
-    """The budget of each level, root (0) to leaves (height). Geometric (Cormode et al. §4.1, their Theorem 3 for
-    the range queries of a full tree): the budget grows by 2^(1/3) per level towards the leaves,
+    """The budget of each level, root (0) to leaves (height). Geometric (Cormode et al.'s budget strategy for the
+    range queries of a full tree): the budget grows by 2^(1/3) per level towards the leaves,
     eps_l = 2^(l/3) epsilon (2^(1/3) - 1) / (2^((height+1)/3) - 1); uniform: epsilon / (height + 1) each."""
     levels = np.arange(height + 1)
     if budget == "uniform":
@@ -301,8 +303,8 @@ def quadtree_budgets(height: int, epsilon: float, budget: str = "geometric") -> 
 def htree_consistent(noisy: list[np.ndarray], variances: np.ndarray) -> list[np.ndarray]:
     """The weighted least-squares estimate of every node of a quadtree from its independent noisy counts
     (noisy[l]: the 2^l x 2^l counts of level l, variances[l] their noise variance), by Hay et al.'s two passes
-    (§4 of "Boosting the accuracy of differentially private histograms through consistency", for fan-out k and
-    equal variances) with the per-level weights of Cormode et al. §4.2 for unequal budgets, fan-out 4:
+    ("Boosting the accuracy of differentially private histograms through consistency", for fan-out k and
+    equal variances) with the per-level weights of Cormode et al.'s post-processing for unequal budgets, fan-out 4:
       up:   z_leaf = y_leaf; z_v = (y_v / var_v + S / var_S) / (1 / var_v + 1 / var_S), S = the sum of v's
             children's z, var_S = 4 var(z_child); var(z_v) = 1 / (1 / var_v + 1 / var_S);
       down: x_root = z_root; x_c = z_c + (x_v - S) / 4 for each child c of v (its children's z having equal
@@ -494,14 +496,20 @@ def main(argv=None) -> None:
     for name, grid in data.items():
         print(f"# {name}: {grid.shape}, {grid.sum():.4g} points, {np.mean(grid == 0):.1%} empty cells", flush=True)
     rects = rectangles((256, 256), args.rects, np.random.default_rng([args.seed, 99]))
+    area = np.mean((rects[:, 1] - rects[:, 0]) * (rects[:, 3] - rects[:, 2]))
+    for eps in EPSILONS:
+        # the data-independent linear peers' exact expected errors, against which their simulated ones are checked
+        print(f"RESULT exact eps={eps:g} identity_rect_mse={2 * area / eps ** 2:.4g} "
+              f"HDMM_rect_mse={hdmm_expected_rect_mse((256, 256), rects, eps):.4g}", flush=True)
     for d, (name, grid) in enumerate(data.items()):
-        for eps in EPSILONS:
-            table = score(grid, eps, args.reps, rects, args.seed + 1000 * d)
-            best_rect, best_unit = (min(v[k] for v in table.values()) for k in (0, 2))
+        for e, eps in enumerate(EPSILONS):
+            table = score(grid, eps, args.reps, rects, args.seed + 1000 * d + 100 * e)
+            best_rect, best_unit = (min(table, key=lambda peer: table[peer][k]) for k in (0, 2))
             for peer, (rect, rect_se, unit, unit_se, secs) in table.items():
                 print(f"RESULT data={name} eps={eps:g} peer={peer} rect_mse={rect:.4g} rect_se={rect_se:.2g} "
-                      f"unit_mse={unit:.4g} unit_se={unit_se:.2g} rect_vs_best={rect / best_rect:.3g} "
-                      f"unit_vs_best={unit / best_unit:.3g} seconds={secs:.3f}", flush=True)
+                      f"unit_mse={unit:.4g} unit_se={unit_se:.2g} rect_vs_best={rect / table[best_rect][0]:.3g} "
+                      f"unit_vs_best={unit / table[best_unit][2]:.3g} seconds={secs:.3f}", flush=True)
+            print(f"RESULT data={name} eps={eps:g} best_rect={best_rect} best_unit={best_unit}", flush=True)
 
 
 if __name__ == "__main__":
