@@ -186,14 +186,17 @@ def encoded(index: str, size: int, weight: str | None = None, user: str | None =
 
 
 def indexed_table(stage: str, index: str, size: int, values: Sequence[str], *, nonnegative: Sequence[str] = (),
-                  other_columns: Sequence[str] = (), intervals: Sequence[str] = ()) -> Contract:
-    """A table with one row per index 0..size-1 (unique, in range) and finite value columns; `nonnegative`
-    value columns must be >= 0; the value columns named in `intervals` are followed, at the end, by their
-    uncertainty columns (`interval_columns`). Used for noisy measurement vectors and released counts."""
+                  other_columns: Sequence[str] = (), intervals: Sequence[str] = (), at_most: bool = False) -> Contract:
+    """A table with one row per index 0..size-1 (unique, in range; with `at_most`, 1 to size rows: a table whose
+    length noisy values chose) and finite value columns; `nonnegative` value columns must be >= 0; the value
+    columns named in `intervals` are followed, at the end, by their uncertainty columns (`interval_columns`).
+    Used for noisy measurement vectors and released counts."""
     import great_expectations.expectations as gxe
 
     cols = [index] + list(other_columns) + list(values) + _with_intervals(intervals)
-    table = [gxe.ExpectTableRowCountToEqual(value=size), gxe.ExpectColumnValuesToBeUnique(column=index)]
+    rows_count = (gxe.ExpectTableRowCountToBeBetween(min_value=1, max_value=size) if at_most
+                  else gxe.ExpectTableRowCountToEqual(value=size))
+    table = [rows_count, gxe.ExpectColumnValuesToBeUnique(column=index)]
     rows = ([gxe.ExpectTableColumnsToMatchOrderedList(column_list=cols),
              gxe.ExpectColumnValuesToNotBeNull(column=index),
              gxe.ExpectColumnValuesToBeBetween(column=index, min_value=0, max_value=size - 1)]

@@ -174,17 +174,24 @@ class Replicates:
 GRID, GRID_INFO = "grid.parquet", "grid.json"
 
 
-def rectangle_weights(release: str, x0: int, x1: int, y0: int, y1: int) -> np.ndarray:
-    """The weights over a grid release's cells (row-major) of the rectangle [x0, x1) x [y0, y1) of its first two
-    axes (every cell of the other axes, if any): 1 inside, 0 outside. One line saying why not for a release that is
-    not a grid's or a rectangle outside it."""
+def grid_info(release: str) -> dict:
+    """A grid release's public description (its shape, strategy), or one line saying why not."""
     location = storage.join(str(release), GRID_INFO)
     if not storage.exists(location):
         raise ValueError(f"{release} is not a grid release (no {GRID_INFO}): --rect needs one")
     try:
-        shape = [int(n) for n in json.loads(storage.read_bytes(location))["shape"]]
+        info = json.loads(storage.read_bytes(location))
+        info["shape"] = [int(n) for n in info["shape"]]
+        return info
     except (OSError, ValueError, KeyError, TypeError):
         raise ValueError(f"{location} cannot be read as a grid's shape: an altered or incomplete release") from None
+
+
+def rectangle_weights(release: str, x0: int, x1: int, y0: int, y1: int) -> np.ndarray:
+    """The weights over a grid release's cells (row-major) of the rectangle [x0, x1) x [y0, y1) of its first two
+    axes (every cell of the other axes, if any): 1 inside, 0 outside. One line saying why not for a release that is
+    not a grid's or a rectangle outside it."""
+    shape = grid_info(release)["shape"]
     for name, lo, hi, n in (("x", x0, x1, shape[0]), ("y", y0, y1, shape[1])):
         if not 0 <= lo < hi <= n:
             raise ValueError(f"--rect: need 0 <= {name}0 < {name}1 <= {n} (cells of the grid's axis, half-open), "

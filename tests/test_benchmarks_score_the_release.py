@@ -375,10 +375,12 @@ def test_fp_attack_recomputes_what_the_kind_measured(tmp_path, release):
 # --------------------------------------------------------------------------------------------------------------------
 # spatial_peers.py: the grid kind's published estimate (rectangles) and counts (unit cells)
 # --------------------------------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("workload", ["rectangles", "unit"])
-def test_spatial_peers_scores_the_grid_release(tmp_path, workload):
+@pytest.mark.parametrize("workload,strategy", [("rectangles", None), ("unit", None), ("rectangles", "adaptive"),
+                                               ("unit", "adaptive")])
+def test_spatial_peers_scores_the_grid_release(tmp_path, workload, strategy):
     """spatial_peers.py's `ours` is the grid release of the spec a user writes for the workload (its default
-    strategy: kronecker for rectangles, identity for single cells): the signed estimate its rectangle answers sum,
+    strategy: kronecker for rectangles, identity for single cells; or the adaptive grid when the user names it):
+    the signed estimate its rectangle answers sum,
     and the counts its unit-cell answers read, from the same noise; points at cell centres so that the benchmark's
     grid of counts is the one the kind bins."""
     from tests.benchmarks.spatial_peers import ours
@@ -389,10 +391,11 @@ def test_spatial_peers_scores_the_grid_release(tmp_path, workload):
     ix, iy = np.nonzero(grid)
     reps = grid[ix, iy]
     X = np.column_stack([np.repeat((ix + 0.5) / cells, reps), np.repeat((iy + 0.5) / cells, reps)])
-    estimate, count = ours(grid.astype(float), 1.0, workload, np.random.default_rng(8))
+    estimate, count = ours(grid.astype(float), 1.0, workload, np.random.default_rng(8), strategy)
     spec = {"dataset": {"id": "g", "path": str(points_file(tmp_path / "p.parquet", X)),
                         "bounds": {"c0": [0.0, 1.0], "c1": [0.0, 1.0]}},
-            "release": {"kind": "grid", "cells": cells, "epsilon": 1.0, "workload": workload}}
+            "release": {"kind": "grid", "cells": cells, "epsilon": 1.0, "workload": workload}
+            | ({"strategy": strategy} if strategy else {})}
     release = kind_release(spec, tmp_path, np.random.default_rng(8))
     table = pq.read_table(release / "grid.parquet").to_pandas()
     np.testing.assert_allclose(table["estimate"].to_numpy().reshape(cells, cells), estimate, rtol=1e-9, atol=1e-9)

@@ -15,8 +15,10 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
+from dpalgos import adaptive_grid as ag
 from dpalgos import admm, hdmm, kronecker, quadtree
 from tasks.kinds import grid as G
+from tasks.run import committed_plan
 from tasks.spec import parse_spec
 from tests.conftest import write_parquet
 
@@ -103,7 +105,7 @@ def _clustered(n=6000, seed=0) -> np.ndarray:
 
 @pytest.fixture(scope="module")
 def released(tmp_path_factory, prefect_api):
-    """One kronecker and one quadtree release of clustered points (test mode, the real flow)."""
+    """One kronecker, one quadtree and one adaptive release of clustered points (test mode, the real flow)."""
     from flows.release import release
     from tasks.ledger import LEDGER_ENV
 
@@ -125,6 +127,10 @@ def _releases(folder: Path, release) -> dict:
                 "release": {"kind": "grid", "cells": 32, "epsilon": 1.0, "strategy": strategy, "replicates": 39},
                 "output_dir": str(folder / strategy), "mode": "test", "seed": 3}
         out[strategy] = (release(spec=parse_spec(spec)), parse_spec(spec))
+    spec = {"dataset": {"id": "g", "path": str(data), "bounds": {"x": [0, 100], "y": [0, 100]}},
+            "release": {"kind": "grid", "cells": 32, "epsilon": 1.0, "strategy": "adaptive"},
+            "output_dir": str(folder / "adaptive"), "mode": "test", "seed": 3}
+    out["adaptive"] = (release(spec=parse_spec(spec)), parse_spec(spec))
     out["truth"] = np.histogram2d(np.clip(X[:, 0], 0, 99.999), np.clip(X[:, 1], 0, 99.999), bins=32,
                                   range=[[0, 100], [0, 100]])[0]
     return out
@@ -208,3 +214,130 @@ def test_query_rect_refuses_a_release_that_is_not_a_grid(released, tmp_path):
     out = _dprelease("query", str(other), "--rect", "0", "2", "0", "2")
     assert out.returncode != 0 and "not a grid release" in out.stderr
     assert len(out.stderr.strip().splitlines()) == 1
+
+
+def test_adaptive_release_partitions_the_grid_into_leaves_each_spread_evenly(released):
+    """The adaptive grid: points, coarse and leaves drawn with their epsilons summing to the release's; the leaves
+    partition the grid; every cell's estimate is its leaf's weighted least squares spread evenly; counts >= 0 and
+    consistent with the leaves; no interval per cell, exact ones on the leaves' noisy counts; --rect answers the
+    estimate's sum with no interval."""
+    summary, spec = released["adaptive"]
+    rel = Path(summary["release_dir"])
+    mechanisms = json.loads((rel / "manifest.json").read_text())["privacy"]["mechanisms"]
+    assert [m["name"] for m in mechanisms] == ["points", "coarse", "leaves"]
+    assert sum(m["epsilon_each"] for m in mechanisms) == pytest.approx(1.0)
+    nodes = pq.read_table(rel / "measurements" / "noisy_adaptive.parquet").to_pandas()
+    leaves = nodes[nodes["level"] == 2]
+    cover = np.zeros((32, 32), int)
+    for row in leaves.itertuples():
+        cover[row.x_first:row.x_end, row.y_first:row.y_end] += 1
+    assert (cover == 1).all()
+    published = pq.read_table(rel / "noisy_adaptive.parquet").to_pandas()  # the leaves with exact intervals
+    assert published["noisy_count_lo"].notna().all() and (published["noisy_count_lo"] < nodes["noisy_count"]).all()
+    cells = pq.read_table(rel / "grid.parquet").to_pandas()
+    assert not any(c.endswith("_lo") for c in cells.columns) and cells["count"].min() >= 0
+    estimate = cells["estimate"].to_numpy().reshape(32, 32)
+    count = cells["count"].to_numpy().reshape(32, 32)
+    plan = committed_plan(rel / "measurements")
+    coarse = nodes.loc[nodes["level"] == 1, "noisy_count"].to_numpy(float)
+    part = G.adaptive_layout(spec, coarse, plan)
+    draw = G.AdaptiveDraw(np.nan, coarse, leaves["noisy_count"].to_numpy(float), part)
+    expected_count, expected = G.adaptive_estimates(spec, draw, plan)
+    np.testing.assert_allclose(estimate, expected, atol=1e-9)
+    np.testing.assert_allclose(count, expected_count, atol=1e-9)
+    for row in leaves.sample(20, random_state=0, replace=True).itertuples():  # even inside a leaf
+        block = estimate[row.x_first:row.x_end, row.y_first:row.y_end]
+        assert np.ptp(block) < 1e-9
+    out = _dprelease("query", str(rel), "--rect", "3", "12", "5", "20", "--json")
+    assert out.returncode == 0, out.stderr
+    answer = json.loads(out.stdout)
+    assert answer["estimate"] == pytest.approx(max(estimate[3:12, 5:20].sum(), 0.0)) and answer["lo"] is None
+
+
+def test_nonnegative_two_level_is_the_constrained_least_squares_optimum():
+    """Ours (dpalgos.adaptive_grid): the bisection's x = max(u - t, 0) is the optimum over x >= 0, checked against
+    a brute-force projected-gradient solve on random small cases."""
+    rng = np.random.default_rng(5)
+    for _ in range(200):
+        k = int(rng.integers(1, 6))
+        u, v = rng.normal(0, 3, k), rng.normal(0, 5, 1)
+        var_v, var_u = rng.uniform(0.2, 5), rng.uniform(0.2, 5)
+        x = ag.nonnegative_two_level(v, var_v, u, var_u, np.zeros(k, int))
+        f = lambda y: (y.sum() - v[0]) ** 2 / var_v + np.sum((y - u) ** 2) / var_u
+        y = np.maximum(u, 0)
+        for _ in range(20000):
+            grad = 2 * (y.sum() - v[0]) / var_v + 2 * (y - u) / var_u
+            y = np.maximum(y - 0.01 * min(var_u, var_v) * grad, 0)
+        assert x.min() >= 0 and f(x) <= f(y) + 1e-6
+
+
+def test_adaptive_grid_is_refused_on_three_axes_and_with_consistency_in_one_line():
+    base = {"dataset": {"id": "g", "path": "p.parquet", "bounds": {"x": [0, 1], "y": [0, 1], "t": [0, 1]}},
+            "release": {"kind": "grid", "cells": 16, "epsilon": 1.0, "strategy": "adaptive"}}
+    with pytest.raises(ValueError, match="2-D grids"):
+        G.KIND.plan(parse_spec(base))
+    with pytest.raises(ValueError, match="consistency applies"):
+        parse_spec({**base, "release": {**base["release"], "consistency": "admm"}})
+    with pytest.raises(ValueError, match="points sets"):
+        parse_spec({**base, "release": {**base["release"], "strategy": "kronecker", "points": 1000}})
+
+
+class _FixedNoise:
+    """A `measure` whose outputs do not depend on the data (fixed values per entry): it records what each entry was
+    asked, so that neighbouring grids can be compared draw by draw under the same earlier outputs."""
+
+    def __init__(self, plan, seed: int):
+        self.plan, self.asked = plan, {}
+        self._values = {m.name: np.random.default_rng([seed, i]).integers(-5, 200, 70_000).astype(float)
+                        for i, m in enumerate(plan)}
+
+    def __call__(self, name, values):
+        self.asked[name] = np.asarray(values, dtype=np.float64)
+        return self._values[name][:len(values)]
+
+
+def _neighbours(trials: int = 40):
+    """Random grids (sparse to dense) and the same with one point more."""
+    rng = np.random.default_rng(11)
+    for _ in range(trials):
+        grid = rng.poisson(rng.choice([0.05, 2.0, 40.0]), (32, 32))
+        other = grid.copy()
+        other[tuple(rng.integers(0, 32, 2))] += 1
+        yield grid, other
+
+
+def _neighbour_distances(spec, pairs, layout=None) -> list[float]:
+    """Per entry, the L1 distance between the queries a grid and its neighbour were asked, given the same earlier
+    outputs (adaptive composition: each entry's query must move by at most the unit's weight)."""
+    out = []
+    for trial, pair in enumerate(pairs):
+        asked = []
+        for g in pair:
+            measure = _FixedNoise(G.KIND.plan(spec), trial)
+            (layout or G.measure_adaptive)(spec, g, measure)
+            asked.append(measure.asked)
+        out += [np.inf if a.shape != b.shape else float(np.abs(a - b).sum())
+                for a, b in zip(asked[0].values(), asked[1].values())]
+    return out
+
+
+def test_adaptive_grid_draws_each_entry_on_a_query_of_sensitivity_one():
+    """Each of points, coarse and leaves asks a query within L1 distance 1 on neighbouring grids, given the same
+    earlier outputs: the plan entries' sensitivity. A layout chosen from the exact counts (not the noisy ones)
+    breaks it: the negative control."""
+    spec = parse_spec({"dataset": {"id": "g", "path": "p.parquet", "bounds": {"x": [0, 1], "y": [0, 1]}},
+                       "release": {"kind": "grid", "cells": 32, "epsilon": 1.0, "strategy": "adaptive"}})
+    assert max(_neighbour_distances(spec, _neighbours())) <= 1.0
+
+    def leaked(spec, grid, measure):  # the leaves cut by the exact coarse counts
+        budgets = G.adaptive_budgets(spec)
+        m1 = ag.coarse_side(float(measure("points", [grid.sum()])[0]), budgets["coarse"] + budgets["leaves"], 32)
+        exact = ag.aggregate(grid, ag.coarse_of(32, m1), m1 * m1)
+        measure("coarse", exact)
+        part = ag.partition(32, m1, ag.leaf_sides(exact.astype(float), budgets["leaves"]))
+        measure("leaves", ag.aggregate(grid, part.leaf, part.size))
+    edge = np.zeros((32, 32), int)  # one coarse cell at 40 points: its 41st crosses AG's m2 = 2 -> 3 step
+    edge[0, 0] = 40
+    grown = edge.copy()
+    grown[1, 1] += 1
+    assert max(_neighbour_distances(spec, [(edge, grown)], leaked)) > 1.0

@@ -72,10 +72,30 @@ def od_cells(release: str, origin: str | None, destination: str | None) -> dict[
     return {int(c): 1.0 for c in frame["cell"][keep]}
 
 
+def _rect_without_interval(args) -> int:
+    """An adaptive grid's rectangle: the sum of its published estimate, cut at zero, with no interval (its cells
+    assume every leaf is even inside, which no released value measures)."""
+    from tasks.replicates import GRID, published, rectangle_weights, sum_answer
+
+    if args.column not in (None, "estimate"):
+        raise ValueError("--rect on an adaptive grid answers from its `estimate` column only")
+    weights = rectangle_weights(args.release, *args.rect)
+    value = float(sum_answer(published(args.release, GRID).column("estimate") @ weights, True))
+    what = "sum of cells [{}, {}) x [{}, {})".format(*args.rect)
+    why = ("no interval: an adaptive grid's cells share each leaf's count evenly; the leaves' own noisy counts "
+           "and exact intervals are in the release's noisy_adaptive.parquet")
+    if args.json:
+        print(json.dumps({"release": args.release, "product": GRID, "column": "estimate", "query": what,
+                          "estimate": value, "std": None, "lo": None, "hi": None, "replicates": 0, "note": why}))
+    else:
+        print(f"{GRID} estimate, {what}: {value:.6g}  ({why})")
+    return 0
+
+
 def cmd_query(args) -> int:
     from tasks import storage
     from tasks.kinds import od
-    from tasks.replicates import GRID, Replicates, rectangle_weights
+    from tasks.replicates import GRID, Replicates, grid_info, rectangle_weights
     from tasks.storage import options
 
     if storage.is_url(args.release):
@@ -84,6 +104,8 @@ def cmd_query(args) -> int:
         storage.probe(args.release)  # a store that does not answer: one line in seconds, not the outage retries
     if args.rect and args.product not in (None, GRID):
         raise ValueError(f"--rect answers from {GRID} (the grid's cells), not {args.product}")
+    if args.rect and grid_info(args.release).get("strategy") == "adaptive":
+        return _rect_without_interval(args)
     origin, destination = (args.pair or (args.origin, args.destination))
     selected = origin is not None or destination is not None
     replicates = Replicates.open(args.release, args.product or (GRID if args.rect else od.TABLE if selected else None))

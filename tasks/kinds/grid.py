@@ -8,7 +8,13 @@ Measurement (`strategy`, chosen by the public `workload`, one rule for every dat
              axis (`dpalgos.kronecker`), Laplace on each answer: the default for rectangles.
   quadtree   every node of the quadtree over the cells (Cormode et al. ICDE 2012; `dpalgos.quadtree`), Laplace on
              each, as the `histogram` kind's tree.
-  identity   every cell with the whole budget: the default for single cells, which no other estimate beats.
+  identity   every cell with the whole budget: the default for single cells.
+  adaptive   Qardaji, Yang & Li's adaptive grid (ICDE 2013, AG; `dpalgos.adaptive_grid`), 2-D only: a coarse grid
+             whose side a public rule sets from the number of points (the public `points`, else a noisy count)
+             and epsilon, each coarse cell cut into leaves by its own noisy count, counts spread evenly inside a
+             leaf. Far more accurate where the map is sparse for its epsilon (tests/benchmarks/spatial_peers.py),
+             but a cell's value assumes its leaf is uniform, which no released value measures: its cells carry no
+             interval; the leaves' noisy counts do (exact, published as `noisy_adaptive.parquet`).
 
 Two estimates are published per cell (and per block), as the `histogram` kind does and for the same reason:
   estimate  the signed least-squares estimate (the Kronecker strategy's, Htree's, or the noisy cells): linear in
@@ -27,6 +33,8 @@ exact samplers add the noise.
 from __future__ import annotations
 
 import json
+import math
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
@@ -46,6 +54,7 @@ from tasks.run import committed_plan
 admm = module("dpalgos.admm")
 hdmm = module("dpalgos.hdmm")
 hierarchy = module("dpalgos.hierarchy")
+ag = module("dpalgos.adaptive_grid")
 kronecker = module("dpalgos.kronecker")
 quadtree = module("dpalgos.quadtree")
 counts = module("tasks.kinds.counts")
@@ -64,6 +73,12 @@ SENSITIVITY_MARGIN = 1e-9
 NOISY_STRATEGY = "noisy_strategy.parquet"
 NOISY_TREE = "noisy_tree.parquet"
 NOISY_CELLS = "noisy_cells.parquet"
+NOISY_ADAPTIVE = "noisy_adaptive.parquet"
+#: The adaptive grid's split of epsilon: the noisy number of points (when `points` is not given), then of the rest
+#: the coarse grid's share per workload (AG's alpha: 0.5 for rectangles as in the paper; 0.2 for single cells,
+#: whose answers come from the leaves), measured with tests/benchmarks/spatial_peers.py.
+POINTS_SHARE = 0.02
+COARSE_SHARE = {"rectangles": 0.5, "unit": 0.2}
 #: The per-axis p-Identity matrix B the Kronecker strategy measured with (public: it depends on `cells` only).
 STRATEGY = "strategy.npz"
 GRID = "grid.parquet"
@@ -89,10 +104,15 @@ class GridParams(ConsistencyBase, UncertaintyParams):
     workload: Literal["rectangles", "unit"] = Field(
         "rectangles", description="the queries the release is for (public): axis-aligned rectangles of cells, or "
                                   "single cells; it chooses the default strategy (STRATEGY_FOR_WORKLOAD)")
-    strategy: Literal["kronecker", "quadtree", "identity"] | None = Field(
+    strategy: Literal["kronecker", "quadtree", "identity", "adaptive"] | None = Field(
         None, description="what is measured: kronecker (HDMM's per-axis p-Identity strategies, their Kronecker "
-                          "product), quadtree (every node of the quadtree) or identity (every cell). Default: "
-                          "kronecker for rectangles, identity for single cells")
+                          "product), quadtree (every node of the quadtree), identity (every cell) or adaptive "
+                          "(Qardaji et al.'s adaptive grid, 2-D: most accurate on sparse maps, no interval per "
+                          "cell). Default: kronecker for rectangles, identity for single cells")
+    points: int | None = Field(
+        None, ge=1, description="adaptive only: a PUBLIC approximate number of records (e.g. a published subscriber "
+                                "or trip total) that sets the coarse grid's side; without it a noisy count with "
+                                f"{POINTS_SHARE:g} of epsilon does")
     consistency: Literal["admm", "none"] | None = Field(
         None, description="the non-negative per-cell counts: admm (maximum likelihood consistent with the "
                           "strategy, >= 0; the default for kronecker and quadtree) or none (the signed estimate "
@@ -104,7 +124,7 @@ class GridParams(ConsistencyBase, UncertaintyParams):
 
     @property
     def consistency_method(self) -> str:
-        return "none" if self.strategy_used == "identity" else (self.consistency or "admm")
+        return "none" if self.strategy_used in ("identity", "adaptive") else (self.consistency or "admm")
 
     @model_validator(mode="after")
     def _cells_and_consistency(self):
@@ -114,9 +134,11 @@ class GridParams(ConsistencyBase, UncertaintyParams):
         if self.strategy_used == "kronecker" and self.cells < strategies.SHIPPED[0]:
             raise ValueError(f"the kronecker strategy needs at least {strategies.SHIPPED[0]} cells per axis (HDMM's "
                              f"per-axis strategy degenerates below); use strategy quadtree or identity")
-        if self.strategy_used == "identity" and self.consistency is not None:
-            raise ValueError("consistency applies to the kronecker and quadtree strategies; the identity strategy's "
-                             "counts are its noisy cells cut at zero")
+        if self.strategy_used in ("identity", "adaptive") and self.consistency is not None:
+            raise ValueError(f"consistency applies to the kronecker and quadtree strategies, not to "
+                             f"{self.strategy_used}")
+        if self.points is not None and self.strategy_used != "adaptive":
+            raise ValueError("points sets the adaptive strategy's coarse grid; the other strategies need no count")
         return self
 
 
@@ -133,15 +155,18 @@ def cells_of(spec) -> int:
 
 
 def entry_of(spec) -> str:
-    return {"kronecker": "strategy", "quadtree": "tree", "identity": "cells"}[spec.release.strategy_used]
+    return {"kronecker": "strategy", "quadtree": "tree", "identity": "cells",
+            "adaptive": "leaves"}[spec.release.strategy_used]
 
 
 def noisy_file(spec) -> str:
-    return {"kronecker": NOISY_STRATEGY, "quadtree": NOISY_TREE, "identity": NOISY_CELLS}[spec.release.strategy_used]
+    return {"kronecker": NOISY_STRATEGY, "quadtree": NOISY_TREE, "identity": NOISY_CELLS,
+            "adaptive": NOISY_ADAPTIVE}[spec.release.strategy_used]
 
 
 def noisy_index(spec) -> str:
-    return {"kronecker": "query", "quadtree": "node", "identity": "cell"}[spec.release.strategy_used]
+    return {"kronecker": "query", "quadtree": "node", "identity": "cell",
+            "adaptive": "node"}[spec.release.strategy_used]
 
 
 def tree_of(spec):
@@ -151,7 +176,7 @@ def tree_of(spec):
 def measured_values(spec) -> int:
     p, d = spec.release, axes_of(spec)
     return {"kronecker": lambda: (p.cells + hdmm.default_rows(p.cells)) ** d, "quadtree": lambda: tree_of(spec).size,
-            "identity": lambda: cells_of(spec)}[p.strategy_used]()
+            "identity": lambda: cells_of(spec), "adaptive": lambda: 2 * cells_of(spec)}[p.strategy_used]()
 
 
 def kronecker_now(cells: int, d: int):
@@ -192,10 +217,95 @@ def cells_plan(n: int, *, epsilon: float, unit_weight: int = 1) -> Plan:
         integer=True, values=n),))
 
 
+def adaptive_budgets(spec) -> dict[str, float]:
+    """The adaptive grid's epsilon per plan entry: `points` (none when the spec gives a public count), then the
+    rest split between the coarse grid and the leaves by COARSE_SHARE."""
+    p = spec.release
+    points = 0.0 if p.points is not None else POINTS_SHARE * p.epsilon
+    rest = p.epsilon - points
+    share = COARSE_SHARE[p.workload]
+    return {"points": points, "coarse": share * rest, "leaves": rest - share * rest}
+
+
+def adaptive_plan(spec) -> Plan:
+    """Laplace on the noisy number of points (unless public), then on the coarse cells, then on the leaves: three
+    partitions of the records, each fixed before its draw by public parameters and earlier noisy values."""
+    unit = spec.dataset.unit_weight
+    why = (f"one privacy unit falls in one {{part}} (values outside the bounds are clipped into the edge cells) and "
+           f"adds at most {unit} (its capped weight) to it; the {{part}}s partition the grid and were fixed before "
+           f"this draw by public parameters and {{fixed}} (adaptive composition: Qardaji et al.): L1 sensitivity "
+           f"{unit}")
+    budgets = adaptive_budgets(spec)
+    entries = [("coarse", "the counts of the coarse grid (side from `points` and epsilon, dpalgos.adaptive_grid)",
+                why.format(part="coarse cell", fixed="the number of points (public, or its noisy count)")),
+               ("leaves", "the counts of the leaves cutting each coarse cell by its noisy count",
+                why.format(part="leaf", fixed="the noisy coarse counts"))]
+    if budgets["points"] > 0:
+        entries.insert(0, ("points", "the number of records (sizes the coarse grid)",
+                           f"one privacy unit adds at most {unit} (its capped weight) to it: L1 sensitivity {unit}"))
+    return Plan(tuple(Mechanism(name, query, "laplace", float(unit), argument, 1.0 / budgets[name], integer=True,
+                                values=None if name != "points" else 1) for name, query, argument in entries))
+
+
+@dataclass(frozen=True)
+class AdaptiveDraw:
+    """The adaptive grid's noisy values and the leaves they fixed (`partition`, recomputed from them)."""
+    points: float
+    coarse: np.ndarray
+    leaves: np.ndarray
+    partition: object
+
+    def table(self) -> dict[str, np.ndarray]:
+        """Coarse cells (level 1) then leaves (level 2), each with its cells [first, end) per axis."""
+        m1, part = int(round(self.coarse.size ** 0.5)), self.partition
+        px = ag.parts(part.leaf.shape[0], m1)
+        first = np.concatenate([[0], np.flatnonzero(np.diff(px)) + 1])
+        end = np.append(first[1:], px.size)
+        cx, cy = np.divmod(np.arange(m1 * m1), m1)
+        return {"level": np.repeat(np.array([1, 2], np.int8), [m1 * m1, part.size]),
+                "parent": np.concatenate([np.full(m1 * m1, -1), part.parent]),
+                "x_first": np.concatenate([first[cx], part.x_first]), "x_end": np.concatenate([end[cx], part.x_end]),
+                "y_first": np.concatenate([first[cy], part.y_first]), "y_end": np.concatenate([end[cy], part.y_end]),
+                "noisy_count": np.concatenate([self.coarse, self.leaves])}
+
+
+def adaptive_layout(spec, coarse: np.ndarray, plan: Plan):
+    """The leaves the noisy coarse counts fixed (public: noisy values and the plan's budgets only)."""
+    return ag.partition(spec.release.cells, int(round(coarse.size ** 0.5)),
+                        ag.leaf_sides(coarse, 1.0 / plan["leaves"].noise_multiplier))
+
+
+def measure_adaptive(spec, grid: np.ndarray, measure) -> AdaptiveDraw:
+    """Qardaji et al.'s AG through the plan's entries: the number of points (public, or noisy), the coarse grid it
+    sizes, the leaves the noisy coarse counts fix. Every partition is chosen from public parameters and values
+    already drawn, before the draw over it."""
+    p, plan = spec.release, measure.plan
+    grid = np.asarray(grid)
+    points = float(p.points) if p.points is not None else float(measure("points", np.array([grid.sum()]))[0])
+    budgets = adaptive_budgets(spec)
+    m1 = ag.coarse_side(points, budgets["coarse"] + budgets["leaves"], p.cells)
+    coarse = measure("coarse", ag.aggregate(grid, ag.coarse_of(p.cells, m1), m1 * m1))
+    part = adaptive_layout(spec, np.asarray(coarse, dtype=np.float64), plan)
+    leaves = measure("leaves", ag.aggregate(grid, part.leaf, part.size))
+    return AdaptiveDraw(points, np.asarray(coarse, np.float64), np.asarray(leaves, np.float64), part)
+
+
+def adaptive_estimates(spec, draw: AdaptiveDraw, plan: Plan) -> tuple[np.ndarray, np.ndarray]:
+    """(non-negative counts, signed estimate) per cell: the leaves by weighted least squares over both levels
+    (signed; and >= 0, ours), each spread evenly over its cells."""
+    var = {name: 2.0 * plan[name].scale ** 2 for name in ("coarse", "leaves")}
+    args = (draw.coarse, var["coarse"], draw.leaves, var["leaves"], draw.partition.parent)
+    return (ag.spread(ag.nonnegative_two_level(*args), draw.partition),
+            ag.spread(ag.two_level(*args), draw.partition))
+
+
 def measure_grid(spec, grid: np.ndarray, measure, strategy=None) -> tuple[np.ndarray, dict]:
     """(noisy measurements, meta) of the exact grid of counts by the spec's strategy through `measure` (the plan's
     entries): the DP measurement after the data pass, shared by `draw` and the benchmarks."""
     p = spec.release
+    if p.strategy_used == "adaptive":
+        draw = measure_adaptive(spec, grid, measure)
+        return draw, {"coarse_side": int(round(draw.coarse.size ** 0.5)), "leaves": draw.partition.size}
     if p.strategy_used == "identity":
         return measure("cells", np.asarray(grid).ravel()), {}
     if p.strategy_used == "kronecker":
@@ -217,6 +327,8 @@ def _row_major(spec, morton_leaves: np.ndarray) -> np.ndarray:
 def signed_estimate(spec, noisy: np.ndarray, strategy=None) -> np.ndarray:
     """The signed least-squares estimate per cell (a grid), linear in the noisy measurements."""
     p = spec.release
+    if p.strategy_used == "adaptive":
+        return adaptive_estimates(spec, noisy, strategy)[1]
     if p.strategy_used == "identity":
         return np.asarray(noisy, dtype=np.float64).reshape(shape_of(spec))
     if p.strategy_used == "kronecker":
@@ -229,6 +341,12 @@ def estimates(spec, noisy: np.ndarray, scale: float, strategy=None) -> tuple[np.
     the committed plan's scale, the committed strategy (kronecker) and the spec's public parameters: what the
     release publishes, and what the benchmarks score."""
     p = spec.release
+    if p.strategy_used == "adaptive":
+        count, estimate = adaptive_estimates(spec, noisy, strategy)
+        return count, estimate, {
+            "method": "adaptive grid (Qardaji et al. AG): leaves by weighted least squares over both levels, each "
+                      "spread evenly over its cells; counts: the same least squares over leaves >= 0",
+            "coarse_side": int(round(noisy.coarse.size ** 0.5)), "leaves": noisy.partition.size}
     estimate = signed_estimate(spec, noisy, strategy)
     if p.consistency_method == "none":
         return np.maximum(estimate, 0.0), estimate, {"method": f"{p.strategy_used} (least squares; counts: the "
@@ -318,6 +436,10 @@ class GridKind(ReleaseKind):
 
     def plan(self, spec):
         p, unit = spec.release, spec.dataset.unit_weight
+        if p.strategy_used == "adaptive":
+            if axes_of(spec) != 2:
+                raise ValueError("the adaptive strategy is for 2-D grids (two columns with bounds)")
+            return adaptive_plan(spec)
         if p.strategy_used == "kronecker":
             return kronecker_plan(p.cells, axes_of(spec), epsilon=p.epsilon, unit_weight=unit)
         if p.strategy_used == "quadtree":
@@ -338,27 +460,52 @@ class GridKind(ReleaseKind):
         grid = counts.count(spec, prepared, "cell", cells_of(spec)).reshape(shape_of(spec))
         noisy, meta = measure_grid(spec, grid, measure, strategy)
         meta = {**meta, "cells": p.cells, "axes": axes_of(spec), "strategy": p.strategy_used}
+        columns = {}
+        if p.strategy_used == "quadtree":
+            columns = histogram.node_columns(tree_of(spec))
+        elif p.strategy_used == "adaptive":  # the number of points is a noisy value (or the public one)
+            meta["points"], columns = noisy.points, noisy.table()
+            noisy = columns.pop("noisy_count")
 
         def write(folder):
-            extra = histogram.node_columns(tree_of(spec)) if p.strategy_used == "quadtree" else {}
-            counts.write_vector(folder / noisy_file(spec), noisy_index(spec), {"noisy_count": noisy}, **extra)
+            counts.write_vector(folder / noisy_file(spec), noisy_index(spec), {"noisy_count": noisy}, **columns)
             if strategy is not None:
                 np.savez_compressed(folder / STRATEGY, B=strategy.factors[0].B)
         return Draw(write=write, meta={**meta, "strategy_seed": strategies.SEED})
 
     def measurements_contract(self, spec):
-        other = ["level", "first_bin", "end_bin"] if spec.release.strategy_used == "quadtree" else []
+        other = {"quadtree": ["level", "first_bin", "end_bin"],
+                 "adaptive": ["level", "parent", "x_first", "x_end", "y_first", "y_end"]}.get(
+            spec.release.strategy_used, [])
         return noisy_file(spec), suites.indexed_table("measurements", noisy_index(spec), measured_values(spec),
-                                                      ["noisy_count"], other_columns=other)
+                                                      ["noisy_count"], other_columns=other,
+                                                      at_most=spec.release.strategy_used == "adaptive")
 
     def _strategy(self, spec, measurements):
+        """What the estimates need beside the noisy values: the committed Kronecker strategy, or for the adaptive
+        grid the committed plan (its budgets fix the leaves)."""
+        if spec.release.strategy_used == "adaptive":
+            return committed_plan(measurements)
         return committed_kronecker(measurements, axes_of(spec)) if spec.release.strategy_used == "kronecker" else None
+
+    def _noisy(self, spec, measurements, plan):
+        noisy = counts.read_column(measurements / noisy_file(spec), "noisy_count")
+        if spec.release.strategy_used != "adaptive":
+            return noisy
+        level = counts.read_column(measurements / NOISY_ADAPTIVE, "level")
+        coarse = noisy[level == 1].astype(np.float64)
+        draw = AdaptiveDraw(math.nan, coarse, noisy[level == 2].astype(np.float64),
+                            adaptive_layout(spec, coarse, plan))
+        if not np.array_equal(draw.table()["x_first"], counts.read_column(measurements / NOISY_ADAPTIVE, "x_first")):
+            raise RuntimeError("the adaptive grid's leaves differ from those its measurements were drawn over")
+        return draw
 
     def postprocess(self, spec, measurements, staging, internal, log):
         p = spec.release
-        noisy = counts.read_column(measurements / noisy_file(spec), "noisy_count")
-        scale = committed_plan(measurements)[entry_of(spec)].scale
-        count, estimate, info = estimates(spec, noisy, scale, self._strategy(spec, measurements))
+        plan = committed_plan(measurements)
+        strategy = self._strategy(spec, measurements)
+        noisy = self._noisy(spec, measurements, plan)
+        count, estimate, info = estimates(spec, noisy, plan[entry_of(spec)].scale, strategy)
         counts.write_vector(staging / GRID, "cell", {"count": count.ravel(), "estimate": estimate.ravel()},
                             **_cell_columns(spec))
         counts.write_vector(staging / LEVELS, "node", {"count": quadtree.pyramid(count),
@@ -367,6 +514,9 @@ class GridKind(ReleaseKind):
             "columns": list(spec.dataset.bounds), "cells": p.cells, "shape": list(shape_of(spec)),
             "bounds": {c: list(b) for c, b in spec.dataset.bounds.items()}, "strategy": p.strategy_used,
             "consistency": info}, indent=2))
+        if p.strategy_used == "adaptive":
+            log.info("adaptive grid: %d x %d coarse cells, %d leaves", info["coarse_side"], info["coarse_side"],
+                     info["leaves"])
         return [GRID, LEVELS, GRID_INFO]
 
     def release_contract(self, spec):
@@ -375,10 +525,16 @@ class GridKind(ReleaseKind):
                                           other_columns=list(_cell_columns(spec)), intervals=intervals)
 
     def direct_values(self, spec, measurements, plan):
+        if spec.release.strategy_used == "adaptive":
+            level = counts.read_column(measurements / NOISY_ADAPTIVE, "level")
+            return [Direct(NOISY_ADAPTIVE, "noisy_count", entry, NoiseLaw.of(plan[entry]), rows=level == lev)
+                    for lev, entry in ((1, "coarse"), (2, "leaves"))]
         return [Direct(noisy_file(spec), "noisy_count", entry_of(spec), NoiseLaw.of(plan[entry_of(spec)]))]
 
     def bootstraps(self, spec):
-        return True
+        """Not for the adaptive grid: its cells' error is mostly the unevenness inside a leaf, which no replicate
+        of the noise sees; an interval there would not hold. Its leaves' noisy counts carry exact ones."""
+        return spec.release.strategy_used != "adaptive"
 
     def replicate_seconds(self, spec, measurements=None):
         return SECONDS_PER_CALL + SECONDS_PER_VALUE * (measured_values(spec) + self.replicate_values(spec, None))
