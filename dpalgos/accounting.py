@@ -48,6 +48,9 @@ def pure_epsilon(event: dpe.DpEvent) -> float:
         return 1.0 / event.noise_multiplier
     if isinstance(event, dpe.DiscreteLaplaceDpEvent):
         return event.noise_parameter * event.sensitivity
+    if isinstance(event, dpe.RandomizedResponseDpEvent):  # k-ary: e^eps = 1 + k (1 - p) / p
+        p, k = event.noise_parameter, event.num_buckets
+        return math.log1p(k * (1.0 - p) / p) if p > 0 else math.inf
     if isinstance(event, dpe.ComposedDpEvent):
         return math.fsum(pure_epsilon(e) for e in event.events)
     if isinstance(event, dpe.SelfComposedDpEvent):

@@ -1,23 +1,26 @@
-"""Adaptive grids for 2-D counts (Qardaji, Yang & Li, "Differentially private grids for geospatial data", ICDE
-2013, AG): a coarse m1 x m1 grid whose side a public rule sets from the number of points and epsilon, each coarse
-cell cut into m2 x m2 leaves by its own noisy count, the two levels made consistent by weighted least squares, and
-every leaf's count spread evenly over its cells.
+"""Adaptive grids for 2-D counts, after Qardaji, Yang & Li, "Differentially private grids for geospatial data",
+ICDE 2013 (AG), with HDMM's Kronecker strategy on the coarse level: a coarse m1 x m1 grid whose side a public rule
+sets from the number of points and epsilon, measured through the Kronecker product of HDMM's per-axis p-Identity
+strategies (McKenna et al. VLDB 2018); each coarse cell cut into m2 x m2 leaves by its estimated count and the
+leaves measured; both levels reconciled by generalised least squares; every leaf's count spread evenly over its
+cells. Where the map is dense for its epsilon the release measures the whole grid instead (`dense`).
 
 The paper's equations, as named here:
   Guideline 1 (UG)   m = sqrt(N epsilon / c), c = 10: the side balancing a query's noise against the
-                     non-uniformity of the cells it cuts.
-  AG level 1         m1 = max(10, ceil(sqrt(N epsilon / c) / 4)).
-  AG level 2         m2 = ceil(sqrt(N' (1 - alpha) epsilon / (c / 2))) for a coarse cell of noisy count N'.
-  inference          v' = (alpha^2 m2^2 v + (1 - alpha)^2 sum u) / (alpha^2 m2^2 + (1 - alpha)^2), and v' - sum u
-                     shared equally among the coarse cell's leaves (`two_level`, written for any variances).
+                     non-uniformity of the cells it cuts; a grid finer than the cells themselves means the map
+                     is dense for its epsilon (`dense`).
+  AG level 1         m1 = sqrt(N epsilon / c) / 4. Ours: rounded up to a power of two between MIN_COARSE and the
+                     cells, so that coarse cells are equal blocks and HDMM's shipped strategies apply.
+  AG level 2         m2 = ceil(sqrt(N' (1 - alpha) epsilon / (c / 2))) for a coarse cell of estimated count N'.
+  inference          AG averages a coarse cell's noisy count with its leaves' sum. Ours: the coarse level is the
+                     Kronecker strategy's answers y1 = A S x + noise (S sums leaves into coarse cells), the leaves
+                     u = x + noise; x^ = argmin w1 ||A S x - y1||^2 + w2 ||x - u||^2 (w = 1 / variance), the
+                     generalised least squares over both levels, linear in the noise (`leaves_gls`).
 
-Ours, beside the paper: `nonnegative_two_level`, the same weighted least squares over leaves >= 0 (for the
-published non-negative counts), solved exactly per coarse cell: the optimum is x = max(u - t, 0) for the one t
-where t = r (sum x - v) (`_shift`), found by bisection.
-
-All of it reads the grid's public size and the noisy values only, except `coarse_counts` / `leaf_counts`, which
-aggregate the exact grid over a partition that the public parameters and earlier noisy values fixed (the plan's
-sensitivity argument: a point falls in exactly one coarse cell and one leaf).
+Counts are in units of the privacy unit's weight (`unit`): the rules read counts / unit, whose noise is 1 / epsilon.
+All of it reads the grid's public size and noisy values only, except `aggregate` over a partition the public
+parameters and earlier noisy values fixed (the plan's sensitivity argument: a point falls in one coarse cell and in
+one leaf).
 """
 
 from __future__ import annotations
@@ -26,28 +29,35 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
+from scipy.sparse.linalg import LinearOperator, cg
 
 #: Qardaji et al.'s constant c (their Guideline 1 and experiments).
 C = 10.0
-#: AG's least coarse side.
-MIN_COARSE = 10
-#: Bisection steps of `nonnegative_two_level`'s shift: the bracket shrinks 2^-80, below any double's resolution.
-BISECTION_STEPS = 80
+#: The least coarse side (ours: AG's 10, as a power of two).
+MIN_COARSE = 8
+#: The conjugate gradients' relative tolerance and step limit for `leaves_gls` (a few dozen steps in practice).
+GLS_TOLERANCE, GLS_STEPS = 1e-10, 1000
 
 
-def coarse_side(points: float, epsilon: float, cells: int) -> int:
-    """AG's m1 from a (noisy or public) number of points and the budget of both levels; at most `cells`."""
-    return int(min(cells, max(MIN_COARSE, math.ceil(math.sqrt(max(points, 0.0) * epsilon / C) / 4))))
+def guideline(points: float, epsilon: float, unit: float = 1.0) -> float:
+    """Qardaji et al.'s uniform grid side sqrt(N epsilon / c), N in units of the privacy unit's weight."""
+    return math.sqrt(max(points / unit, 0.0) * epsilon / C)
 
 
-def leaf_sides(noisy_coarse: np.ndarray, epsilon_leaves: float) -> np.ndarray:
-    """AG's m2 per coarse cell from its noisy count (a negative count as 0), at least 1."""
-    return np.ceil(np.sqrt(np.maximum(noisy_coarse, 0.0) * epsilon_leaves / (C / 2))).astype(np.int64).clip(min=1)
+def dense(points: float, epsilon: float, cells: int, unit: float = 1.0) -> bool:
+    """The map is dense for its epsilon: the guideline's grid is at least as fine as the cells."""
+    return guideline(points, epsilon, unit) >= cells
 
 
-def parts(n: int, m: int) -> np.ndarray:
-    """The part (0..m-1) of each of n cells cut into m contiguous parts of floor or ceil(n / m) cells."""
-    return (np.arange(n) * m) // n
+def coarse_side(points: float, epsilon: float, cells: int, unit: float = 1.0) -> int:
+    """m1: AG's level-1 side rounded up to a power of two, between MIN_COARSE and `cells`."""
+    want = max(guideline(points, epsilon, unit) / 4.0, 1.0)
+    return int(min(cells, max(MIN_COARSE, 2 ** math.ceil(math.log2(want)))))
+
+
+def leaf_sides(coarse: np.ndarray, epsilon_leaves: float, unit: float = 1.0) -> np.ndarray:
+    """AG's m2 per coarse cell from its estimated count (a negative estimate as 0), at least 1."""
+    return np.ceil(np.sqrt(np.maximum(coarse / unit, 0.0) * epsilon_leaves / (C / 2))).astype(np.int64).clip(min=1)
 
 
 @dataclass(frozen=True)
@@ -71,32 +81,29 @@ class Partition:
 
 
 def coarse_of(cells: int, m1: int) -> np.ndarray:
-    """The coarse cell (row-major, m1 x m1) of every cell of the grid."""
-    p = parts(cells, m1)
+    """The coarse cell (row-major, m1 x m1) of every cell: equal blocks of cells / m1 cells per axis."""
+    p = np.arange(cells) // (cells // m1)
     return p[:, None] * m1 + p[None, :]
 
 
 def partition(cells: int, m1: int, m2: np.ndarray) -> Partition:
-    """AG's leaves: coarse cell j (of the m1 x m1 grid) cut into min(m2_j, its width) x min(m2_j, its height)
-    leaves, numbered coarse cell by coarse cell."""
-    p = parts(cells, m1)
-    width = np.bincount(p, minlength=m1)
-    offset = np.arange(cells) - np.concatenate([[0], np.cumsum(width)[:-1]])[p]
-    cx, cy = np.divmod(np.arange(m1 * m1), m1)
-    mx, my = np.minimum(m2, width[cx]), np.minimum(m2, width[cy])
-    c = p[:, None] * m1 + p[None, :]
-    lx = (offset[:, None] * mx[c]) // width[p][:, None]
-    ly = (offset[None, :] * my[c]) // width[p][None, :]
-    leaf = np.concatenate([[0], np.cumsum(mx * my)[:-1]])[c] + lx * my[c] + ly
-    n = int(np.sum(mx * my))
-    xs, ys = np.indices((cells, cells))
-    first_x, first_y = np.full(n, cells), np.full(n, cells)
-    np.minimum.at(first_x, leaf.ravel(), xs.ravel())
-    np.minimum.at(first_y, leaf.ravel(), ys.ravel())
-    end_x, end_y = np.zeros(n, np.int64), np.zeros(n, np.int64)
-    np.maximum.at(end_x, leaf.ravel(), xs.ravel() + 1)
-    np.maximum.at(end_y, leaf.ravel(), ys.ravel() + 1)
-    return Partition(leaf, np.repeat(np.arange(m1 * m1), mx * my), first_x, end_x, first_y, end_y)
+    """AG's leaves: coarse cell j (a block of b = cells / m1 cells per axis) cut into min(m2_j, b) parts per axis
+    of floor or ceil(b / parts) cells, numbered coarse cell by coarse cell, row-major inside one."""
+    b = cells // m1
+    k = np.minimum(m2, b)                                  # parts per axis of each coarse cell
+    offset = np.arange(cells) % b
+    block = np.arange(cells) // b
+    c = block[:, None] * m1 + block[None, :]
+    lx, ly = (offset[:, None] * k[c]) // b, (offset[None, :] * k[c]) // b
+    first = np.concatenate([[0], np.cumsum(k * k)[:-1]])
+    leaf = first[c] + lx * k[c] + ly
+    parent = np.repeat(np.arange(m1 * m1), k * k)
+    inner = np.arange(parent.size) - first[parent]         # a leaf's index inside its coarse cell
+    ix, iy = np.divmod(inner, k[parent])
+    cx, cy = np.divmod(parent, m1)
+    edge = lambda i: (i * b + k[parent] - 1) // k[parent]  # first offset t with t k // b == i
+    return Partition(leaf, parent, cx * b + edge(ix), cx * b + edge(ix + 1), cy * b + edge(iy),
+                     cy * b + edge(iy + 1))
 
 
 def aggregate(grid: np.ndarray, labels: np.ndarray, size: int) -> np.ndarray:
@@ -106,33 +113,32 @@ def aggregate(grid: np.ndarray, labels: np.ndarray, size: int) -> np.ndarray:
     return np.rint(sums).astype(np.int64) if np.issubdtype(values.dtype, np.integer) else sums
 
 
-def two_level(v: np.ndarray, var_v: float, u: np.ndarray, var_u: float, parent: np.ndarray) -> np.ndarray:
-    """The weighted least-squares leaves from the noisy coarse counts v (variance var_v) and leaves u (var_u):
-    each coarse cell's total becomes the inverse-variance average of v and the sum of its k leaves (variance
-    k var_u), and the difference to that sum is shared equally (AG's inference). Linear in the noise."""
-    k = np.bincount(parent, minlength=v.size)
-    su = np.bincount(parent, weights=u, minlength=v.size)
-    wv, wu = 1.0 / var_v, 1.0 / (k * var_u)
-    total = (wv * v + wu * su) / (wv + wu)
-    return u + ((total - su) / k)[parent]
+def leaves_gls(strategy, coarse_answers: np.ndarray, var_coarse: float, leaves: np.ndarray, var_leaves: float,
+               part: Partition) -> np.ndarray:
+    """x^ = argmin ||A S x - y1||^2 / var_coarse + ||x - u||^2 / var_leaves: the normal equations
+    (w1 S'A'A S + w2 I) x = w1 S'A'y1 + w2 u by conjugate gradients (the matrix is symmetric positive definite),
+    A'A applied axis by axis (A'A = x_k A_k'A_k) and A'y1 as (A'A) times the strategy's least squares of y1; started
+    from AG's inference (the leaves shifted to sum to the coarse least squares). Linear in y1 and u."""
+    m1 = strategy.shape[0]
+    k, coarse = m1 * m1, strategy.least_squares(coarse_answers).ravel()
+    grams = [_gram(f) for f in strategy.factors]
+    w1, w2 = 1.0 / var_coarse, 1.0 / var_leaves
+    S = lambda x: np.bincount(part.parent, weights=x, minlength=k).reshape(m1, m1)
+    AtA = lambda X: (grams[0] @ X @ grams[1].T).ravel()
+    operator = LinearOperator((part.size, part.size), dtype=np.float64,
+                              matvec=lambda x: w1 * AtA(S(x))[part.parent] + w2 * x)
+    rhs = w1 * AtA(coarse.reshape(m1, m1))[part.parent] + w2 * leaves
+    start = leaves + ((coarse - S(leaves).ravel()) / np.bincount(part.parent, minlength=k))[part.parent]
+    x, info = cg(operator, rhs, x0=start, rtol=GLS_TOLERANCE, maxiter=GLS_STEPS)
+    if info != 0:
+        raise RuntimeError("the adaptive grid's least squares did not converge")
+    return x
 
 
-def nonnegative_two_level(v: np.ndarray, var_v: float, u: np.ndarray, var_u: float,
-                          parent: np.ndarray) -> np.ndarray:
-    """Ours: argmin over x >= 0 of (sum_{i in j} x_i - v_j)^2 / var_v + sum_i (x_i - u_i)^2 / var_u, per coarse
-    cell j. The objective is strictly convex and separable by coarse cell; its KKT conditions give
-    x_i = max(u_i - t_j, 0) with t_j = r (sum_i x_i - v_j), r = var_u / var_v. g(t) = t - r (sum_i max(u_i - t, 0)
-    - v_j) is continuous and strictly increasing (sum max(u_i - t, 0) is non-increasing in t), negative at
-    t = -B and positive at t = B for B = (1 + r k) (max|u| + r |v|) + 1, so it has one root: bisection."""
-    r = var_u / var_v
-    k = np.bincount(parent, minlength=v.size)
-    bound = (1.0 + r * k) * (np.abs(u).max(initial=0.0) + r * np.abs(v)) + 1.0
-    lo, hi = -bound, bound.copy()
-    for _ in range(BISECTION_STEPS):
-        t = (lo + hi) / 2.0
-        g = t - r * (np.bincount(parent, weights=np.maximum(u - t[parent], 0.0), minlength=v.size) - v)
-        hi, lo = np.where(g > 0, t, hi), np.where(g > 0, lo, t)
-    return np.maximum(u - ((lo + hi) / 2.0)[parent], 0.0)
+def _gram(factor) -> np.ndarray:
+    """A_k'A_k of a p-Identity factor A_k = [I; B] D: D (I + B'B) D."""
+    d = 1.0 / factor.s
+    return d[:, None] * (np.eye(factor.n) + factor.B.T @ factor.B) * d[None, :]
 
 
 def spread(leaves: np.ndarray, part: Partition) -> np.ndarray:

@@ -112,6 +112,7 @@ class Measure:
     def __init__(self, plan: Plan, source: NoiseSource, on_first_draw: Callable[[], object] | None = None):
         self.plan, self.source, self._on_first_draw = plan, source, on_first_draw
         self.calls: Counter = Counter()
+        self.branch: str | None = None  # the plan's branch this release drew, once it draws one
 
     @property
     def drawn(self) -> bool:
@@ -138,6 +139,11 @@ class Measure:
     def _count(self, mechanism: Mechanism) -> None:
         if not self.drawn and self._on_first_draw is not None:
             self._on_first_draw()
+        if mechanism.branch is not None:
+            if self.branch not in (None, mechanism.branch):
+                raise PlanViolation(f"mechanism '{mechanism.name}' is on branch '{mechanism.branch}'; this release "
+                                    f"drew branch '{self.branch}', and a release draws one")
+            self.branch = mechanism.branch
         self.calls[mechanism.name] += 1
         if self.calls[mechanism.name] > mechanism.repetitions:
             raise PlanViolation(f"mechanism '{mechanism.name}' drawn {self.calls[mechanism.name]} times; the plan "

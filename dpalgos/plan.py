@@ -69,6 +69,8 @@ class Mechanism:
     integer : the statistic is integer-valued (counts): noise from a sampler on the integers.
     per_step_generator : DP-SGD's Gaussian noise, drawn from a per-step generator seeded from OS entropy
         because OpenDP is too slow for its volume (README, "Noise").
+    branch : the entry belongs to one of several alternatives of which a release draws one, chosen from public
+        parameters and values already drawn (`Plan.event` says what that costs); None: always drawn.
     """
     name: str
     query: str
@@ -83,6 +85,7 @@ class Mechanism:
     per_step_generator: bool = False
     bound_multiple: float = 1.0
     values: int | None = field(default=None, compare=False)  # values per repetition (for the manifest only)
+    branch: str | None = None
 
     def __post_init__(self):
         if not (math.isfinite(self.noise_multiplier) and self.noise_multiplier > 0):
@@ -94,6 +97,13 @@ class Mechanism:
             raise ValueError(f"mechanism '{self.name}': repetitions must be >= 1")
         if self.per_step_generator and self.distribution != "gaussian":
             raise ValueError("only Gaussian noise may come from the per-step generator")
+        if self.branch is not None and (self.distribution != "laplace" or self.sampling_rate is not None):
+            raise ValueError(f"mechanism '{self.name}': a branch's entries are unsampled Laplace (pure DP)")
+
+    @property
+    def epsilon(self) -> float:
+        """The pure epsilon of all repetitions of a Laplace entry (sensitivity / scale each)."""
+        return self.repetitions / self.noise_multiplier
 
     @property
     def norm(self) -> str:
@@ -146,6 +156,8 @@ class Mechanism:
                "sensitivity_argument": self.argument, "distribution": sampler or self.sampler(),
                "noise_multiplier": self.noise_multiplier, "scale": self.scale, "repetitions": self.repetitions,
                "sampling_rate": self.sampling_rate, "values_per_repetition": self.values}
+        if self.branch is not None:
+            out["branch"] = self.branch
         if out["distribution"].startswith("opendp"):
             out["grid_log2"] = FLOAT_GRID_LOG2
             out["grid_accuracy_cost"] = "none: every double is on the grid; outputs are rounded to the nearest double"
@@ -205,9 +217,29 @@ class Plan:
     def __iter__(self):
         return iter(self.mechanisms)
 
+    def branches(self) -> dict[str, tuple[Mechanism, ...]]:
+        """The alternatives' entries by branch name (empty: every entry is always drawn)."""
+        names = dict.fromkeys(m.branch for m in self.mechanisms if m.branch is not None)
+        return {b: tuple(m for m in self.mechanisms if m.branch == b) for b in names}
+
+    def branch_epsilon(self) -> float:
+        """The largest pure epsilon of one branch (0 without branches)."""
+        return max((math.fsum(m.epsilon for m in ms) for ms in self.branches().values()), default=0.0)
+
     def event(self) -> dpe.DpEvent:
-        events = [m.event() for m in self.mechanisms]
-        return events[0] if len(events) == 1 else _dp_accounting.dp_event.ComposedDpEvent(events)
+        """The composition of the entries always drawn and, where the plan has branches, of the choice among them.
+
+        Ours. A release draws the entries of one branch, chosen from public parameters and values already drawn;
+        each branch is pure eps_b-DP (its entries are unsampled Laplace, composed), so whichever is chosen, given
+        the earlier outputs, is max_b eps_b-DP. Binary randomized response at that epsilon is a dominating pair
+        for every mechanism that is epsilon-DP (Kairouz, Oh & Viswanath 2015), and dominating pairs compose
+        adaptively (Zhu, Dong & Wang 2022): so the choice enters the composition as
+        RandomizedResponseDpEvent(p = 2 / (1 + e^eps), 2 buckets), whose pure epsilon is log((2 - p) / p) = eps."""
+        dpe = _dp_accounting.dp_event
+        events = [m.event() for m in self.mechanisms if m.branch is None]
+        if self.branches():
+            events.append(dpe.RandomizedResponseDpEvent(2.0 / (1.0 + math.exp(self.branch_epsilon())), 2))
+        return events[0] if len(events) == 1 else dpe.ComposedDpEvent(events)
 
     def guarantee(self, delta: float) -> Guarantee:
         """The (epsilon, delta) the release states at the spec's `delta` (`accounting.release_guarantee`: pure
@@ -235,11 +267,13 @@ class Plan:
         if self.extra_delta > 0 and not delta > self.extra_delta:
             return math.inf
         delta0 = delta - self.extra_delta
-        plain = [m for m in self.mechanisms if m.sampling_rate is None and not m.per_step_generator]
+        plain = [m for m in self.mechanisms
+                 if m.sampling_rate is None and not m.per_step_generator and m.branch is None]
         rho = math.fsum(m.repetitions / (2.0 * m.noise_multiplier ** 2) for m in plain if m.distribution == "gaussian")
         floors = [_gaussian_epsilon(math.sqrt(2.0 * rho), delta0) if rho > 0 else 0.0]
-        if delta0 == 0:
-            floors.append(math.fsum(m.repetitions / m.noise_multiplier for m in plain if m.distribution == "laplace"))
+        if delta0 == 0:  # a branch's part is its largest branch's epsilon (`event`)
+            floors.append(math.fsum([m.epsilon for m in plain if m.distribution == "laplace"]
+                                    + [self.branch_epsilon()]))
         return max(floors) * (1.0 - 1e-9)  # float rounding in the formula may not lift the floor above the bound
 
     def to_json(self) -> dict:
@@ -263,7 +297,7 @@ class Plan:
                 bound_multiple=1.0 if fixed else float(e["sensitivity"].split()[0]),
                 integer=e["distribution"].startswith("discrete"), repetitions=e["repetitions"],
                 sampling_rate=e["sampling_rate"], per_step_generator=e["distribution"] == "numpy_gaussian"
-                and e["sampling_rate"] is not None, values=e.get("values_per_repetition"))
+                and e["sampling_rate"] is not None, values=e.get("values_per_repetition"), branch=e.get("branch"))
         return cls(tuple(mechanism(e) for e in entries), extra_delta, argument)
 
     def manifest(self, samplers: dict[str, str] | None = None) -> list[dict]:

@@ -84,7 +84,7 @@ def add_uncertainty(kind, spec, measurements: Path, staging: Path, log) -> Made:
     count = replicates_of(kind, spec, measurements)
     planned = bootstrap_planned(kind, spec)
     boot = kind.bootstrap(spec, measurements, staging, plan) if planned else None
-    skipped = None
+    skipped = None if planned else kind.unreplicated(spec)
     if boot is not None and count:
         log.info("bootstrap of the postprocessed products: %d replicates (post-processing; seed from the "
                  "measurements)", count)

@@ -105,7 +105,8 @@ def _clustered(n=6000, seed=0) -> np.ndarray:
 
 @pytest.fixture(scope="module")
 def released(tmp_path_factory, prefect_api):
-    """One kronecker, one quadtree and one adaptive release of clustered points (test mode, the real flow)."""
+    """Kronecker, quadtree and adaptive releases (a sparse map for its epsilon; a dense one by its public number of
+    points) of clustered points (test mode, the real flow)."""
     from flows.release import release
     from tasks.ledger import LEDGER_ENV
 
@@ -127,10 +128,11 @@ def _releases(folder: Path, release) -> dict:
                 "release": {"kind": "grid", "cells": 32, "epsilon": 1.0, "strategy": strategy, "replicates": 39},
                 "output_dir": str(folder / strategy), "mode": "test", "seed": 3}
         out[strategy] = (release(spec=parse_spec(spec)), parse_spec(spec))
-    spec = {"dataset": {"id": "g", "path": str(data), "bounds": {"x": [0, 100], "y": [0, 100]}},
-            "release": {"kind": "grid", "cells": 32, "epsilon": 1.0, "strategy": "adaptive"},
-            "output_dir": str(folder / "adaptive"), "mode": "test", "seed": 3}
-    out["adaptive"] = (release(spec=parse_spec(spec)), parse_spec(spec))
+    for name, extra in (("adaptive", {"epsilon": 0.5}), ("adaptive_dense", {"epsilon": 1.0, "points": 10 ** 6})):
+        spec = {"dataset": {"id": "g", "path": str(data), "bounds": {"x": [0, 100], "y": [0, 100]}},
+                "release": {"kind": "grid", "cells": 32, "strategy": "adaptive", **extra},
+                "output_dir": str(folder / name), "mode": "test", "seed": 3}
+        out[name] = (release(spec=parse_spec(spec)), parse_spec(spec))
     out["truth"] = np.histogram2d(np.clip(X[:, 0], 0, 99.999), np.clip(X[:, 1], 0, 99.999), bins=32,
                                   range=[[0, 100], [0, 100]])[0]
     return out
@@ -216,59 +218,78 @@ def test_query_rect_refuses_a_release_that_is_not_a_grid(released, tmp_path):
     assert len(out.stderr.strip().splitlines()) == 1
 
 
+def _manifest(summary) -> dict:
+    return json.loads((Path(summary["release_dir"]) / "manifest.json").read_text())
+
+
 def test_adaptive_release_partitions_the_grid_into_leaves_each_spread_evenly(released):
-    """The adaptive grid: points, coarse and leaves drawn with their epsilons summing to the release's; the leaves
-    partition the grid; every cell's estimate is its leaf's weighted least squares spread evenly; counts >= 0 and
-    consistent with the leaves; no interval per cell, exact ones on the leaves' noisy counts; --rect answers the
-    estimate's sum with no interval."""
+    """The sparse branch: the number of points, the coarse grid's Kronecker answers and the leaves, at the
+    release's epsilon in all (the dense branch's entry is planned, not drawn); the leaves partition the grid;
+    every cell's estimate is its leaf's generalised least squares spread evenly; no interval per cell (and
+    uncertainty.json says why), exact ones on every noisy value; --rect answers the sum with no interval."""
     summary, spec = released["adaptive"]
     rel = Path(summary["release_dir"])
-    mechanisms = json.loads((rel / "manifest.json").read_text())["privacy"]["mechanisms"]
-    assert [m["name"] for m in mechanisms] == ["points", "coarse", "leaves"]
-    assert sum(m["epsilon_each"] for m in mechanisms) == pytest.approx(1.0)
+    manifest = _manifest(summary)
+    assert manifest["privacy"]["epsilon"] == pytest.approx(0.5) and manifest["privacy"]["delta"] == 0
+    entries = {m["name"]: m.get("branch") for m in manifest["privacy"]["mechanisms"]}
+    assert entries == {"points": None, "coarse": "adaptive", "leaves": "adaptive", "strategy": "dense"}
     nodes = pq.read_table(rel / "measurements" / "noisy_adaptive.parquet").to_pandas()
+    assert set(nodes["level"]) == {0, 1, 2}
     leaves = nodes[nodes["level"] == 2]
     cover = np.zeros((32, 32), int)
     for row in leaves.itertuples():
         cover[row.x_first:row.x_end, row.y_first:row.y_end] += 1
     assert (cover == 1).all()
-    published = pq.read_table(rel / "noisy_adaptive.parquet").to_pandas()  # the leaves with exact intervals
+    published = pq.read_table(rel / "noisy_adaptive.parquet").to_pandas()
     assert published["noisy_count_lo"].notna().all() and (published["noisy_count_lo"] < nodes["noisy_count"]).all()
     cells = pq.read_table(rel / "grid.parquet").to_pandas()
     assert not any(c.endswith("_lo") for c in cells.columns) and cells["count"].min() >= 0
+    assert "leaf" in json.loads((rel / "uncertainty.json").read_text())["bootstrap"]["reason"]
     estimate = cells["estimate"].to_numpy().reshape(32, 32)
-    count = cells["count"].to_numpy().reshape(32, 32)
     plan = committed_plan(rel / "measurements")
-    coarse = nodes.loc[nodes["level"] == 1, "noisy_count"].to_numpy(float)
-    part = G.adaptive_layout(spec, coarse, plan)
-    draw = G.AdaptiveDraw(np.nan, coarse, leaves["noisy_count"].to_numpy(float), part)
-    expected_count, expected = G.adaptive_estimates(spec, draw, plan)
+    draw = G.read_adaptive(spec, rel / "measurements", plan)
+    count, expected, _ = G.adaptive_estimates(spec, draw, plan)
     np.testing.assert_allclose(estimate, expected, atol=1e-9)
-    np.testing.assert_allclose(count, expected_count, atol=1e-9)
-    for row in leaves.sample(20, random_state=0, replace=True).itertuples():  # even inside a leaf
-        block = estimate[row.x_first:row.x_end, row.y_first:row.y_end]
-        assert np.ptp(block) < 1e-9
+    np.testing.assert_allclose(cells["count"].to_numpy().reshape(32, 32), count, atol=1e-9)
+    for row in leaves.itertuples():  # even inside a leaf
+        assert np.ptp(estimate[row.x_first:row.x_end, row.y_first:row.y_end]) < 1e-9
     out = _dprelease("query", str(rel), "--rect", "3", "12", "5", "20", "--json")
     assert out.returncode == 0, out.stderr
     answer = json.loads(out.stdout)
     assert answer["estimate"] == pytest.approx(max(estimate[3:12, 5:20].sum(), 0.0)) and answer["lo"] is None
+    text = _dprelease("query", str(rel), "--rect", "0", "32", "0", "32")
+    assert text.returncode == 0 and "no interval" in text.stdout
 
 
-def test_nonnegative_two_level_is_the_constrained_least_squares_optimum():
-    """Ours (dpalgos.adaptive_grid): the bisection's x = max(u - t, 0) is the optimum over x >= 0, checked against
-    a brute-force projected-gradient solve on random small cases."""
+def test_adaptive_release_of_a_dense_map_measures_every_cell_by_the_kronecker_strategy(released):
+    """With a public number of points that makes the map dense for its epsilon: no points draw, the dense branch's
+    Kronecker answers only, the estimate their least squares."""
+    summary, spec = released["adaptive_dense"]
+    rel = Path(summary["release_dir"])
+    assert {m["name"] for m in _manifest(summary)["privacy"]["mechanisms"]} == {"coarse", "leaves", "strategy"}
+    assert _manifest(summary)["privacy"]["epsilon"] == pytest.approx(1.0)
+    nodes = pq.read_table(rel / "measurements" / "noisy_adaptive.parquet").to_pandas()
+    assert set(nodes["level"]) == {3}
+    K = G.committed_kronecker(rel / "measurements", 2)
+    estimate = pq.read_table(rel / "grid.parquet").column("estimate").to_numpy().reshape(32, 32)
+    np.testing.assert_allclose(estimate, K.least_squares(nodes["noisy_count"].to_numpy()), atol=1e-9)
+
+
+def test_leaves_gls_is_the_generalised_least_squares_of_both_levels():
+    """dpalgos.adaptive_grid.leaves_gls against the dense weighted least squares of the stacked system."""
     rng = np.random.default_rng(5)
-    for _ in range(200):
-        k = int(rng.integers(1, 6))
-        u, v = rng.normal(0, 3, k), rng.normal(0, 5, 1)
-        var_v, var_u = rng.uniform(0.2, 5), rng.uniform(0.2, 5)
-        x = ag.nonnegative_two_level(v, var_v, u, var_u, np.zeros(k, int))
-        f = lambda y: (y.sum() - v[0]) ** 2 / var_v + np.sum((y - u) ** 2) / var_u
-        y = np.maximum(u, 0)
-        for _ in range(20000):
-            grad = 2 * (y.sum() - v[0]) / var_v + 2 * (y - u) / var_u
-            y = np.maximum(y - 0.01 * min(var_u, var_v) * grad, 0)
-        assert x.min() >= 0 and f(x) <= f(y) + 1e-6
+    for m1, cells in ((8, 16), (16, 32)):
+        K = G.grid_strategy(m1)
+        part = ag.partition(cells, m1, rng.integers(1, 4, m1 * m1))
+        y1, u = rng.normal(0, 5, K.rows), rng.normal(3, 5, part.size)
+        var1, var2 = rng.uniform(0.5, 4), rng.uniform(0.5, 4)
+        x = ag.leaves_gls(K, y1, var1, u, var2, part)
+        S = np.zeros((m1 * m1, part.size))
+        S[part.parent, np.arange(part.size)] = 1.0
+        A = np.column_stack([K.answers(S[:, j].reshape(m1, m1)) for j in range(part.size)])
+        stacked = np.vstack([A / np.sqrt(var1), np.eye(part.size) / np.sqrt(var2)])
+        best = np.linalg.lstsq(stacked, np.concatenate([y1 / np.sqrt(var1), u / np.sqrt(var2)]), rcond=None)[0]
+        np.testing.assert_allclose(x, best, atol=1e-6)
 
 
 def test_adaptive_grid_is_refused_on_three_axes_and_with_consistency_in_one_line():
@@ -288,7 +309,7 @@ class _FixedNoise:
 
     def __init__(self, plan, seed: int):
         self.plan, self.asked = plan, {}
-        self._values = {m.name: np.random.default_rng([seed, i]).integers(-5, 200, 70_000).astype(float)
+        self._values = {m.name: np.random.default_rng([seed, i]).integers(-5, 400, 70_000).astype(float)
                         for i, m in enumerate(plan)}
 
     def __call__(self, name, values):
@@ -308,7 +329,7 @@ def _neighbours(trials: int = 40):
 
 def _neighbour_distances(spec, pairs, layout=None) -> list[float]:
     """Per entry, the L1 distance between the queries a grid and its neighbour were asked, given the same earlier
-    outputs (adaptive composition: each entry's query must move by at most the unit's weight)."""
+    outputs (adaptive composition: each entry's query must move by at most the unit's weight), and the branch."""
     out = []
     for trial, pair in enumerate(pairs):
         asked = []
@@ -316,28 +337,33 @@ def _neighbour_distances(spec, pairs, layout=None) -> list[float]:
             measure = _FixedNoise(G.KIND.plan(spec), trial)
             (layout or G.measure_adaptive)(spec, g, measure)
             asked.append(measure.asked)
+        assert asked[0].keys() == asked[1].keys()  # the same branch: chosen from the same earlier outputs
         out += [np.inf if a.shape != b.shape else float(np.abs(a - b).sum())
                 for a, b in zip(asked[0].values(), asked[1].values())]
     return out
 
 
-def test_adaptive_grid_draws_each_entry_on_a_query_of_sensitivity_one():
-    """Each of points, coarse and leaves asks a query within L1 distance 1 on neighbouring grids, given the same
-    earlier outputs: the plan entries' sensitivity. A layout chosen from the exact counts (not the noisy ones)
-    breaks it: the negative control."""
+@pytest.mark.parametrize("extra", [{"epsilon": 0.1}, {"epsilon": 1.0, "points": 10 ** 6},
+                                   {"epsilon": 1.0, "workload": "unit", "points": 10 ** 6}])
+def test_adaptive_grid_draws_each_entry_on_a_query_of_sensitivity_one(extra):
+    """Each entry drawn asks a query within L1 distance 1 (over the Kronecker answers: its column norm, 1) on
+    neighbouring grids, given the same earlier outputs: the plan entries' sensitivity, on both branches. A layout
+    chosen from the exact coarse counts breaks it: the negative control."""
     spec = parse_spec({"dataset": {"id": "g", "path": "p.parquet", "bounds": {"x": [0, 1], "y": [0, 1]}},
-                       "release": {"kind": "grid", "cells": 32, "epsilon": 1.0, "strategy": "adaptive"}})
-    assert max(_neighbour_distances(spec, _neighbours())) <= 1.0
+                       "release": {"kind": "grid", "cells": 32, "strategy": "adaptive", **extra}})
+    assert max(_neighbour_distances(spec, _neighbours())) <= 1.0 + 1e-9
+    if "points" in extra:
+        return
 
     def leaked(spec, grid, measure):  # the leaves cut by the exact coarse counts
         budgets = G.adaptive_budgets(spec)
-        m1 = ag.coarse_side(float(measure("points", [grid.sum()])[0]), budgets["coarse"] + budgets["leaves"], 32)
-        exact = ag.aggregate(grid, ag.coarse_of(32, m1), m1 * m1)
-        measure("coarse", exact)
+        m1 = ag.coarse_side(float(measure("points", [grid.sum()])[0]), budgets["dense"], 32)
+        K, exact = G.grid_strategy(m1), ag.aggregate(grid, ag.coarse_of(32, m1), m1 * m1)
+        measure("coarse", K.answers(exact))
         part = ag.partition(32, m1, ag.leaf_sides(exact.astype(float), budgets["leaves"]))
         measure("leaves", ag.aggregate(grid, part.leaf, part.size))
-    edge = np.zeros((32, 32), int)  # one coarse cell at 40 points: its 41st crosses AG's m2 = 2 -> 3 step
-    edge[0, 0] = 40
+    edge = np.zeros((32, 32), int)  # one coarse cell at 102 points: at eps_leaves 0.049, AG's m2 =
+    edge[0, 0] = 102                # ceil(sqrt(N' 0.049 / 5)) is 1 up to N' = 102, and 2 from 103
     grown = edge.copy()
     grown[1, 1] += 1
     assert max(_neighbour_distances(spec, [(edge, grown)], leaked)) > 1.0

@@ -234,3 +234,51 @@ print("dp_accounting" in sys.modules)
 """
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert "refused:" in out and "at least 5" in out and out.strip().endswith("False")
+
+
+def _branched() -> Plan:
+    """Points (0.02), then one of: coarse 0.49 + leaves 0.49 (adaptive), or 0.98 on every cell (dense)."""
+    m = lambda name, eps, branch, integer=True: Mechanism(name, "q", "laplace", 1.0, "one record, one value", 1 / eps,
+                                                          integer=integer, branch=branch)
+    return Plan((m("points", 0.02, None), m("coarse", 0.49, "adaptive", False), m("leaves", 0.49, "adaptive"),
+                 m("dense", 0.98, "dense", False)))
+
+
+def test_a_plan_with_branches_states_the_common_entries_plus_its_largest_branch():
+    """A release draws one branch: the guarantee is the entries always drawn plus the largest branch (not the sum of
+    every entry, which would be 1.98), at delta 0 and above; the floor agrees; the event survives the ledger's
+    JSON."""
+    plan = _branched()
+    assert plan.guarantee(0.0).epsilon == pytest.approx(1.0, abs=1e-12)
+    assert plan.epsilon_floor(0.0) == pytest.approx(1.0, rel=1e-8) and plan.epsilon_floor(0.0) <= 1.0
+    assert accounting.epsilon_at(plan.event(), 1e-6).epsilon <= 1.0 + 1e-12
+    assert accounting.event_from_json(accounting.event_to_json(plan.event())) == plan.event()
+    assert [e.get("branch") for e in plan.manifest()] == [None, "adaptive", "adaptive", "dense"]
+    assert Plan.from_manifest(plan.manifest())["dense"].branch == "dense"
+
+
+def test_randomized_response_at_epsilon_dominates_an_epsilon_dp_branch():
+    """The branch's event, binary randomized response at eps, is the worst eps-DP pair: its PLD epsilon at every
+    delta is at least that of the branches it stands for (Laplace eps; two Laplaces eps/2)."""
+    rr = dpe.RandomizedResponseDpEvent(2.0 / (1.0 + math.exp(1.0)), 2)
+    assert accounting.pure_epsilon(rr) == pytest.approx(1.0, abs=1e-12)
+    for delta in (1e-9, 1e-5, 1e-2):
+        eps = lambda event: accounting._accountant_epsilon(dp_accounting.pld.PLDAccountant(), event, delta)
+        for branch in (dpe.LaplaceDpEvent(1.0), dpe.ComposedDpEvent([dpe.LaplaceDpEvent(2.0)] * 2)):
+            assert eps(branch) <= eps(rr) + 1e-6
+
+
+def test_a_release_draws_from_one_branch_only():
+    plan = _branched()
+    measure = Measure(plan, SeededNoise(1))
+    measure("points", np.array([10]))
+    measure("coarse", np.zeros(4))
+    measure("leaves", np.zeros(3, dtype=np.int64))
+    assert measure.branch == "adaptive"
+    with pytest.raises(PlanViolation, match="a release draws one"):
+        measure("dense", np.zeros(4))
+
+
+def test_branch_entries_must_be_pure_laplace():
+    with pytest.raises(ValueError, match="unsampled Laplace"):
+        Mechanism("g", "q", "gaussian", 1.0, "a", 2.0, branch="b")

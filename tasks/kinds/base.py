@@ -207,6 +207,11 @@ class ReleaseKind(ABC):
         contracts of the replicates). Default: no."""
         return False
 
+    def unreplicated(self, spec) -> str | None:
+        """Why a release whose kind bootstraps others has no bootstrap (uncertainty.json's reason), from the spec
+        alone; None: no reason beyond the default's."""
+        return None
+
     def caveats(self, spec, staging: Path) -> list[str]:
         """What a reader of the release must know about how far its numbers reach, one sentence each, from the
         staged products only (published values and public parameters: post-processing): nothing released, records

@@ -9,12 +9,13 @@ Measurement (`strategy`, chosen by the public `workload`, one rule for every dat
   quadtree   every node of the quadtree over the cells (Cormode et al. ICDE 2012; `dpalgos.quadtree`), Laplace on
              each, as the `histogram` kind's tree.
   identity   every cell with the whole budget: the default for single cells.
-  adaptive   Qardaji, Yang & Li's adaptive grid (ICDE 2013, AG; `dpalgos.adaptive_grid`), 2-D only: a coarse grid
-             whose side a public rule sets from the number of points (the public `points`, else a noisy count)
-             and epsilon, each coarse cell cut into leaves by its own noisy count, counts spread evenly inside a
-             leaf. Far more accurate where the map is sparse for its epsilon (tests/benchmarks/spatial_peers.py),
-             but a cell's value assumes its leaf is uniform, which no released value measures: its cells carry no
-             interval; the leaves' noisy counts do (exact, published as `noisy_adaptive.parquet`).
+  adaptive   (2-D) Qardaji, Yang & Li's adaptive grid (ICDE 2013, AG; `dpalgos.adaptive_grid`) with HDMM's
+             Kronecker strategy on its coarse level: the number of points (the public `points`, else a noisy count)
+             chooses between every cell (dense for its epsilon: the workload's default strategy) and a coarse grid
+             whose side it sets, each coarse cell cut into leaves by its estimate (plan branches). Far more
+             accurate where the map is sparse for its epsilon (tests/benchmarks/spatial_peers.py), but a cell's
+             value assumes its leaf is even, which no released value measures: its cells carry no interval; every
+             noisy value does (exact, published as `noisy_adaptive.parquet`).
 
 Two estimates are published per cell (and per block), as the `histogram` kind does and for the same reason:
   estimate  the signed least-squares estimate (the Kronecker strategy's, Htree's, or the noisy cells): linear in
@@ -33,12 +34,12 @@ exact samplers add the noise.
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
 import numpy as np
+import pyarrow.parquet as pq
 from pydantic import Field, model_validator
 
 from data_contracts import suites
@@ -176,7 +177,7 @@ def tree_of(spec):
 def measured_values(spec) -> int:
     p, d = spec.release, axes_of(spec)
     return {"kronecker": lambda: (p.cells + hdmm.default_rows(p.cells)) ** d, "quadtree": lambda: tree_of(spec).size,
-            "identity": lambda: cells_of(spec), "adaptive": lambda: 2 * cells_of(spec)}[p.strategy_used]()
+            "identity": lambda: cells_of(spec), "adaptive": lambda: 4 * cells_of(spec) + 1}[p.strategy_used]()
 
 
 def kronecker_now(cells: int, d: int):
@@ -218,94 +219,181 @@ def cells_plan(n: int, *, epsilon: float, unit_weight: int = 1) -> Plan:
 
 
 def adaptive_budgets(spec) -> dict[str, float]:
-    """The adaptive grid's epsilon per plan entry: `points` (none when the spec gives a public count), then the
-    rest split between the coarse grid and the leaves by COARSE_SHARE."""
+    """The adaptive grid's epsilon per plan entry: `points` (none when the spec gives a public count), then the rest
+    (`dense`) on the whole grid, or split between the coarse grid and the leaves by COARSE_SHARE."""
     p = spec.release
     points = 0.0 if p.points is not None else POINTS_SHARE * p.epsilon
     rest = p.epsilon - points
     share = COARSE_SHARE[p.workload]
-    return {"points": points, "coarse": share * rest, "leaves": rest - share * rest}
+    return {"points": points, "dense": rest, "coarse": share * rest, "leaves": rest - share * rest}
+
+
+def dense_entry(spec) -> str:
+    """The plan entry of the adaptive grid's dense branch: the workload's default strategy over every cell."""
+    return {"rectangles": "strategy", "unit": "cells"}[spec.release.workload]
+
+
+def grid_strategy(side: int):
+    """The Kronecker product of HDMM's p-Identity strategies for all ranges of `side` cells on both axes (shipped
+    from 16 cells; below, the identity, with one zero row per axis: B = 0). Public, data-independent."""
+    B = strategies.pidentity(side) if side >= strategies.SHIPPED[0] else np.zeros((1, side))
+    return kronecker.Kronecker([hdmm.PIdentity.of(B)] * 2)
 
 
 def adaptive_plan(spec) -> Plan:
-    """Laplace on the noisy number of points (unless public), then on the coarse cells, then on the leaves: three
-    partitions of the records, each fixed before its draw by public parameters and earlier noisy values."""
-    unit = spec.dataset.unit_weight
-    why = (f"one privacy unit falls in one {{part}} (values outside the bounds are clipped into the edge cells) and "
-           f"adds at most {unit} (its capped weight) to it; the {{part}}s partition the grid and were fixed before "
-           f"this draw by public parameters and {{fixed}} (adaptive composition: Qardaji et al.): L1 sensitivity "
-           f"{unit}")
-    budgets = adaptive_budgets(spec)
-    entries = [("coarse", "the counts of the coarse grid (side from `points` and epsilon, dpalgos.adaptive_grid)",
-                why.format(part="coarse cell", fixed="the number of points (public, or its noisy count)")),
-               ("leaves", "the counts of the leaves cutting each coarse cell by its noisy count",
-                why.format(part="leaf", fixed="the noisy coarse counts"))]
+    """The number of points (unless public), then one of two branches chosen from it and public parameters: the
+    whole grid (`dense`: the workload's default strategy) or the coarse grid's Kronecker answers and the leaves."""
+    unit, cells, budgets = spec.dataset.unit_weight, spec.release.cells, adaptive_budgets(spec)
+    part = (f"one privacy unit falls in one {{part}} (values outside the bounds are clipped into the edge cells) and "
+            f"adds at most {unit} (its capped weight) to it; the {{part}}s partition the grid and were fixed before "
+            f"this draw by public parameters and {{fixed}} (adaptive composition): L1 sensitivity {unit}")
+    kron = (f"the Kronecker strategy's columns have L1 norm 1 (kronecker_plan's argument) and one privacy unit adds "
+            f"at most {unit} (its capped weight) to one {{part}}, a partition fixed before this draw by {{fixed}}: "
+            f"L1 sensitivity {unit}, stated {1 + SENSITIVITY_MARGIN:.9f} x for the rounding of the column sums")
+    weight = float(unit) * (1 + SENSITIVITY_MARGIN)
+    entries = [Mechanism("coarse", "the Kronecker strategy's answers over the coarse grid's counts (HDMM's p-Identity "
+                         "per axis; its side from the number of points and epsilon)", "laplace", weight,
+                         kron.format(part="coarse cell", fixed="the number of points"), 1 / budgets["coarse"],
+                         branch="adaptive"),
+               Mechanism("leaves", "the counts of the leaves cutting each coarse cell by its estimated count",
+                         "laplace", float(unit), part.format(part="leaf", fixed="the noisy coarse answers"),
+                         1 / budgets["leaves"], integer=True, branch="adaptive")]
+    if dense_entry(spec) == "strategy":
+        entries.append(Mechanism("strategy", f"the Kronecker strategy's answers over all {cells} x {cells} cells",
+                                 "laplace", weight, kron.format(part="cell", fixed="public parameters"),
+                                 1 / budgets["dense"], branch="dense"))
+    else:
+        entries.append(Mechanism("cells", f"every cell count of the grid of {cells ** 2} cells", "laplace", float(unit),
+                                 part.format(part="cell", fixed="public parameters"), 1 / budgets["dense"],
+                                 integer=True, values=cells ** 2, branch="dense"))
     if budgets["points"] > 0:
-        entries.insert(0, ("points", "the number of records (sizes the coarse grid)",
-                           f"one privacy unit adds at most {unit} (its capped weight) to it: L1 sensitivity {unit}"))
-    return Plan(tuple(Mechanism(name, query, "laplace", float(unit), argument, 1.0 / budgets[name], integer=True,
-                                values=None if name != "points" else 1) for name, query, argument in entries))
+        entries.insert(0, Mechanism("points", "the number of records (chooses the branch and sizes the coarse grid)",
+                                    "laplace", float(unit), f"one privacy unit adds at most {unit} (its capped "
+                                    f"weight) to it: L1 sensitivity {unit}", 1 / budgets["points"], integer=True,
+                                    values=1))
+    return Plan(tuple(entries))
+
+
+#: The `level` of each row of noisy_adaptive.parquet.
+ADAPTIVE_LEVELS = {"points": 0, "coarse": 1, "leaves": 2, "dense": 3}
 
 
 @dataclass(frozen=True)
 class AdaptiveDraw:
-    """The adaptive grid's noisy values and the leaves they fixed (`partition`, recomputed from them)."""
+    """The adaptive grid's noisy values: the number of points (noisy, or the public one), the branch drawn, the
+    answers over the coarse grid (adaptive) or the whole grid (dense), the leaves and the partition they fixed
+    (recomputed from the noisy values), the Kronecker strategy measured (None for single cells' dense branch)."""
     points: float
-    coarse: np.ndarray
-    leaves: np.ndarray
-    partition: object
+    noisy_points: bool
+    branch: str
+    answers: np.ndarray
+    strategy: object
+    leaves: np.ndarray | None = None
+    partition: object = None
 
     def table(self) -> dict[str, np.ndarray]:
-        """Coarse cells (level 1) then leaves (level 2), each with its cells [first, end) per axis."""
-        m1, part = int(round(self.coarse.size ** 0.5)), self.partition
-        px = ag.parts(part.leaf.shape[0], m1)
-        first = np.concatenate([[0], np.flatnonzero(np.diff(px)) + 1])
-        end = np.append(first[1:], px.size)
-        cx, cy = np.divmod(np.arange(m1 * m1), m1)
-        return {"level": np.repeat(np.array([1, 2], np.int8), [m1 * m1, part.size]),
-                "parent": np.concatenate([np.full(m1 * m1, -1), part.parent]),
-                "x_first": np.concatenate([first[cx], part.x_first]), "x_end": np.concatenate([end[cx], part.x_end]),
-                "y_first": np.concatenate([first[cy], part.y_first]), "y_end": np.concatenate([end[cy], part.y_end]),
-                "noisy_count": np.concatenate([self.coarse, self.leaves])}
+        """One row per noisy value: the points (level 0), the answers (1 coarse or 3 dense), the leaves (2) with
+        their parent coarse cell and cell ranges [first, end) per axis (-1 where a row is not a block of cells)."""
+        parts = ([("points", np.array([self.points]))] if self.noisy_points else []) + [
+            ("coarse" if self.branch == "adaptive" else "dense", self.answers)]
+        if self.leaves is not None:
+            parts.append(("leaves", self.leaves))
+        level = np.concatenate([np.full(v.size, ADAPTIVE_LEVELS[n], np.int8) for n, v in parts])
+        out = {"level": level, **{c: np.full(level.size, -1, np.int64)
+                                  for c in ("parent", "x_first", "x_end", "y_first", "y_end")}}
+        if self.leaves is not None:
+            leaf, part = level == 2, self.partition
+            for column, values in (("parent", part.parent), ("x_first", part.x_first), ("x_end", part.x_end),
+                                   ("y_first", part.y_first), ("y_end", part.y_end)):
+                out[column][leaf] = values
+        return out | {"noisy_count": np.concatenate([v for _, v in parts]).astype(np.float64)}
 
 
-def adaptive_layout(spec, coarse: np.ndarray, plan: Plan):
-    """The leaves the noisy coarse counts fixed (public: noisy values and the plan's budgets only)."""
-    return ag.partition(spec.release.cells, int(round(coarse.size ** 0.5)),
-                        ag.leaf_sides(coarse, 1.0 / plan["leaves"].noise_multiplier))
+def adaptive_layout(spec, strategy, answers: np.ndarray, plan: Plan):
+    """The leaves the noisy coarse answers fix (their least squares; the plan's leaves budget): public."""
+    coarse = strategy.least_squares(answers).ravel()
+    return ag.partition(spec.release.cells, strategy.shape[0], ag.leaf_sides(
+        coarse, 1.0 / plan["leaves"].noise_multiplier, spec.dataset.unit_weight))
+
+
+def _checked(strategy):
+    if not strategy.sensitivity() <= 1 + SENSITIVITY_MARGIN:
+        raise RuntimeError("the Kronecker strategy's column norms exceed the plan's sensitivity")
+    return strategy
 
 
 def measure_adaptive(spec, grid: np.ndarray, measure) -> AdaptiveDraw:
-    """Qardaji et al.'s AG through the plan's entries: the number of points (public, or noisy), the coarse grid it
-    sizes, the leaves the noisy coarse counts fix. Every partition is chosen from public parameters and values
-    already drawn, before the draw over it."""
-    p, plan = spec.release, measure.plan
-    grid = np.asarray(grid)
-    points = float(p.points) if p.points is not None else float(measure("points", np.array([grid.sum()]))[0])
-    budgets = adaptive_budgets(spec)
-    m1 = ag.coarse_side(points, budgets["coarse"] + budgets["leaves"], p.cells)
-    coarse = measure("coarse", ag.aggregate(grid, ag.coarse_of(p.cells, m1), m1 * m1))
-    part = adaptive_layout(spec, np.asarray(coarse, dtype=np.float64), plan)
+    """The number of points (public, or drawn), then the dense branch where the guideline's grid is finer than the
+    cells, else the coarse grid's Kronecker answers and the leaves their estimate fixes. Every partition and branch
+    is chosen from public parameters and values already drawn, before the draw over it."""
+    p, plan, unit = spec.release, measure.plan, spec.dataset.unit_weight
+    grid, budgets = np.asarray(grid), adaptive_budgets(spec)
+    noisy = p.points is None
+    points = float(measure("points", np.array([grid.sum()]))[0]) if noisy else float(p.points)
+    if ag.dense(points, budgets["dense"], p.cells, unit):
+        if dense_entry(spec) == "cells":
+            return AdaptiveDraw(points, noisy, "dense", np.asarray(measure("cells", grid.ravel()), float), None)
+        strategy = _checked(grid_strategy(p.cells))
+        return AdaptiveDraw(points, noisy, "dense", measure("strategy", strategy.answers(grid)), strategy)
+    m1 = ag.coarse_side(points, budgets["dense"], p.cells, unit)
+    strategy = _checked(grid_strategy(m1))
+    answers = measure("coarse", strategy.answers(ag.aggregate(grid, ag.coarse_of(p.cells, m1), m1 * m1)))
+    part = adaptive_layout(spec, strategy, answers, plan)
     leaves = measure("leaves", ag.aggregate(grid, part.leaf, part.size))
-    return AdaptiveDraw(points, np.asarray(coarse, np.float64), np.asarray(leaves, np.float64), part)
+    return AdaptiveDraw(points, noisy, "adaptive", answers, strategy, np.asarray(leaves, np.float64), part)
 
 
-def adaptive_estimates(spec, draw: AdaptiveDraw, plan: Plan) -> tuple[np.ndarray, np.ndarray]:
-    """(non-negative counts, signed estimate) per cell: the leaves by weighted least squares over both levels
-    (signed; and >= 0, ours), each spread evenly over its cells."""
+def read_adaptive(spec, measurements: Path, plan: Plan) -> AdaptiveDraw:
+    """The committed adaptive draw: its noisy values, the committed strategy, and the leaves recomputed from the
+    noisy coarse answers (checked against the cell ranges written beside them)."""
+    table = pq.read_table(measurements / NOISY_ADAPTIVE).to_pandas()
+    level, values = table["level"].to_numpy(), table["noisy_count"].to_numpy(np.float64)
+    points = float(values[level == 0][0]) if (level == 0).any() else float(spec.release.points)
+    strategy = committed_kronecker(measurements, 2) if (measurements / STRATEGY).exists() else None
+    if (level == 3).any():
+        return AdaptiveDraw(points, (level == 0).any(), "dense", values[level == 3], strategy)
+    answers = values[level == 1]
+    part = adaptive_layout(spec, strategy, answers, plan)
+    draw = AdaptiveDraw(points, (level == 0).any(), "adaptive", answers, strategy, values[level == 2], part)
+    if not all(np.array_equal(draw.table()[c], table[c].to_numpy()) for c in ("x_first", "y_first", "parent")):
+        raise RuntimeError("the adaptive grid's leaves differ from those its measurements were drawn over")
+    return draw
+
+
+def as_strategy(spec, strategy: str):
+    """The spec with another strategy (the adaptive grid's dense branch is estimated as that strategy is)."""
+    return spec.model_copy(update={"release": spec.release.model_copy(update={"strategy": strategy,
+                                                                              "points": None})})
+
+
+def adaptive_estimates(spec, draw: AdaptiveDraw, plan: Plan, signed_only: bool = False):
+    """(non-negative counts, signed estimate, diagnostics) per cell. Dense: as the workload's default strategy.
+    Adaptive: the leaves' generalised least squares over both levels (signed), each spread evenly over its cells;
+    counts: the leaves cut at zero, spread."""
+    if draw.branch == "dense":
+        default = as_strategy(spec, STRATEGY_FOR_WORKLOAD[spec.release.workload])
+        if signed_only:
+            return None, signed_estimate(default, draw.answers, draw.strategy), {}
+        count, estimate, info = estimates(default, draw.answers, plan[dense_entry(spec)].scale, draw.strategy)
+        return count, estimate, {**info, "branch": "dense: the whole grid by the workload's default strategy"}
     var = {name: 2.0 * plan[name].scale ** 2 for name in ("coarse", "leaves")}
-    args = (draw.coarse, var["coarse"], draw.leaves, var["leaves"], draw.partition.parent)
-    return (ag.spread(ag.nonnegative_two_level(*args), draw.partition),
-            ag.spread(ag.two_level(*args), draw.partition))
+    x = ag.leaves_gls(draw.strategy, draw.answers, var["coarse"], draw.leaves, var["leaves"], draw.partition)
+    return ag.spread(np.maximum(x, 0.0), draw.partition), ag.spread(x, draw.partition), {
+        "branch": "adaptive", "method": "adaptive grid (Qardaji et al. AG, HDMM's Kronecker strategy on the coarse "
+                                        "level): leaves by generalised least squares over both levels, each spread "
+                                        "evenly over its cells; counts: the leaves cut at zero",
+        "coarse_side": draw.strategy.shape[0], "leaves": draw.partition.size}
 
 
 def measure_grid(spec, grid: np.ndarray, measure, strategy=None) -> tuple[np.ndarray, dict]:
     """(noisy measurements, meta) of the exact grid of counts by the spec's strategy through `measure` (the plan's
-    entries): the DP measurement after the data pass, shared by `draw` and the benchmarks."""
+    entries): the DP measurement after the data pass, shared by `draw` and the benchmarks. For the adaptive grid
+    the measurements are an `AdaptiveDraw`."""
     p = spec.release
     if p.strategy_used == "adaptive":
         draw = measure_adaptive(spec, grid, measure)
-        return draw, {"coarse_side": int(round(draw.coarse.size ** 0.5)), "leaves": draw.partition.size}
+        return draw, {"branch": draw.branch, **({"coarse_side": draw.strategy.shape[0], "leaves": draw.partition.size}
+                                                if draw.branch == "adaptive" else {})}
     if p.strategy_used == "identity":
         return measure("cells", np.asarray(grid).ravel()), {}
     if p.strategy_used == "kronecker":
@@ -325,10 +413,11 @@ def _row_major(spec, morton_leaves: np.ndarray) -> np.ndarray:
 
 
 def signed_estimate(spec, noisy: np.ndarray, strategy=None) -> np.ndarray:
-    """The signed least-squares estimate per cell (a grid), linear in the noisy measurements."""
+    """The signed least-squares estimate per cell (a grid), linear in the noisy measurements. `strategy`: the
+    committed Kronecker strategy (kronecker), the committed plan (adaptive)."""
     p = spec.release
     if p.strategy_used == "adaptive":
-        return adaptive_estimates(spec, noisy, strategy)[1]
+        return adaptive_estimates(spec, noisy, strategy, signed_only=True)[1]
     if p.strategy_used == "identity":
         return np.asarray(noisy, dtype=np.float64).reshape(shape_of(spec))
     if p.strategy_used == "kronecker":
@@ -342,11 +431,7 @@ def estimates(spec, noisy: np.ndarray, scale: float, strategy=None) -> tuple[np.
     release publishes, and what the benchmarks score."""
     p = spec.release
     if p.strategy_used == "adaptive":
-        count, estimate = adaptive_estimates(spec, noisy, strategy)
-        return count, estimate, {
-            "method": "adaptive grid (Qardaji et al. AG): leaves by weighted least squares over both levels, each "
-                      "spread evenly over its cells; counts: the same least squares over leaves >= 0",
-            "coarse_side": int(round(noisy.coarse.size ** 0.5)), "leaves": noisy.partition.size}
+        return adaptive_estimates(spec, noisy, strategy)
     estimate = signed_estimate(spec, noisy, strategy)
     if p.consistency_method == "none":
         return np.maximum(estimate, 0.0), estimate, {"method": f"{p.strategy_used} (least squares; counts: the "
@@ -463,8 +548,8 @@ class GridKind(ReleaseKind):
         columns = {}
         if p.strategy_used == "quadtree":
             columns = histogram.node_columns(tree_of(spec))
-        elif p.strategy_used == "adaptive":  # the number of points is a noisy value (or the public one)
-            meta["points"], columns = noisy.points, noisy.table()
+        elif p.strategy_used == "adaptive":
+            strategy, columns = noisy.strategy, noisy.table()  # the Kronecker strategy drawn (None: the cells)
             noisy = columns.pop("noisy_count")
 
         def write(folder):
@@ -490,15 +575,7 @@ class GridKind(ReleaseKind):
 
     def _noisy(self, spec, measurements, plan):
         noisy = counts.read_column(measurements / noisy_file(spec), "noisy_count")
-        if spec.release.strategy_used != "adaptive":
-            return noisy
-        level = counts.read_column(measurements / NOISY_ADAPTIVE, "level")
-        coarse = noisy[level == 1].astype(np.float64)
-        draw = AdaptiveDraw(math.nan, coarse, noisy[level == 2].astype(np.float64),
-                            adaptive_layout(spec, coarse, plan))
-        if not np.array_equal(draw.table()["x_first"], counts.read_column(measurements / NOISY_ADAPTIVE, "x_first")):
-            raise RuntimeError("the adaptive grid's leaves differ from those its measurements were drawn over")
-        return draw
+        return noisy if spec.release.strategy_used != "adaptive" else read_adaptive(spec, measurements, plan)
 
     def postprocess(self, spec, measurements, staging, internal, log):
         p = spec.release
@@ -514,9 +591,11 @@ class GridKind(ReleaseKind):
             "columns": list(spec.dataset.bounds), "cells": p.cells, "shape": list(shape_of(spec)),
             "bounds": {c: list(b) for c, b in spec.dataset.bounds.items()}, "strategy": p.strategy_used,
             "consistency": info}, indent=2))
-        if p.strategy_used == "adaptive":
+        if info.get("branch") == "adaptive":
             log.info("adaptive grid: %d x %d coarse cells, %d leaves", info["coarse_side"], info["coarse_side"],
                      info["leaves"])
+        elif p.strategy_used == "adaptive":
+            log.info("adaptive grid: dense for its epsilon, every cell measured (%s)", dense_entry(spec))
         return [GRID, LEVELS, GRID_INFO]
 
     def release_contract(self, spec):
@@ -527,14 +606,22 @@ class GridKind(ReleaseKind):
     def direct_values(self, spec, measurements, plan):
         if spec.release.strategy_used == "adaptive":
             level = counts.read_column(measurements / NOISY_ADAPTIVE, "level")
-            return [Direct(NOISY_ADAPTIVE, "noisy_count", entry, NoiseLaw.of(plan[entry]), rows=level == lev)
-                    for lev, entry in ((1, "coarse"), (2, "leaves"))]
+            entry = {0: "points", 1: "coarse", 2: "leaves", 3: dense_entry(spec)}
+            return [Direct(NOISY_ADAPTIVE, "noisy_count", entry[lev], NoiseLaw.of(plan[entry[lev]]), rows=level == lev)
+                    for lev in np.unique(level)]
         return [Direct(noisy_file(spec), "noisy_count", entry_of(spec), NoiseLaw.of(plan[entry_of(spec)]))]
 
     def bootstraps(self, spec):
         """Not for the adaptive grid: its cells' error is mostly the unevenness inside a leaf, which no replicate
         of the noise sees; an interval there would not hold. Its leaves' noisy counts carry exact ones."""
         return spec.release.strategy_used != "adaptive"
+
+    def unreplicated(self, spec):
+        if spec.release.strategy_used == "adaptive":
+            return ("adaptive grid: a cell's error is mostly the unevenness of its leaf, which no replicate of the "
+                    "noise sees, so its cells carry no interval; noisy_adaptive.parquet's noisy values carry exact "
+                    "ones")
+        return None
 
     def replicate_seconds(self, spec, measurements=None):
         return SECONDS_PER_CALL + SECONDS_PER_VALUE * (measured_values(spec) + self.replicate_values(spec, None))
