@@ -7,8 +7,9 @@ store them. The neighbouring relation throughout is add-or-remove one privacy un
 Composition takes the smallest of several valid upper bounds at the requested delta:
   * basic composition of pure-DP events (the sum of their epsilons; the only bound valid at delta = 0),
   * the privacy-loss-distribution accountant (pessimistic discretisation, so an upper bound),
-  * the Renyi-DP accountant (needed for zCDP events, which PLD does not support). It has no discrete Laplace:
-    there an epsilon-DP discrete Laplace enters as (epsilon^2 / 2)-zCDP (Bun & Steinke 2016, Prop. 1.4).
+  * the Renyi-DP accountant (needed for zCDP events, which PLD does not support). It has no discrete Laplace and no
+    randomized response for add-or-remove neighbours: there an epsilon-DP discrete Laplace or randomized response
+    enters as (epsilon^2 / 2)-zCDP (Bun & Steinke 2016, Prop. 1.4).
 """
 
 from __future__ import annotations
@@ -67,9 +68,11 @@ def _accountant_epsilon(accountant, event: dpe.DpEvent, delta: float) -> float:
 
 
 def _as_rdp(event: dpe.DpEvent) -> dpe.DpEvent:
-    """`event` with every discrete Laplace replaced by the zCDP event it implies (see module docstring)."""
-    if isinstance(event, dpe.DiscreteLaplaceDpEvent):
-        return dpe.ZCDpEvent((event.noise_parameter * event.sensitivity) ** 2 / 2.0)
+    """`event` with every discrete Laplace, and every randomized response (a plan's branch, `Plan.event`), replaced
+    by the zCDP event its pure epsilon implies (see module docstring): dp_accounting's RDP accountant has neither
+    for add-or-remove neighbours."""
+    if isinstance(event, (dpe.DiscreteLaplaceDpEvent, dpe.RandomizedResponseDpEvent)):
+        return dpe.ZCDpEvent(pure_epsilon(event) ** 2 / 2.0)
     if isinstance(event, dpe.ComposedDpEvent):
         return dpe.ComposedDpEvent([_as_rdp(e) for e in event.events])
     if isinstance(event, dpe.SelfComposedDpEvent):

@@ -16,6 +16,8 @@ The paper's equations, as named here:
                      Kronecker strategy's answers y1 = A S x + noise (S sums leaves into coarse cells), the leaves
                      u = x + noise; x^ = argmin w1 ||A S x - y1||^2 + w2 ||x - u||^2 (w = 1 / variance), the
                      generalised least squares over both levels, linear in the noise (`leaves_gls`).
+  spreading          AG spreads a leaf's count evenly over its cells. Ours (`smooth`): in proportion to a 3 x 3
+                     box average of the estimate, repeated; every leaf keeps its least-squares total.
 
 Counts are in units of the privacy unit's weight (`unit`): the rules read counts / unit, whose noise is 1 / epsilon.
 All of it reads the grid's public size and noisy values only, except `aggregate` over a partition the public
@@ -29,29 +31,33 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
+from scipy.ndimage import uniform_filter
 from scipy.sparse.linalg import LinearOperator, cg
 
-#: Qardaji et al.'s constant c (their Guideline 1 and experiments).
+#: Qardaji et al.'s constant c (their Guideline 1 and experiments): AG's leaves; the coarse level's is the caller's.
 C = 10.0
 #: The least coarse side (ours: AG's 10, as a power of two).
 MIN_COARSE = 8
 #: The conjugate gradients' relative tolerance and step limit for `leaves_gls` (a few dozen steps in practice).
 GLS_TOLERANCE, GLS_STEPS = 1e-10, 1000
+#: `smooth`'s box side (cells) and passes (measured on tests/benchmarks/spatial_peers.py's corpus: 3 and 8; 5 and
+#: 9 cells, or one pass, were worse).
+SMOOTH_SIDE, SMOOTH_PASSES = 3, 8
 
 
-def guideline(points: float, epsilon: float, unit: float = 1.0) -> float:
+def guideline(points: float, epsilon: float, unit: float = 1.0, c: float = C) -> float:
     """Qardaji et al.'s uniform grid side sqrt(N epsilon / c), N in units of the privacy unit's weight."""
-    return math.sqrt(max(points / unit, 0.0) * epsilon / C)
+    return math.sqrt(max(points / unit, 0.0) * epsilon / c)
 
 
-def dense(points: float, epsilon: float, cells: int, unit: float = 1.0) -> bool:
+def dense(points: float, epsilon: float, cells: int, unit: float = 1.0, c: float = C) -> bool:
     """The map is dense for its epsilon: the guideline's grid is at least as fine as the cells."""
-    return guideline(points, epsilon, unit) >= cells
+    return guideline(points, epsilon, unit, c) >= cells
 
 
-def coarse_side(points: float, epsilon: float, cells: int, unit: float = 1.0) -> int:
+def coarse_side(points: float, epsilon: float, cells: int, unit: float = 1.0, c: float = C) -> int:
     """m1: AG's level-1 side rounded up to a power of two, between MIN_COARSE and `cells`."""
-    want = max(guideline(points, epsilon, unit) / 4.0, 1.0)
+    want = max(guideline(points, epsilon, unit, c) / 4.0, 1.0)
     return int(min(cells, max(MIN_COARSE, 2 ** math.ceil(math.log2(want)))))
 
 
@@ -144,3 +150,16 @@ def _gram(factor) -> np.ndarray:
 def spread(leaves: np.ndarray, part: Partition) -> np.ndarray:
     """Every leaf's value shared evenly among its cells: the (cells, cells) grid."""
     return (leaves / part.sizes())[part.leaf]
+
+
+def smooth(leaves: np.ndarray, part: Partition) -> np.ndarray:
+    """Ours: every leaf's value shared among its cells in proportion to the SMOOTH_SIDE x SMOOTH_SIDE box average of
+    the current grid's non-negative part, SMOOTH_PASSES times from the even spread: the mass inside a leaf leans
+    towards its neighbours' while every leaf keeps its total (so every sum of whole leaves is unchanged). A leaf
+    whose weights are all zero stays even (the tiny floor). Reads the leaves' estimates only: post-processing."""
+    grid = spread(leaves, part)
+    for _ in range(SMOOTH_PASSES):
+        weight = uniform_filter(np.maximum(grid, 0.0), size=SMOOTH_SIDE, mode="nearest") + 1e-12
+        total = np.bincount(part.leaf.ravel(), weights=weight.ravel(), minlength=part.size)
+        grid = weight * (leaves / total)[part.leaf]
+    return grid

@@ -190,6 +190,15 @@ class Mechanism:
         return asdict(self)
 
 
+def _randomized_response(epsilon: float) -> dpe.DpEvent:
+    """Binary randomized response whose stated epsilon is at least `epsilon`: p = 2 / (1 + e^eps), stepped down
+    past the float rounding of e^eps and back (a smaller p is a larger epsilon)."""
+    p = 2.0 / (1.0 + math.exp(epsilon))
+    while math.log1p(2.0 * (1.0 - p) / p) < epsilon:
+        p = math.nextafter(p, 0.0)
+    return _dp_accounting.dp_event.RandomizedResponseDpEvent(p, 2)
+
+
 @dataclass(frozen=True)
 class Plan:
     """The mechanisms of one release, in the order they run.
@@ -238,7 +247,7 @@ class Plan:
         dpe = _dp_accounting.dp_event
         events = [m.event() for m in self.mechanisms if m.branch is None]
         if self.branches():
-            events.append(dpe.RandomizedResponseDpEvent(2.0 / (1.0 + math.exp(self.branch_epsilon())), 2))
+            events.append(_randomized_response(self.branch_epsilon()))
         return events[0] if len(events) == 1 else dpe.ComposedDpEvent(events)
 
     def guarantee(self, delta: float) -> Guarantee:

@@ -225,7 +225,7 @@ def _manifest(summary) -> dict:
 def test_adaptive_release_partitions_the_grid_into_leaves_each_spread_evenly(released):
     """The sparse branch: the number of points, the coarse grid's Kronecker answers and the leaves, at the
     release's epsilon in all (the dense branch's entry is planned, not drawn); the leaves partition the grid;
-    every cell's estimate is its leaf's generalised least squares spread evenly; no interval per cell (and
+    every leaf's cells sum to its generalised least squares; no interval per cell (and
     uncertainty.json says why), exact ones on every noisy value; --rect answers the sum with no interval."""
     summary, spec = released["adaptive"]
     rel = Path(summary["release_dir"])
@@ -251,8 +251,10 @@ def test_adaptive_release_partitions_the_grid_into_leaves_each_spread_evenly(rel
     count, expected, _ = G.adaptive_estimates(spec, draw, plan)
     np.testing.assert_allclose(estimate, expected, atol=1e-9)
     np.testing.assert_allclose(cells["count"].to_numpy().reshape(32, 32), count, atol=1e-9)
-    for row in leaves.itertuples():  # even inside a leaf
-        assert np.ptp(estimate[row.x_first:row.x_end, row.y_first:row.y_end]) < 1e-9
+    var = {name: 2.0 * plan[name].scale ** 2 for name in ("coarse", "leaves")}
+    x = ag.leaves_gls(draw.strategy, draw.answers, var["coarse"], draw.leaves, var["leaves"], draw.partition)
+    for row, total in zip(leaves.itertuples(), x):  # every leaf keeps its least-squares total
+        assert estimate[row.x_first:row.x_end, row.y_first:row.y_end].sum() == pytest.approx(total, abs=1e-6)
     out = _dprelease("query", str(rel), "--rect", "3", "12", "5", "20", "--json")
     assert out.returncode == 0, out.stderr
     answer = json.loads(out.stdout)
@@ -290,6 +292,18 @@ def test_leaves_gls_is_the_generalised_least_squares_of_both_levels():
         stacked = np.vstack([A / np.sqrt(var1), np.eye(part.size) / np.sqrt(var2)])
         best = np.linalg.lstsq(stacked, np.concatenate([y1 / np.sqrt(var1), u / np.sqrt(var2)]), rcond=None)[0]
         np.testing.assert_allclose(x, best, atol=1e-6)
+
+
+def test_smoothing_keeps_every_leaf_total_and_an_even_map_even():
+    """dpalgos.adaptive_grid.smooth: the leaves' totals are kept (any sign); where every cell has the same density
+    the even spread is its fixed point; a lone dense leaf leans towards nothing outside it (its neighbours are 0)."""
+    rng = np.random.default_rng(2)
+    part = ag.partition(32, 8, rng.integers(1, 4, 64))
+    x = rng.normal(10, 20, part.size)
+    out = ag.smooth(x, part)
+    np.testing.assert_allclose(np.bincount(part.leaf.ravel(), weights=out.ravel()), x, rtol=1e-9, atol=1e-9)
+    even = part.sizes() * 3.0
+    np.testing.assert_allclose(ag.smooth(even, part), np.full((32, 32), 3.0), rtol=1e-9)
 
 
 def test_adaptive_grid_is_refused_on_three_axes_and_with_consistency_in_one_line():

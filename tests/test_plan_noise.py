@@ -258,14 +258,30 @@ def test_a_plan_with_branches_states_the_common_entries_plus_its_largest_branch(
 
 
 def test_randomized_response_at_epsilon_dominates_an_epsilon_dp_branch():
-    """The branch's event, binary randomized response at eps, is the worst eps-DP pair: its PLD epsilon at every
-    delta is at least that of the branches it stands for (Laplace eps; two Laplaces eps/2)."""
-    rr = dpe.RandomizedResponseDpEvent(2.0 / (1.0 + math.exp(1.0)), 2)
-    assert accounting.pure_epsilon(rr) == pytest.approx(1.0, abs=1e-12)
-    for delta in (1e-9, 1e-5, 1e-2):
-        eps = lambda event: accounting._accountant_epsilon(dp_accounting.pld.PLDAccountant(), event, delta)
-        for branch in (dpe.LaplaceDpEvent(1.0), dpe.ComposedDpEvent([dpe.LaplaceDpEvent(2.0)] * 2)):
-            assert eps(branch) <= eps(rr) + 1e-6
+    """The branch's event, binary randomized response at eps, is the worst eps-DP pair: its hockey-stick delta at
+    every epsilon' is at least that of the branches it stands for (Laplace eps; two Laplaces eps/2), and at eps/2
+    it would not be (the check can fail)."""
+    from dp_accounting.pld import privacy_loss_distribution as pld
+
+    rr = lambda eps: pld.from_randomized_response(2.0 / (1.0 + math.exp(eps)), 2)
+    laplace = pld.from_laplace_mechanism(1.0)
+    two = pld.from_laplace_mechanism(2.0).compose(pld.from_laplace_mechanism(2.0))
+    for eps_prime in (0.0, 0.2, 0.5, 0.8, 0.99):
+        for branch in (laplace, two):
+            assert branch.get_delta_for_epsilon(eps_prime) <= rr(1.0).get_delta_for_epsilon(eps_prime) + 1e-9
+    assert laplace.get_delta_for_epsilon(0.2) > rr(0.5).get_delta_for_epsilon(0.2)
+
+
+def test_a_branched_release_composes_with_gaussian_releases_in_the_ledger():
+    """A Gaussian release, then a branched plan (and the other way): finite, by RDP, where randomized response
+    enters as (eps^2 / 2)-zCDP; and the branch's stated epsilon is never below its largest branch's."""
+    gaussian = Plan((Mechanism("g", "q", "gaussian", 1.0, "one record", 3.0),))
+    both = accounting.compose_events([gaussian.event(), _branched().event()])
+    total = accounting.epsilon_at(both, 1e-6).epsilon
+    assert math.isfinite(total) and total > 1.0
+    for eps in (1e-9, 1e-7, 0.3, 1.0, 7.0):
+        event = Plan((Mechanism("b", "q", "laplace", 1.0, "a", 1 / eps, branch="x"),)).event()
+        assert accounting.pure_epsilon(event) >= eps
 
 
 def test_a_release_draws_from_one_branch_only():

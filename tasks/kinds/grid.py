@@ -80,6 +80,9 @@ NOISY_ADAPTIVE = "noisy_adaptive.parquet"
 #: whose answers come from the leaves), measured with tests/benchmarks/spatial_peers.py.
 POINTS_SHARE = 0.02
 COARSE_SHARE = {"rectangles": 0.5, "unit": 0.2}
+#: The adaptive grid's Guideline constant c for its coarse side and its dense branch per workload (Qardaji et al.
+#: use 10; 14 for rectangles, with HDMM's strategy on the coarse level, measured on both seeds of the corpus).
+GUIDELINE_C = {"rectangles": 14.0, "unit": 10.0}
 #: The per-axis p-Identity matrix B the Kronecker strategy measured with (public: it depends on `cells` only).
 STRATEGY = "strategy.npz"
 GRID = "grid.parquet"
@@ -330,12 +333,13 @@ def measure_adaptive(spec, grid: np.ndarray, measure) -> AdaptiveDraw:
     grid, budgets = np.asarray(grid), adaptive_budgets(spec)
     noisy = p.points is None
     points = float(measure("points", np.array([grid.sum()]))[0]) if noisy else float(p.points)
-    if ag.dense(points, budgets["dense"], p.cells, unit):
+    c = GUIDELINE_C[p.workload]
+    if ag.dense(points, budgets["dense"], p.cells, unit, c):
         if dense_entry(spec) == "cells":
             return AdaptiveDraw(points, noisy, "dense", np.asarray(measure("cells", grid.ravel()), float), None)
         strategy = _checked(grid_strategy(p.cells))
         return AdaptiveDraw(points, noisy, "dense", measure("strategy", strategy.answers(grid)), strategy)
-    m1 = ag.coarse_side(points, budgets["dense"], p.cells, unit)
+    m1 = ag.coarse_side(points, budgets["dense"], p.cells, unit, c)
     strategy = _checked(grid_strategy(m1))
     answers = measure("coarse", strategy.answers(ag.aggregate(grid, ag.coarse_of(p.cells, m1), m1 * m1)))
     part = adaptive_layout(spec, strategy, answers, plan)
@@ -378,10 +382,12 @@ def adaptive_estimates(spec, draw: AdaptiveDraw, plan: Plan, signed_only: bool =
         return count, estimate, {**info, "branch": "dense: the whole grid by the workload's default strategy"}
     var = {name: 2.0 * plan[name].scale ** 2 for name in ("coarse", "leaves")}
     x = ag.leaves_gls(draw.strategy, draw.answers, var["coarse"], draw.leaves, var["leaves"], draw.partition)
-    return ag.spread(np.maximum(x, 0.0), draw.partition), ag.spread(x, draw.partition), {
+    estimate = ag.smooth(x, draw.partition)
+    return np.maximum(estimate, 0.0), estimate, {
         "branch": "adaptive", "method": "adaptive grid (Qardaji et al. AG, HDMM's Kronecker strategy on the coarse "
-                                        "level): leaves by generalised least squares over both levels, each spread "
-                                        "evenly over its cells; counts: the leaves cut at zero",
+                                        "level): leaves by generalised least squares over both levels, each shared "
+                                        "among its cells as its neighbours lean (dpalgos.adaptive_grid.smooth); "
+                                        "counts: the estimate cut at zero",
         "coarse_side": draw.strategy.shape[0], "leaves": draw.partition.size}
 
 
