@@ -498,8 +498,9 @@ class GridKind(ReleaseKind):
     shape = "points"
     prepared_stage = "encoded"
     summary = ("counts over a public 2-D (or 3-D) grid of equal-width cells of two numeric columns with bounds: HDMM's "
-               "Kronecker strategy (rectangles), a quadtree or every cell (single cells); a signed least-squares "
-               "estimate for rectangle sums and non-negative consistent counts per cell by ADMM (Lee, Wang & Kifer)")
+               "Kronecker strategy (rectangles), a quadtree, every cell (single cells) or an adaptive grid (Qardaji et "
+               "al.) for sparse maps; a signed least-squares estimate for rectangle sums and non-negative consistent "
+               "counts per cell by ADMM (Lee, Wang & Kifer)")
 
     def example(self):
         """16 cells per axis: the conformance suite's empirical audit finds a halved Laplace scale on a record's few
