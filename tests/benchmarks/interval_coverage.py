@@ -219,6 +219,23 @@ class Grid(Case):
         return np.array(hits)
 
 
+class GridAdaptive(Grid):
+    """The grid kind's adaptive strategy (32 x 32 cells, rectangles): its cells carry no interval; every noisy value
+    of noisy_adaptive.parquet (the number of points, the coarse or dense answers, the leaves) carries an exact one."""
+    base = {"epsilon": 1.0, "cells": 32, "strategy": "adaptive"}
+
+    def direct(self, sim):
+        drawn = [sim.noise.exact(entry) for entry in ("points", "coarse", "strategy", "leaves")]
+        return {(G.NOISY_ADAPTIVE, "noisy_count"): np.concatenate([np.asarray(v[0], np.float64)
+                                                                   for v in drawn if v])}
+
+    def post(self, sim):
+        return {}
+
+    def query_hits(self, sim, rng, count):
+        return np.zeros(0, dtype=bool)
+
+
 class MatrixMechanism(_Counts):
     kind, shape, product = "matrix_mechanism", "values", "estimate.parquet"
     base = {"epsilon": 1.0, "workload": "all_range", "strategy": "hierarchical"}
@@ -444,12 +461,11 @@ class FriendlyKMeans(Case):
         return exact[0].reshape(self.release["k"], -1) if exact else None
 
 
-CASES = {c.__name__.lower(): c for c in (Histogram, HistogramTree, HistogramUnit, Grid, MatrixMechanism,
-                                         Contingency, ContingencyBayes, ContingencyMarginals, Od, OdMarginals, KMeans,
-                                         Mean,
-                                         FriendlyKMeans)}
+CASES = {c.__name__.lower(): c for c in (Histogram, HistogramTree, HistogramUnit, Grid, GridAdaptive,
+                                         MatrixMechanism, Contingency, ContingencyBayes, ContingencyMarginals, Od,
+                                         OdMarginals, KMeans, Mean, FriendlyKMeans)}
 KIND_OF_CASE = {"histogram": "histogram", "histogramtree": "histogram (tree)",
-                "histogramunit": "histogram (unit: identity)", "grid": "grid",
+                "histogramunit": "histogram (unit: identity)", "grid": "grid", "gridadaptive": "grid (adaptive)",
                 "matrixmechanism": "matrix_mechanism", "contingency": "contingency",
                 "contingencybayes": "contingency (empirical Bayes)",
                 "contingencymarginals": "contingency (one-way marginals public)", "od": "od",
