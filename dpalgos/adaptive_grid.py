@@ -2,8 +2,9 @@
 ICDE 2013 (AG), with HDMM's Kronecker strategy on the coarse level: a coarse m1 x m1 grid whose side a public rule
 sets from the number of points and epsilon, measured through the Kronecker product of HDMM's per-axis p-Identity
 strategies (McKenna et al. VLDB 2018); each coarse cell cut into m2 x m2 leaves by its estimated count and the
-leaves measured; both levels reconciled by generalised least squares; every leaf's count spread evenly over its
-cells. Where the map is dense for its epsilon the release measures the whole grid instead (`dense`).
+leaves measured; both levels reconciled by generalised least squares; every leaf's count shared among its cells
+as its neighbours lean (`smooth`). Where the map is dense for its epsilon the release measures the whole grid
+instead (`dense`).
 
 The paper's equations, as named here:
   Guideline 1 (UG)   m = sqrt(N epsilon / c), c = 10: the side balancing a query's noise against the

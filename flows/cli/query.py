@@ -74,7 +74,7 @@ def od_cells(release: str, origin: str | None, destination: str | None) -> dict[
 
 def _rect_without_interval(args) -> int:
     """An adaptive grid's rectangle: the sum of its published estimate, cut at zero, with no interval (its cells
-    assume every leaf is even inside, which no released value measures)."""
+    share each leaf's count by a rule, an unevenness no released value measures)."""
     from tasks.replicates import GRID, published, rectangle_weights, sum_answer
 
     if args.column not in (None, "estimate"):
@@ -82,8 +82,8 @@ def _rect_without_interval(args) -> int:
     weights = rectangle_weights(args.release, *args.rect)
     value = float(sum_answer(published(args.release, GRID).column("estimate") @ weights, True))
     what = "sum of cells [{}, {}) x [{}, {})".format(*args.rect)
-    why = ("no interval: an adaptive grid's cells share each leaf's count evenly; the leaves' own noisy counts "
-           "and exact intervals are in the release's noisy_adaptive.parquet")
+    why = ("no interval: an adaptive grid's cells share each leaf's count by a smoothing rule; the leaves' own noisy "
+           "counts and exact intervals are in the release's noisy_adaptive.parquet")
     if args.json:
         print(json.dumps({"release": args.release, "product": GRID, "column": "estimate", "query": what,
                           "estimate": value, "std": None, "lo": None, "hi": None, "replicates": 0, "note": why}))

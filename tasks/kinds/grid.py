@@ -14,7 +14,7 @@ Measurement (`strategy`, chosen by the public `workload`, one rule for every dat
              chooses between every cell (dense for its epsilon: the workload's default strategy) and a coarse grid
              whose side it sets, each coarse cell cut into leaves by its estimate (plan branches). Far more
              accurate where the map is sparse for its epsilon (tests/benchmarks/spatial_peers.py), but a cell's
-             value assumes its leaf is even, which no released value measures: its cells carry no interval; every
+             value shares its leaf's count by a rule no released value checks: its cells carry no interval; every
              noisy value does (exact, published as `noisy_adaptive.parquet`).
 
 Two estimates are published per cell (and per block), as the `histogram` kind does and for the same reason:
@@ -372,8 +372,8 @@ def as_strategy(spec, strategy: str):
 
 def adaptive_estimates(spec, draw: AdaptiveDraw, plan: Plan, signed_only: bool = False):
     """(non-negative counts, signed estimate, diagnostics) per cell. Dense: as the workload's default strategy.
-    Adaptive: the leaves' generalised least squares over both levels (signed), each spread evenly over its cells;
-    counts: the leaves cut at zero, spread."""
+    Adaptive: the leaves' generalised least squares over both levels (signed), each shared among its cells by
+    `adaptive_grid.smooth`; counts: that estimate cut at zero."""
     if draw.branch == "dense":
         default = as_strategy(spec, STRATEGY_FOR_WORKLOAD[spec.release.workload])
         if signed_only:
