@@ -109,7 +109,7 @@ def publish_release(spec: ReleaseSpec, release_id: str, run: RunPaths, staging: 
                        "max_weight": spec.dataset.max_weight,
                        "weights_count_records": spec.dataset.weights_count_records},
         "period": period,
-        "caveats": kind_of(spec).caveats(spec, staging),
+        "caveats": kind_of(spec).caveats(staging),
         "uncertainty": _uncertainty(staging),
         "software": _versions(),
         "provenance": _provenance(),

@@ -52,7 +52,7 @@ def spec_for(epsilon: float, workload: str, cells: int = CELLS):
 def ours(grid: np.ndarray, epsilon: float, workload: str, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
     """One simulated release of the exact grid: (published signed estimate, published counts)."""
     spec = spec_for(epsilon, workload, grid.shape[0])
-    plan = G.KIND.plan(spec)
+    plan = G.KIND.bind(spec).plan
     strategy = G.kronecker_now(spec.release.cells, 2) if spec.release.strategy_used == "kronecker" else None
     noisy, _ = G.measure_grid(spec, grid, simulated(plan, rng), strategy)
     if workload == "rectangles":  # its answers are sums of the signed estimate: the counts are not needed
