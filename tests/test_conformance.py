@@ -161,7 +161,7 @@ def test_release_through_the_flow(name, tmp_path, monkeypatch, client):
     kind = REGISTRY[name]
     spec_d = {**C.spec_for(kind, tmp_path), "release_id": f"conf-{name}", "evaluate": False}
     draws, failures = [], []
-    real_draw, real_post, real_mark = kind.draw, kind.postprocess, tasks.ledger.PrivacyLedger.mark
+    real_draw, real_post, real_mark = type(kind).draw, type(kind).postprocess, tasks.ledger.PrivacyLedger.mark
 
     def counting_draw(*args, **kwargs):
         draws.append(1)
@@ -180,8 +180,8 @@ def test_release_through_the_flow(name, tmp_path, monkeypatch, client):
             failures.append("mark")
             raise ConnectionError("ledger briefly unreachable")  # after the commit: Prefect retries the task
         return real_mark(self, release_id, status)
-    monkeypatch.setattr(kind, "draw", counting_draw)
-    monkeypatch.setattr(kind, "postprocess", failing_post)
+    monkeypatch.setattr(type(kind), "draw", counting_draw)  # every kind bound to a spec draws through it
+    monkeypatch.setattr(type(kind), "postprocess", failing_post)
     monkeypatch.setattr(tasks.ledger.PrivacyLedger, "mark", flaky_mark)
     spec = parse_spec(spec_d)
     with pytest.raises(StageFailed, match="OSError in stage 'postprocess'"):

@@ -163,7 +163,7 @@ def test_a_default_bootstrap_too_costly_is_skipped_with_null_intervals_and_a_rea
     from tasks.kinds.uncertainty import MAX_DEFAULT_BOOTSTRAP_SECONDS
 
     hist = REGISTRY["histogram"]
-    monkeypatch.setattr(type(hist), "replicate_seconds", lambda self, spec, measurements=None: 1.0)
+    monkeypatch.setattr(type(hist), "replicate_seconds", lambda self, measurements=None: 1.0)
     assert 39 * 1.0 > MAX_DEFAULT_BOOTSTRAP_SECONDS
     spec = _spec(tmp_path)
     made = []
