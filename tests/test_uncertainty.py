@@ -131,9 +131,9 @@ def test_default_replicates_follow_the_public_cost(tmp_path, monkeypatch):
                       "release": {"kind": "matrix_mechanism", "bins": 1024, "epsilon": 1.0}})
     mm = REGISTRY["matrix_mechanism"]
     assert replicates_of(mm.bind(big)) == 199  # a replicate is least squares: 4 ms at 1,024 bins
-    monkeypatch.setattr(type(mm), "replicate_seconds", lambda self, spec, measurements=None: 0.1)
+    monkeypatch.setattr(type(mm), "replicate_seconds", lambda self, measurements=None: 0.1)
     assert replicates_of(mm.bind(big)) == 79  # 8 s of replicates at 0.1 s each, rounded to an exact order statistic
-    monkeypatch.setattr(type(mm), "replicate_seconds", lambda self, spec, measurements=None: 0.5)
+    monkeypatch.setattr(type(mm), "replicate_seconds", lambda self, measurements=None: 0.5)
     assert replicates_of(mm.bind(big)) == 39  # the fewest at 0.95
 
 
