@@ -27,6 +27,7 @@ exact samplers add the noise.
 from __future__ import annotations
 
 import json
+from functools import cached_property
 from pathlib import Path
 from typing import Literal
 
@@ -291,6 +292,7 @@ class GridKind(ReleaseKind):
     summary = ("counts over a public 2-D (or 3-D) grid of equal-width cells of two numeric columns with bounds: HDMM's "
                "Kronecker strategy (rectangles), a quadtree or every cell (single cells); a signed least-squares "
                "estimate for rectangle sums and non-negative consistent counts per cell by ADMM (Lee, Wang & Kifer)")
+    bootstraps = True
 
     def example(self):
         """16 cells per axis: the conformance suite's empirical audit finds a halved Laplace scale on a record's few
@@ -298,16 +300,37 @@ class GridKind(ReleaseKind):
         fractions, which its draws cannot resolve. tests/test_grid.py checks the larger strategies' every column."""
         return {"kind": "grid", "cells": 16, "epsilon": 1.0}
 
+    @cached_property
+    def axes(self) -> int:
+        return axes_of(self.spec)
+
+    @cached_property
+    def cells(self) -> int:
+        return cells_of(self.spec)
+
+    @cached_property
+    def grid_shape(self) -> tuple[int, ...]:
+        return shape_of(self.spec)
+
+    @cached_property
+    def tree(self):
+        return tree_of(self.spec)
+
+    @cached_property
+    def entry(self) -> str:
+        return entry_of(self.spec)
+
     def check_dataset(self, dataset):
         super().check_dataset(dataset)
         if len(dataset.bounds) not in AXES:
             raise ValueError("grid releases need 2 or 3 numeric columns with bounds (the axes of the grid)")
 
-    def footprint(self, spec):
+    @cached_property
+    def footprint(self):
         """One noisy value per measured row, the estimates and the ADMM over them (about 600 bytes and 20 us per
         row), the published cells and pyramid; the per-axis strategy's optimisation where it is not shipped."""
-        p = spec.release
-        rows = measured_values(spec)
+        p = self.spec.release
+        rows = measured_values(self.spec)
         fp = (noise_footprint(rows, "laplace", p.strategy_used != "kronecker", f"the {rows:,} noisy measurements")
               + Footprint(600.0 * rows, 2e-5 * rows, f"the consistency of {rows:,} measurements"))
         if p.strategy_used == "kronecker":
@@ -316,113 +339,116 @@ class GridKind(ReleaseKind):
                                   f"HDMM's {k:,} x {p.cells:,} per-axis strategy and its optimisation")
         return fp
 
-    def plan(self, spec):
-        p, unit = spec.release, spec.dataset.unit_weight
+    @cached_property
+    def plan(self):
+        p, unit = self.spec.release, self.spec.dataset.unit_weight
         if p.strategy_used == "kronecker":
-            return kronecker_plan(p.cells, axes_of(spec), epsilon=p.epsilon, unit_weight=unit)
+            return kronecker_plan(p.cells, self.axes, epsilon=p.epsilon, unit_weight=unit)
         if p.strategy_used == "quadtree":
-            return hierarchy.tree_plan(tree_of(spec), epsilon=p.epsilon, unit_weight=unit)
-        return cells_plan(cells_of(spec), epsilon=p.epsilon, unit_weight=unit)
+            return hierarchy.tree_plan(self.tree, epsilon=p.epsilon, unit_weight=unit)
+        return cells_plan(self.cells, epsilon=p.epsilon, unit_weight=unit)
 
-    def prepare(self, spec, ingested, run, log):
-        out = counts.encode_grid(spec, run, ingested, spec.release.cells, log)
-        log.info("binned the records into a public grid of %d cells", cells_of(spec))
+    def prepare(self, ingested, run, log):
+        out = counts.encode_grid(self.spec, run, ingested, self.spec.release.cells, log)
+        log.info("binned the records into a public grid of %d cells", self.cells)
         return out
 
-    def prepared_contract(self, spec):
-        return suites.encoded("cell", cells_of(spec), "weight" if spec.dataset.weight_column else None)
+    @cached_property
+    def prepared_contract(self):
+        return suites.encoded("cell", self.cells, "weight" if self.spec.dataset.weight_column else None)
 
-    def draw(self, spec, prepared, measure, public_rng, log):
-        p = spec.release
-        strategy = kronecker_now(p.cells, axes_of(spec)) if p.strategy_used == "kronecker" else None  # public
-        grid = counts.count(spec, prepared, "cell", cells_of(spec)).reshape(shape_of(spec))
-        noisy, meta = measure_grid(spec, grid, measure, strategy)
-        meta = {**meta, "cells": p.cells, "axes": axes_of(spec), "strategy": p.strategy_used}
+    def draw(self, prepared, measure, public_rng, log):
+        p = self.spec.release
+        strategy = kronecker_now(p.cells, self.axes) if p.strategy_used == "kronecker" else None  # public
+        grid = counts.count(self.spec, prepared, "cell", self.cells).reshape(self.grid_shape)
+        noisy, meta = measure_grid(self.spec, grid, measure, strategy)
+        meta = {**meta, "cells": p.cells, "axes": self.axes, "strategy": p.strategy_used}
 
         def write(folder):
-            extra = histogram.node_columns(tree_of(spec)) if p.strategy_used == "quadtree" else {}
-            counts.write_vector(folder / noisy_file(spec), noisy_index(spec), {"noisy_count": noisy}, **extra)
+            extra = histogram.node_columns(self.tree) if p.strategy_used == "quadtree" else {}
+            counts.write_vector(folder / noisy_file(self.spec), noisy_index(self.spec), {"noisy_count": noisy}, **extra)
             if strategy is not None:
                 np.savez_compressed(folder / STRATEGY, B=strategy.factors[0].B)
         return Draw(write=write, meta={**meta, "strategy_seed": strategies.SEED})
 
-    def measurements_contract(self, spec):
+    @cached_property
+    def measurements_contract(self):
+        spec = self.spec
         other = ["level", "first_bin", "end_bin"] if spec.release.strategy_used == "quadtree" else []
         return noisy_file(spec), suites.indexed_table("measurements", noisy_index(spec), measured_values(spec),
                                                       ["noisy_count"], other_columns=other)
 
-    def _strategy(self, spec, measurements):
-        return committed_kronecker(measurements, axes_of(spec)) if spec.release.strategy_used == "kronecker" else None
+    def _strategy(self, measurements):
+        return committed_kronecker(measurements, self.axes) if self.spec.release.strategy_used == "kronecker" else None
 
-    def postprocess(self, spec, measurements, staging, internal, log):
-        p = spec.release
+    def postprocess(self, measurements, staging, internal, log):
+        spec, p = self.spec, self.spec.release
         noisy = counts.read_column(measurements / noisy_file(spec), "noisy_count")
-        scale = committed_plan(measurements)[entry_of(spec)].scale
-        count, estimate, info = estimates(spec, noisy, scale, self._strategy(spec, measurements))
+        scale = committed_plan(measurements)[self.entry].scale
+        count, estimate, info = estimates(spec, noisy, scale, self._strategy(measurements))
         counts.write_vector(staging / GRID, "cell", {"count": count.ravel(), "estimate": estimate.ravel()},
                             **_cell_columns(spec))
         counts.write_vector(staging / LEVELS, "node", {"count": quadtree.pyramid(count),
                                                        "estimate": quadtree.pyramid(estimate)}, **_level_columns(spec))
         (staging / GRID_INFO).write_text(json.dumps({
-            "columns": list(spec.dataset.bounds), "cells": p.cells, "shape": list(shape_of(spec)),
+            "columns": list(spec.dataset.bounds), "cells": p.cells, "shape": list(self.grid_shape),
             "bounds": {c: list(b) for c, b in spec.dataset.bounds.items()}, "strategy": p.strategy_used,
             "consistency": info}, indent=2))
         return [GRID, LEVELS, GRID_INFO]
 
-    def release_contract(self, spec):
-        intervals = ["estimate", "count"] if bootstrap_planned(self, spec) else []
-        return GRID, suites.indexed_table("release", "cell", cells_of(spec), VALUES, nonnegative=["count"],
-                                          other_columns=list(_cell_columns(spec)), intervals=intervals)
+    @cached_property
+    def release_contract(self):
+        intervals = ["estimate", "count"] if bootstrap_planned(self) else []
+        return GRID, suites.indexed_table("release", "cell", self.cells, VALUES, nonnegative=["count"],
+                                          other_columns=list(_cell_columns(self.spec)), intervals=intervals)
 
-    def direct_values(self, spec, measurements, plan):
-        return [Direct(noisy_file(spec), "noisy_count", entry_of(spec), NoiseLaw.of(plan[entry_of(spec)]))]
+    def direct_values(self, measurements, plan):
+        return [Direct(noisy_file(self.spec), "noisy_count", self.entry, NoiseLaw.of(plan[self.entry]))]
 
-    def bootstraps(self, spec):
-        return True
+    def replicate_seconds(self, measurements=None):
+        return SECONDS_PER_CALL + SECONDS_PER_VALUE * (measured_values(self.spec) + self.replicate_values)
 
-    def replicate_seconds(self, spec, measurements=None):
-        return SECONDS_PER_CALL + SECONDS_PER_VALUE * (measured_values(spec) + self.replicate_values(spec, None))
-
-    def replicate_values(self, spec, plan):
+    @cached_property
+    def replicate_values(self):
         """The cells and the blocks of their pyramid."""
-        return float(cells_of(spec) + quadtree.pyramid_size(spec.release.cells, axes_of(spec)))
+        return float(self.cells + quadtree.pyramid_size(self.spec.release.cells, self.axes))
 
-    def bootstrap(self, spec, measurements, staging, plan):
+    def bootstrap(self, measurements, staging, plan):
         """Around the released signed estimate (`counts.signed_bootstrap`): the measurements it implies are the
         strategy's answers, its quadtree, or itself."""
-        estimate = counts.read_column(staging / GRID, "estimate").reshape(shape_of(spec))
-        strategy, entry = self._strategy(spec, measurements), entry_of(spec)
+        estimate = counts.read_column(staging / GRID, "estimate").reshape(self.grid_shape)
+        strategy, entry = self._strategy(measurements), self.entry
         law = NoiseLaw.of(plan[entry])
         implied = {"kronecker": lambda: strategy.answers(estimate),
-                   "quadtree": lambda: tree_of(spec).aggregate(
-                       estimate.ravel()[quadtree.morton(spec.release.cells, axes_of(spec))]),
-                   "identity": lambda: estimate.ravel()}[spec.release.strategy_used]()
+                   "quadtree": lambda: self.tree.aggregate(
+                       estimate.ravel()[quadtree.morton(self.spec.release.cells, self.axes)]),
+                   "identity": lambda: estimate.ravel()}[self.spec.release.strategy_used]()
 
         def solve(y):
-            cells = signed_estimate(spec, y, strategy)
+            cells = signed_estimate(self.spec, y, strategy)
             return {GRID: cells.reshape(-1, 1), LEVELS: quadtree.pyramid(cells)[:, None]}
         return counts.signed_bootstrap(
             GRID, "cell", entry, law, implied, solve,
             also=(Product(LEVELS, "node", ("estimate",), replicates=False, bounded=(("count", "estimate"),)),),
             notes=("levels.parquet's intervals come from the cells' replicates' block sums",))
 
-    def heatmap(self, spec, release):
-        count = counts.read_column(release / GRID, "count").reshape(shape_of(spec))
-        return picture(count, spec.dataset.bounds,
-                       f"released counts ({spec.release.strategy_used}, epsilon {spec.release.epsilon:g})")
+    def heatmap(self, release):
+        count = counts.read_column(release / GRID, "count").reshape(self.grid_shape)
+        return picture(count, self.spec.dataset.bounds,
+                       f"released counts ({self.spec.release.strategy_used}, epsilon {self.spec.release.epsilon:g})")
 
-    def evaluate(self, spec, run, prepared, log):
+    def evaluate(self, run, prepared, log):
         """Internal: the MSE of the published answers to random rectangles (sums of the signed estimate, cut at
         zero) and of the published per-cell counts (unit queries), against the exact grid."""
-        exact = counts.count(spec, prepared, "cell", cells_of(spec)).reshape(shape_of(spec))
+        exact = counts.count(self.spec, prepared, "cell", self.cells).reshape(self.grid_shape)
         table = replicates.published(run.release, GRID)
-        estimate, count = (table.column(c).reshape(shape_of(spec)) for c in ("estimate", "count"))
+        estimate, count = (table.column(c).reshape(self.grid_shape) for c in ("estimate", "count"))
         flat = lambda g: g.sum(axis=tuple(range(2, g.ndim))) if g.ndim > 2 else g
-        rects = random_rectangles(spec.release.cells, RECTANGLES_PER_EVALUATION, np.random.default_rng(0))
+        rects = random_rectangles(self.spec.release.cells, RECTANGLES_PER_EVALUATION, np.random.default_rng(0))
         rect = float(np.mean((rectangle_sums(flat(estimate), rects) - rectangle_sums(flat(exact), rects)) ** 2))
         unit = float(np.mean((count - exact) ** 2))
         return {"records": float(exact.sum()), "rectangle_query_mse": rect, "unit_query_mse": unit,
-                "strategy": spec.release.strategy_used,
+                "strategy": self.spec.release.strategy_used,
                 "headline": f"random-rectangle MSE {rect:.4g}; unit-query MSE {unit:.4g}"}
 
 
