@@ -5,11 +5,9 @@ of these; the machinery and its arguments are in tests/conformance.py."""
 from __future__ import annotations
 
 import filecmp
-import inspect
 import json
 import math
 import shutil
-from functools import cached_property
 from pathlib import Path
 
 import pytest
@@ -274,10 +272,7 @@ def test_postprocessing_reads_the_plan_committed_with_the_measurements(name, ent
         return {f.name: f.read_bytes() for f in sorted(folder.iterdir()) if f.suffix == ".parquet"}
 
     committed = products(tmp_path / "a")
-    upgraded = property(lambda self: plan.scaled(entry, 4.0))  # an upgrade's new default
-    if not isinstance(inspect.getattr_static(type(kind), "plan"), (property, cached_property)):
-        upgraded = lambda self, spec: plan.scaled(entry, 4.0)  # noqa: E731  transitional: the plan takes the spec
-    monkeypatch.setattr(type(kind), "plan", upgraded)
+    monkeypatch.setattr(type(kind), "plan", property(lambda self: plan.scaled(entry, 4.0)))  # an upgrade's default
     assert products(tmp_path / "b") == committed
     monkeypatch.undo()
     meta = read_meta(run.measurements)

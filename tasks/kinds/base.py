@@ -8,16 +8,18 @@ and nothing else: the ledger's event, the noise of every draw and the manifest's
 from it. Registering a kind (tasks/kinds/__init__.py) gives it the spec union, the column checks, the CLI's
 kind table and the conformance suite (tests/test_conformance.py).
 
+A kind is bound to one spec (`ReleaseKind.bind`, which `tasks.kinds.kind_of` hands out): its methods read
+`self.spec`, and what follows from the spec alone (the plan, the contracts, the footprint, a strategy matrix) is a
+cached property, computed once per bound kind and only when first asked for.
+
 Reading one release's path (docs/explanation/architecture.md): next, one kind (tasks/kinds/histogram.py), then
 tasks/stages.py, where the DP measurement charges the ledger and draws through the plan.
 """
 
 from __future__ import annotations
 
-import inspect
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, replace
-from functools import cached_property, partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, ClassVar, Literal
 
@@ -128,8 +130,6 @@ class ReleaseKind(ABC):
 
     def bind(self, spec) -> ReleaseKind:
         """This kind bound to one release's spec."""
-        if not isinstance(inspect.getattr_static(type(self), "plan"), (property, cached_property)):
-            return _LegacyBound(self, spec)  # transitional: a kind whose methods still take the spec
         return replace(self, spec=spec)
 
     def public_defaults(self, release: dict, dataset: dict) -> dict:
@@ -266,27 +266,3 @@ class ReleaseKind(ABC):
         """Small, fast parameters of a `release:` section, for the conformance suite and the docs."""
 
 
-
-class _LegacyBound:
-    """Transitional, removed once every kind reads its bound spec: a kind whose methods still take the spec, seen
-    through the bound interface (the base's defaults run against this view)."""
-    _VALUES = ("plan", "footprint", "prepared_contract", "measurements_contract", "release_contract", "bootstraps",
-               "table")
-    _FREE = ("example", "public_defaults", "check_dataset", "check_release", "Params")
-
-    def __init__(self, kind: ReleaseKind, spec):
-        self.kind, self.spec = kind, spec
-
-    def __getattr__(self, name):
-        mro = type(self.kind).__mro__
-        if not any(name in vars(c) for c in mro[:mro.index(ReleaseKind)]):
-            default = inspect.getattr_static(ReleaseKind, name, None)
-            if isinstance(default, property):
-                return default.fget(self)
-            return partial(default, self) if inspect.isfunction(default) else getattr(self.kind, name)
-        attr = getattr(self.kind, name)
-        if name == "replicate_values":
-            return attr(self.spec, self.plan)
-        if name in self._VALUES:
-            return attr(self.spec)
-        return partial(attr, self.spec) if callable(attr) and name not in self._FREE else attr

@@ -176,10 +176,9 @@ def matched(released: np.ndarray, replicate: np.ndarray) -> np.ndarray:
     return out
 
 
-def bootstrap_planned(kind, spec=None) -> bool:
+def bootstrap_planned(kind) -> bool:
     """Whether the release's postprocessed products carry bootstrap interval columns: from the spec alone (their
     contracts are built from it). The columns are null where the default bootstrap was skipped (`replicates_of`)."""
-    kind = kind if spec is None else kind.bind(spec)  # transitional: a kind whose methods take the spec
     return kind.bootstraps and kind.spec.release.replicates != 0
 
 
