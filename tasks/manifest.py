@@ -1,4 +1,8 @@
-"""The publish task: write the release manifest and move the staged release into place, all or nothing."""
+"""The publish task: write the release manifest and move the staged release into place, all or nothing.
+
+Reading one release's path (docs/explanation/architecture.md): the last file of it; the page's sections show each
+package's place around it.
+"""
 
 from __future__ import annotations
 

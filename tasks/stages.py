@@ -9,6 +9,9 @@ attempt drew no noise (it failed reading data or computing statistics), nothing 
 the retry draws for the first time, free. If it had drawn any noise, that noise may have shaped what left the
 process (a log line, an exception, the timing of the failure, a partial file), so the retry is a second
 mechanism run: the ledger charges the release's event again, against the budget, before drawing.
+
+Reading one release's path (docs/explanation/architecture.md): next, dpalgos/hierarchy.py and dpalgos/admm.py, the
+histogram's tree and its consistent estimate (its postprocessing), then tasks/manifest.py, the publish.
 """
 
 from __future__ import annotations

@@ -18,6 +18,9 @@ Two estimates are published per bin (and per tree node), because no single one i
             to 0; otherwise the estimate cut at zero. Near zero it is biased upward, and summing it sums the bias:
             it is for reading bin by bin. Its interval is the estimate's cut at zero and widened to hold it
             (`tasks.kinds.uncertainty.bounded_interval`).
+
+Reading one release's path (docs/explanation/architecture.md): next, tasks/stages.py, where `measure` charges the
+ledger with this kind's `plan` and draws through it.
 """
 
 from __future__ import annotations
