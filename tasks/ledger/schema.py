@@ -25,8 +25,8 @@ VERSION_TABLE = "dprelease_ledger_version"
 TABLES = {"budgets": "dataset_id", "budget_changes": "seq", "spends": "release_id", "public_inputs": "path"}
 
 #: The tables (and their METADATA), declared on the first read of any of them (`__getattr__`): SQLAlchemy takes a
-#: tenth of a second to import, which every command the admission refuses before the ledger is opened (a schema
-#: error, a missing file) paid at import.
+#: tenth of a second to import, which every command paid at import, even one that never reads a ledger or that the
+#: admission refuses before its ledger rule (a spec nested too deeply).
 _DECLARED: dict = {}
 _LOCK = threading.Lock()
 
