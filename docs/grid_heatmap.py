@@ -30,7 +30,7 @@ def main() -> None:
     spec = parse_spec({"dataset": {"id": "checkin", "path": str(CHECKIN),
                                    "bounds": {"x": [0, 256], "y": [0, 256]}},
                        "release": {"kind": "grid", "cells": 256, "epsilon": 1.0}})
-    plan, strategy = G.KIND.plan(spec), G.kronecker_now(256, 2)
+    plan, strategy = G.KIND.bind(spec).plan, G.kronecker_now(256, 2)
     noisy, _ = G.measure_grid(spec, np.load(CHECKIN).astype(np.float64), Measure(plan, ExactNoise()), strategy)
     count, _, _ = G.estimates(spec, noisy, plan["strategy"].scale, strategy)
     heatmap(G.picture(count, spec.dataset.bounds, "released counts of the check-ins (kronecker, epsilon 1)"), args.out)

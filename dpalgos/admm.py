@@ -22,6 +22,8 @@ The penalty on the residual y is one of (§4.5-4.6):
     "l2"       1/2 ||y||_2^2                            prox: rho v / (1 + rho)                (eq. 25)
 Stopping rule (22): every primal residual ||r_i||_2 <= tau_1 and rho ||x^{k+1} - x^k||_2 <= tau_2.
 Defaults alpha = 0.9, rho = 2.0 as in the paper's experiments.
+
+Reading one release's path (docs/explanation/architecture.md): next, tasks/manifest.py, the publish.
 """
 
 from __future__ import annotations

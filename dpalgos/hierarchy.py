@@ -4,6 +4,8 @@
 A tree over m = k^L leaves is stored as one vector in breadth-first order: the root first, then each level
 left to right (n = (k^(L+1) - 1)/(k - 1) nodes). Every record falls in exactly one node per level, so the
 vector of all node counts has L1 sensitivity L+1 (the number of levels).
+
+Reading one release's path (docs/explanation/architecture.md): next, dpalgos/admm.py, the consistent estimate.
 """
 
 from __future__ import annotations

@@ -375,18 +375,18 @@ def _stages(spec: ReleaseSpec, release_id: str, run: RunPaths, timer: _Timer, pu
         ingested = prepared
         with timer.stage(kind.prepared_stage):
             prepared = _validated(kind.prepared_stage, stage_key(kind.prepared_stage, spec, ingest_key), run,
-                                  lambda: prepare(spec, ingested, run), kind.prepared_contract(spec), gx)
+                                  lambda: prepare(spec, ingested, run), kind.prepared_contract, gx)
     if published:
         manifest = json.loads(run.manifest.read_text())
     else:
         with timer.stage("dp measurement"):
             measured = measure(spec, release_id, run, prepared)
-            name, contract = kind.measurements_contract(spec)
+            name, contract = kind.measurements_contract
             check_contract("measurements", f"{measured.path}/{name}", contract, contracts_dir, gx)
         with timer.stage("postprocess"):
             staging = run.new_staging()
             postprocess(spec, measured, staging, run)
-            name, contract = kind.release_contract(spec)
+            name, contract = kind.release_contract
             check_contract("release", staging / name, contract, contracts_dir, gx, recorded_as=run.release / name)
         with timer.stage("publish"):
             manifest = publish_release(spec, release_id, run, staging, measured, period)

@@ -1,4 +1,8 @@
-"""The publish task: write the release manifest and move the staged release into place, all or nothing."""
+"""The publish task: write the release manifest and move the staged release into place, all or nothing.
+
+Reading one release's path (docs/explanation/architecture.md): the last file of it; the page's sections show each
+package's place around it.
+"""
 
 from __future__ import annotations
 
@@ -109,7 +113,7 @@ def publish_release(spec: ReleaseSpec, release_id: str, run: RunPaths, staging: 
                        "max_weight": spec.dataset.max_weight,
                        "weights_count_records": spec.dataset.weights_count_records},
         "period": period,
-        "caveats": kind_of(spec).caveats(spec, staging),
+        "caveats": kind_of(spec).caveats(staging),
         "uncertainty": _uncertainty(staging),
         "software": _versions(),
         "provenance": _provenance(),

@@ -108,7 +108,7 @@ def write_report(spec: ReleaseSpec, release_id: str, run: RunPaths, manifest: di
                         [[r["release_id"], r["kind"], f"{r['epsilon']:.4g}", f"{r['delta']:.3g}", r["status"],
                           r["attempts"], r["created_at"]] for r in configured_ledger().releases(spec.dataset.id)])
     lines += _uncertainty(run, manifest)
-    shown = kind_of(spec).heatmap(spec, run.release)
+    shown = kind_of(spec).heatmap(run.release)
     if shown is not None:  # the released matrix, as users would rather look than read
         png = heatmap(shown, run.internal / HEATMAP)
         lines += ["", "## The released table", "", f"![{shown.title}]({png.relative_to(run.internal)})"]

@@ -9,6 +9,9 @@ attempt drew no noise (it failed reading data or computing statistics), nothing 
 the retry draws for the first time, free. If it had drawn any noise, that noise may have shaped what left the
 process (a log line, an exception, the timing of the failure, a partial file), so the retry is a second
 mechanism run: the ledger charges the release's event again, against the budget, before drawing.
+
+Reading one release's path (docs/explanation/architecture.md): next, dpalgos/hierarchy.py and dpalgos/admm.py, the
+histogram's tree and its consistent estimate (its postprocessing), then tasks/manifest.py, the publish.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ from dpalgos.noise import ExactNoise, Measure, SeededNoise
 from tasks import admission, cluster
 from tasks.contracts import check_contract
 from tasks.errors import DrawFailed, ReleaseConflict, ReleaseError
-from tasks.kinds import kind_of
+from tasks.kinds import ReleaseKind, kind_of
 from tasks.ledger import configured_ledger
 from tasks.retry import INTERNAL_LOG, SAFE, sanitised
 from tasks.run import META, RunPaths, StageOutput, commit_once
@@ -60,7 +63,7 @@ def randomness(spec: ReleaseSpec):
 @sanitised
 def prepare(spec: ReleaseSpec, ingested: StageOutput, run: RunPaths) -> StageOutput:
     """The kind's per-record transformation (normalise, bin, encode cells), partition by partition."""
-    return kind_of(spec).prepare(spec, ingested, run, get_run_logger())
+    return kind_of(spec).prepare(ingested, run, get_run_logger())
 
 
 @task(name="dp-measure", cache_policy=NO_CACHE, **SAFE)
@@ -72,7 +75,8 @@ def measure(spec: ReleaseSpec, release_id: str, run: RunPaths, prepared: StageOu
     same release would be a second, unaccounted release.
     """
     log = get_run_logger()
-    plan = kind_of(spec).plan(spec)
+    kind = kind_of(spec)
+    plan = kind.plan
     own = plan.guarantee(getattr(spec.release, "delta", 0.0))
     ledger, charge = None, None
     owner = secrets.token_hex(8)  # this attempt: the lease to draw (PrivacyLedger.begin_draw)
@@ -90,19 +94,20 @@ def measure(spec: ReleaseSpec, release_id: str, run: RunPaths, prepared: StageOu
     if reused:
         log.info("reusing the measurements committed at %s (no new noise drawn)", run.measurements)
     else:
-        _draw_and_commit(spec, release_id, run, prepared, plan, ledger, owner, log)
+        _draw_and_commit(kind, release_id, run, prepared, ledger, owner, log)
     if ledger is not None and ledger.status(release_id) in ("charged", "drawing"):
         ledger.mark(release_id, "measured")
     return Measured(str(run.measurements), reused, own, charge.total if charge else None,
                     (charge.budget_epsilon, charge.budget_delta) if charge else None)
 
 
-def _draw_and_commit(spec, release_id, run, prepared, plan, ledger, owner, log) -> None:
+def _draw_and_commit(kind, release_id, run, prepared, ledger, owner, log) -> None:
+    spec, plan = kind.spec, kind.plan
     noise, public_rng = randomness(spec)
     measure_ = Measure(plan, noise, on_first_draw=lambda: ledger and ledger.begin_draw(release_id, owner))
     before = cluster.episodes()
     try:
-        draw = kind_of(spec).draw(spec, prepared, measure_, public_rng, log)
+        draw = kind.draw(prepared, measure_, public_rng, log)
     except Exception as exc:
         if not measure_.drawn:
             raise
@@ -136,8 +141,9 @@ def postprocess(spec: ReleaseSpec, measured: Measured, staging: Path, run: RunPa
     from an empty staging folder."""
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir()
-    files, contracts = products(spec, Path(measured.path), staging, run.internal, get_run_logger())
-    checked_after = kind_of(spec).release_contract(spec)[0]  # the flow checks the kind's release file next
+    kind = kind_of(spec)
+    files, contracts = products(kind, Path(measured.path), staging, run.internal, get_run_logger())
+    checked_after = kind.release_contract[0]  # the flow checks the kind's release file next
     for name, contract in contracts.items():
         if name != checked_after:
             check_contract(contract.stage, staging / name, contract, run.internal / "contracts",
@@ -148,13 +154,12 @@ def postprocess(spec: ReleaseSpec, measured: Measured, staging: Path, run: RunPa
     return files
 
 
-def products(spec: ReleaseSpec, measurements: Path, staging: Path, internal: Path, log) -> tuple[list, dict]:
+def products(kind: ReleaseKind, measurements: Path, staging: Path, internal: Path, log) -> tuple[list, dict]:
     """The release's products from the measurements alone: the kind's, then every published value's uncertainty
     (`tasks.uncertainty`, post-processing too). Returns the files and the contracts of the uncertainty files.
     The postprocess task and the conformance suite's rerun without the raw data both call it."""
-    kind = kind_of(spec)
-    files = kind.postprocess(spec, measurements, staging, internal, log)
-    made = add_uncertainty(kind, spec, measurements, staging, log)
+    files = kind.postprocess(measurements, staging, internal, log)
+    made = add_uncertainty(kind, measurements, staging, log)
     return list(dict.fromkeys(files + made.files)), made.contracts
 
 
@@ -167,7 +172,7 @@ def evaluate(spec: ReleaseSpec, run: RunPaths, prepared: StageOutput) -> dict:
     A failure is reported in the evaluation file and the run's internal log only."""
     log = get_run_logger()
     try:
-        report = kind_of(spec).evaluate(spec, run, prepared, log)
+        report = kind_of(spec).evaluate(run, prepared, log)
     except Exception as exc:
         INTERNAL_LOG.error("the evaluation failed", exc_info=True)
         report = {"failed": type(exc).__name__, "headline": "FAILED: the evaluation raised "

@@ -72,25 +72,25 @@ class Made:
     contracts: dict[str, Contract]
 
 
-def add_uncertainty(kind, spec, measurements: Path, staging: Path, log) -> Made:
+def add_uncertainty(kind, measurements: Path, staging: Path, log) -> Made:
     """Annotate the direct measurements, run the bootstrap of the postprocessed products, write
     uncertainty.json. Reads nothing but `measurements`, the committed plan, the spec and `staging`."""
     plan = committed_plan(measurements)
-    confidence = spec.release.confidence
+    confidence = kind.spec.release.confidence
     made = Made([], {})
     seed = seed_of(measurements)
     coins = np.random.default_rng(np.random.SeedSequence(seed, spawn_key=(DIRECT_COINS,)))
-    direct = _annotate(kind.direct_values(spec, measurements, plan), measurements, staging, confidence, made, coins)
-    count = replicates_of(kind, spec, measurements)
-    planned = bootstrap_planned(kind, spec)
-    boot = kind.bootstrap(spec, measurements, staging, plan) if planned else None
-    skipped = None if planned else kind.unreplicated(spec)
+    direct = _annotate(kind.direct_values(measurements, plan), measurements, staging, confidence, made, coins)
+    count = replicates_of(kind, measurements)
+    planned = bootstrap_planned(kind)
+    boot = kind.bootstrap(measurements, staging, plan) if planned else None
+    skipped = None if planned else kind.unreplicated
     if boot is not None and count:
         log.info("bootstrap of the postprocessed products: %d replicates (post-processing; seed from the "
                  "measurements)", count)
         _replicate(boot, count, seed, staging, confidence, made)
     elif boot is not None:
-        skipped = (f"skipped by default: {skipped_reason(kind, spec, measurements)}; the intervals of these products "
+        skipped = (f"skipped by default: {skipped_reason(kind, measurements)}; the intervals of these products "
                    f"are null. Set the spec's replicates (at least {min_replicates(confidence)}) to run it")
         log.info("bootstrap of the postprocessed products %s", skipped)
         _write_null_intervals(boot, staging, made)

@@ -145,9 +145,10 @@ def measure_calls(kind, spec_d: dict, folder: Path, client, replay: list[Call] |
     run = RunPaths(folder / "run")
     run.internal.mkdir(parents=True, exist_ok=True)
     ingested = ingest_dataset(spec.dataset, run.stage("ingested"), run.internal, LOG)
-    prepared = kind.prepare(spec, ingested, run, LOG)
+    kind = kind.bind(spec)
+    prepared = kind.prepare(ingested, run, LOG)
     source = Recording(replay)
-    kind.draw(spec, prepared, Measure(plan or kind.plan(spec), source), np.random.default_rng(3), LOG)
+    kind.draw(prepared, Measure(plan or kind.plan, source), np.random.default_rng(3), LOG)
     return source.calls
 
 

@@ -4,6 +4,7 @@ run on a SQLite file and on a PostgreSQL server the session starts once (`postgr
 from __future__ import annotations
 
 import os
+import sqlite3
 from pathlib import Path
 
 import numpy as np
@@ -111,6 +112,28 @@ def ledger():
     from tasks.ledger import configured_ledger
 
     return configured_ledger()
+
+
+def first_schema_ledger(path: Path) -> Path:
+    """A SQLite ledger as the first code wrote it, before schema versions: none of the columns added since (the
+    old code's hand-kept list), budget changes ordered by rowid; dataset 'd' at epsilon 2, after 3."""
+    with sqlite3.connect(path) as db:
+        db.executescript("""
+            CREATE TABLE budgets (dataset_id TEXT PRIMARY KEY, epsilon REAL NOT NULL, delta REAL NOT NULL,
+                                  updated_at TEXT NOT NULL);
+            CREATE TABLE budget_changes (dataset_id TEXT NOT NULL, changed_at TEXT NOT NULL, old_epsilon REAL,
+                old_delta REAL, new_epsilon REAL NOT NULL, new_delta REAL NOT NULL, spent_epsilon REAL NOT NULL,
+                reason TEXT);
+            CREATE TABLE spends (release_id TEXT PRIMARY KEY, dataset_id TEXT NOT NULL, kind TEXT NOT NULL,
+                fingerprint TEXT NOT NULL, event TEXT NOT NULL, epsilon REAL NOT NULL, delta REAL NOT NULL,
+                status TEXT NOT NULL, created_at TEXT NOT NULL, updated_at TEXT NOT NULL);
+            CREATE TABLE public_inputs (path TEXT PRIMARY KEY, sha256 TEXT NOT NULL, source TEXT NOT NULL,
+                registered_at TEXT NOT NULL);
+            INSERT INTO budgets VALUES ('d', 2.0, 1e-6, '2025-01-01T00:00:00+00:00');
+            INSERT INTO budget_changes VALUES ('d', '2025-01-01T00:00:00+00:00', NULL, NULL, 3.0, 1e-6, 0, NULL);
+            INSERT INTO budget_changes VALUES ('d', '2025-01-01T00:00:00+00:00', 3.0, 1e-6, 2.0, 1e-6, 0, NULL);
+        """)
+    return path
 
 
 @pytest.fixture

@@ -87,7 +87,7 @@ def test_large_k_on_tiny_data_is_admitted_and_its_seeding_costs_seconds(tmp_path
                                       {"kind": "kmeans", "k": 1000, "epsilon": 1.0, "postprocess": []}))
     from tasks.kinds import kind_of
 
-    assert kind_of(spec).footprint(spec).seconds < 60
+    assert kind_of(spec).footprint.seconds < 60
     rng = np.random.default_rng(1)
     for d in (1, 2, 3):
         cands = rng.uniform(-1, 1, (5000, d))

@@ -1200,7 +1200,7 @@ def _no_core_summary(tmp_path: Path, w: World) -> dict:
     staging.mkdir()
     (staging / "friendlycore.json").write_text(json.dumps({"released": False}))
     spec = parse_spec(w.spec_dict("mean"))
-    caveats = REGISTRY["mean"].caveats(spec, staging)
+    caveats = REGISTRY["mean"].bind(spec).caveats(staging)
     return {"status": "published", "release_id": "mean-1", "dataset_id": "mean", "kind": "mean",
             "release_dir": str(w.out / "mean-1" / "release"), "internal_dir": str(w.out / "mean-1" / "internal"),
             "published_at": str(w.out / "mean-1" / "release"), "epsilon": 1.0, "delta": 1e-6,

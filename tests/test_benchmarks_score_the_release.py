@@ -54,15 +54,15 @@ def kind_release(spec: dict, folder: Path, rng: np.random.Generator, measure_for
     kind = kind_of(spec)
     run = RunPaths(folder)
     run.internal.mkdir(parents=True, exist_ok=True)
-    prepared = kind.prepare(spec, ingest_dataset(spec.dataset, run.stage("ingested"), run.internal, LOG), run, LOG)
-    plan = kind.plan(spec)
+    prepared = kind.prepare(ingest_dataset(spec.dataset, run.stage("ingested"), run.internal, LOG), run, LOG)
+    plan = kind.plan
     measure = measure_for(plan) if measure_for is not None else simulated(plan, rng)
-    draw = kind.draw(spec, prepared, measure, rng, LOG)
+    draw = kind.draw(prepared, measure, rng, LOG)
     measurements, release = folder / "release" / "measurements", folder / "release"
     measurements.mkdir(parents=True)
     draw.write(measurements)
     (measurements / META).write_text(json.dumps({"release_id": "test", "plan": plan.to_json(), **draw.meta}))
-    kind.postprocess(spec, measurements, release, run.internal, LOG)
+    kind.postprocess(measurements, release, run.internal, LOG)
     (release / "manifest.json").write_text(json.dumps({"privacy": {"mechanisms": plan.manifest(measure.samplers())}}))
     return release
 

@@ -37,14 +37,14 @@ def test_charged_event_composes_within_the_spec_budget(name, tmp_path):
     kind = REGISTRY[name]
     spec = parse_spec(C.spec_for(kind, tmp_path))
     delta = getattr(spec.release, "delta", 0.0)
-    g = kind.plan(spec).guarantee(delta)
+    g = kind.bind(spec).plan.guarantee(delta)
     assert g.epsilon <= spec.release.epsilon * (1 + 1e-6) and g.delta <= max(delta, 0.0) + 1e-15
 
 
 @pytest.mark.parametrize("name", KINDS)
 def test_plan_equals_opendp_privacy_map(name, tmp_path):
     kind = REGISTRY[name]
-    for m in kind.plan(parse_spec(C.spec_for(kind, tmp_path))):
+    for m in kind.bind(parse_spec(C.spec_for(kind, tmp_path))).plan:
         if m.per_step_generator:  # DP-SGD: numpy noise, dp_accounting's own Gaussian (tests/test_dpgm.py)
             continue
         # A bound chosen during the release: the query's sensitivity is bound_multiple x C, here with C = 1.
@@ -63,7 +63,7 @@ def _neighbour_worst(kind, tmp_path, client, plan_of=None) -> C.Worst:
     for i, record in enumerate(C.EXTREMES[kind.shape]):
         folder = tmp_path / f"D{i}"
         calls = C.measure_calls(kind, C.spec_for(kind, folder, extra=[record]), folder, client, replay=base, plan=plan)
-        C.worst_changes(plan or kind.plan(parse_spec(base_spec)), base, calls, worst)
+        C.worst_changes(plan or kind.bind(parse_spec(base_spec)).plan, base, calls, worst)
     return worst
 
 
@@ -71,7 +71,7 @@ def _neighbour_worst(kind, tmp_path, client, plan_of=None) -> C.Worst:
 def test_sensitivities_hold_on_worst_case_neighbours_and_the_audit_stays_within_epsilon(name, tmp_path, client):
     kind = REGISTRY[name]
     worst = _neighbour_worst(kind, tmp_path, client)
-    plan = kind.plan(parse_spec(C.spec_for(kind, tmp_path / "D")))
+    plan = kind.bind(parse_spec(C.spec_for(kind, tmp_path / "D"))).plan
     measured = {m.name for m in plan if not m.per_step_generator}
     assert set(worst.change) == measured, "every mechanism of the plan was exercised"
     assert C.sensitivity_violations(worst) == []
@@ -98,7 +98,7 @@ def test_friendlycore_at_the_largest_radius_a_far_record_stays_within_the_sensit
     release = {k: v for k, v in kind.example().items() if k not in ("r_min", "r_max")}
     release.update({k: MAX_RADIUS if v == "max" else v for k, v in radius.items()})
     base_spec = {**C.spec_for(kind, tmp_path / "D"), "release": release}
-    plan = kind.plan(parse_spec(base_spec))
+    plan = kind.bind(parse_spec(base_spec)).plan
     base = C.measure_calls(kind, base_spec, tmp_path / "D", client)
     folder = tmp_path / "far"
     far = {**C.spec_for(kind, folder, extra=[[1e300, -1e300]]), "release": release}
@@ -121,10 +121,11 @@ def test_friendlycore_radius_whose_square_overflows_is_refused_by_the_schema(fie
 def test_a_halved_sensitivity_is_caught(name, tmp_path, client):
     """The suite fails when a plan entry understates its sensitivity by half (its noise halves with it)."""
     kind = REGISTRY[name]
-    entry = next(m.name for m in kind.plan(parse_spec(C.spec_for(kind, tmp_path / "D"))) if not m.per_step_generator)
-    worst = _neighbour_worst(kind, tmp_path, client, plan_of=lambda spec: kind.plan(spec).scaled(entry, 0.5))
+    plan = kind.bind(parse_spec(C.spec_for(kind, tmp_path / "D"))).plan
+    entry = next(m.name for m in plan if not m.per_step_generator)
+    worst = _neighbour_worst(kind, tmp_path, client, plan_of=lambda spec: kind.bind(spec).plan.scaled(entry, 0.5))
     assert any(v.startswith(entry + ":") for v in C.sensitivity_violations(worst))
-    m = kind.plan(parse_spec(C.spec_for(kind, tmp_path / "D"))).scaled(entry, 0.5)[entry]
+    m = plan.scaled(entry, 0.5)[entry]
     a, b = worst.pair[entry]
     # A halved sensitivity doubles a small Gaussian's total variation (0.02 -> 0.04 for synthetic's sizes),
     # which the usual draws' margin (0.017) left within a hair of the claim (a failure in 1 of ~20 runs).
@@ -139,7 +140,7 @@ def test_the_mean_refinements_halved_sensitivity_is_caught(entry, tmp_path, clie
     is clipped onto the sphere: the sum moves by exactly C, the tightest case of Lemma 13.1)."""
     kind = REGISTRY["mean"]
     assert kind.Params.model_fields["refine"].default is True
-    worst = _neighbour_worst(kind, tmp_path, client, plan_of=lambda spec: kind.plan(spec).scaled(entry, 0.5))
+    worst = _neighbour_worst(kind, tmp_path, client, plan_of=lambda spec: kind.bind(spec).plan.scaled(entry, 0.5))
     assert any(v.startswith(entry + ":") for v in C.sensitivity_violations(worst))
     if entry == "fc_refine":  # tight: the far record's clipped term has norm C (1 - 1e-9)
         assert worst.change[entry] / worst.allowed[entry] == pytest.approx(2.0, rel=1e-6)
@@ -158,7 +159,7 @@ def test_release_through_the_flow(name, tmp_path, monkeypatch, client):
     kind = REGISTRY[name]
     spec_d = {**C.spec_for(kind, tmp_path), "release_id": f"conf-{name}", "evaluate": False}
     draws, failures = [], []
-    real_draw, real_post, real_mark = kind.draw, kind.postprocess, tasks.ledger.PrivacyLedger.mark
+    real_draw, real_post, real_mark = type(kind).draw, type(kind).postprocess, tasks.ledger.PrivacyLedger.mark
 
     def counting_draw(*args, **kwargs):
         draws.append(1)
@@ -177,8 +178,8 @@ def test_release_through_the_flow(name, tmp_path, monkeypatch, client):
             failures.append("mark")
             raise ConnectionError("ledger briefly unreachable")  # after the commit: Prefect retries the task
         return real_mark(self, release_id, status)
-    monkeypatch.setattr(kind, "draw", counting_draw)
-    monkeypatch.setattr(kind, "postprocess", failing_post)
+    monkeypatch.setattr(type(kind), "draw", counting_draw)  # every kind bound to a spec draws through it
+    monkeypatch.setattr(type(kind), "postprocess", failing_post)
     monkeypatch.setattr(tasks.ledger.PrivacyLedger, "mark", flaky_mark)
     spec = parse_spec(spec_d)
     with pytest.raises(StageFailed, match="OSError in stage 'postprocess'"):
@@ -192,7 +193,7 @@ def test_release_through_the_flow(name, tmp_path, monkeypatch, client):
 
     rel = Path(summary["release_dir"])
     manifest = json.loads((rel / "manifest.json").read_text())
-    plan = kind.plan(spec)
+    plan = kind.bind(spec).plan
     samplers = [m["distribution"] for m in manifest["privacy"]["mechanisms"]]
     assert manifest["privacy"]["mechanisms"] == json.loads(json.dumps(plan.manifest(
         {m.name: s for m, s in zip(plan, samplers)})))
@@ -211,7 +212,7 @@ def test_release_through_the_flow(name, tmp_path, monkeypatch, client):
     again = tmp_path / "again"
     again.mkdir()
     _no_noise_source(monkeypatch)
-    products, _ = stages.products(spec, rel / "measurements", again, tmp_path / "scratch-internal", C.LOG)
+    products, _ = stages.products(kind.bind(spec), rel / "measurements", again, tmp_path / "scratch-internal", C.LOG)
     assert "uncertainty.json" in products
     assert all(any(f == p or f.startswith(p + "/") for f in manifest["files"]) for p in products), "all published"
     from tasks.manifest import describe
@@ -260,17 +261,18 @@ def test_postprocessing_reads_the_plan_committed_with_the_measurements(name, ent
     spec = parse_spec({**data, "mode": "test", "seed": 1})
     run = RunPaths(tmp_path / "run")
     run.internal.mkdir(parents=True)
-    prepared = kind.prepare(spec, ingest_dataset(spec.dataset, run.stage("ingested"), run.internal, log), run, log)
-    plan = kind.plan(spec)
-    stages._draw_and_commit(spec, "r1", run, prepared, plan, None, None, log)
+    bound = kind.bind(spec)
+    prepared = bound.prepare(ingest_dataset(spec.dataset, run.stage("ingested"), run.internal, log), run, log)
+    plan = bound.plan
+    stages._draw_and_commit(bound, "r1", run, prepared, None, None, log)
 
     def products(folder):
         folder.mkdir()
-        kind.postprocess(spec, run.measurements, folder, run.internal, log)
+        kind.bind(spec).postprocess(run.measurements, folder, run.internal, log)
         return {f.name: f.read_bytes() for f in sorted(folder.iterdir()) if f.suffix == ".parquet"}
 
     committed = products(tmp_path / "a")
-    monkeypatch.setattr(type(kind), "plan", lambda self, spec: plan.scaled(entry, 4.0))  # an upgrade's new default
+    monkeypatch.setattr(type(kind), "plan", property(lambda self: plan.scaled(entry, 4.0)))  # an upgrade's default
     assert products(tmp_path / "b") == committed
     monkeypatch.undo()
     meta = read_meta(run.measurements)

@@ -386,16 +386,14 @@ def test_a_scheduler_without_workers_fails_in_one_line_after_the_bounded_wait(tm
     """Before: a stage waited for workers up to the task timeout (4 hours), saying nothing."""
     from flows.release import release
     from tasks.cluster import ClusterLost
-    from tests.operations.conftest import free_port, start, stop
+    from tests.processes import free_port, start, stop, wait_for_scheduler
 
     port = free_port()
     scheduler = start([sys.executable, "-m", "distributed.cli.dask_scheduler", "--host", "127.0.0.1", "--port",
                        str(port), "--dashboard-address", "127.0.0.1:0"], os.environ.copy(), tmp_path / "scheduler.log",
                       cwd=tmp_path)
     try:
-        from tests.test_object_storage import _wait_for_workers
-
-        _wait_for_workers(f"tcp://127.0.0.1:{port}", 0)
+        wait_for_scheduler(f"tcp://127.0.0.1:{port}")
         monkeypatch.setenv("DPRELEASE_DASK_ADDRESS", f"tcp://127.0.0.1:{port}")
         monkeypatch.setenv("DPRELEASE_DASK_WAIT_SECONDS", "6")
         data = _values(tmp_path)

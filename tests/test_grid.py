@@ -310,7 +310,7 @@ def test_adaptive_grid_is_refused_on_three_axes_and_with_consistency_in_one_line
     base = {"dataset": {"id": "g", "path": "p.parquet", "bounds": {"x": [0, 1], "y": [0, 1], "t": [0, 1]}},
             "release": {"kind": "grid", "cells": 16, "epsilon": 1.0, "strategy": "adaptive"}}
     with pytest.raises(ValueError, match="2-D grids"):
-        G.KIND.plan(parse_spec(base))
+        G.KIND.bind(parse_spec(base)).plan
     with pytest.raises(ValueError, match="consistency applies"):
         parse_spec({**base, "release": {**base["release"], "consistency": "admm"}})
     with pytest.raises(ValueError, match="points sets"):
@@ -348,7 +348,7 @@ def _neighbour_distances(spec, pairs, layout=None) -> list[float]:
     for trial, pair in enumerate(pairs):
         asked = []
         for g in pair:
-            measure = _FixedNoise(G.KIND.plan(spec), trial)
+            measure = _FixedNoise(G.KIND.bind(spec).plan, trial)
             (layout or G.measure_adaptive)(spec, g, measure)
             asked.append(measure.asked)
         assert asked[0].keys() == asked[1].keys()  # the same branch: chosen from the same earlier outputs

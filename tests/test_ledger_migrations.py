@@ -27,6 +27,7 @@ from tasks.ledger import PrivacyLedger
 from tasks.ledger.schema import HEAD, METADATA, TABLES, VERSION_TABLE
 from tasks.ledger.store import transaction
 from tasks.ledger.versions import scripts
+from tests.conftest import first_schema_ledger
 
 ROOT = Path(__file__).resolve().parents[1]
 #: The last commit whose ledger had no schema versions (its columns added from a hand-kept list): its own code
@@ -124,22 +125,7 @@ def test_a_sqlite_ledger_of_the_first_schema_is_upgraded_with_its_history_in_ord
     """The first ledgers had none of the columns added since (the old code's hand-kept list); their budget changes
     were ordered by rowid."""
     path = tmp_path / "first.sqlite"
-    with sqlite3.connect(path) as db:
-        db.executescript("""
-            CREATE TABLE budgets (dataset_id TEXT PRIMARY KEY, epsilon REAL NOT NULL, delta REAL NOT NULL,
-                                  updated_at TEXT NOT NULL);
-            CREATE TABLE budget_changes (dataset_id TEXT NOT NULL, changed_at TEXT NOT NULL, old_epsilon REAL,
-                old_delta REAL, new_epsilon REAL NOT NULL, new_delta REAL NOT NULL, spent_epsilon REAL NOT NULL,
-                reason TEXT);
-            CREATE TABLE spends (release_id TEXT PRIMARY KEY, dataset_id TEXT NOT NULL, kind TEXT NOT NULL,
-                fingerprint TEXT NOT NULL, event TEXT NOT NULL, epsilon REAL NOT NULL, delta REAL NOT NULL,
-                status TEXT NOT NULL, created_at TEXT NOT NULL, updated_at TEXT NOT NULL);
-            CREATE TABLE public_inputs (path TEXT PRIMARY KEY, sha256 TEXT NOT NULL, source TEXT NOT NULL,
-                registered_at TEXT NOT NULL);
-            INSERT INTO budgets VALUES ('d', 2.0, 1e-6, '2025-01-01T00:00:00+00:00');
-            INSERT INTO budget_changes VALUES ('d', '2025-01-01T00:00:00+00:00', NULL, NULL, 3.0, 1e-6, 0, NULL);
-            INSERT INTO budget_changes VALUES ('d', '2025-01-01T00:00:00+00:00', 3.0, 1e-6, 2.0, 1e-6, 0, NULL);
-        """)
+    first_schema_ledger(path)
     upgrade = _python(ROOT, "-m", "flows.cli", "ledger", "upgrade", "--ledger", str(path), cwd=tmp_path)
     assert upgrade.returncode == 0 and f"to {HEAD}" in upgrade.stdout, upgrade.stderr[-2000:]
     with sqlite3.connect(path) as db:

@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -22,7 +21,7 @@ from flows.cli import main
 from tasks.errors import NoBudget, ReleaseError
 from tasks.ledger import LEDGER_ENV, PrivacyLedger, configured_location
 from tasks.ledger.schema import VERSION_TABLE
-from tests.conftest import blobs, spec_dict, write_csv
+from tests.conftest import blobs, first_schema_ledger, spec_dict, write_csv
 
 PASSWORD = "s3cret-Pa55"
 
@@ -98,22 +97,7 @@ def test_an_older_sqlite_ledger_gets_the_columns_added_since_and_keeps_its_histo
     """The first ledgers had none of the columns added since (the baseline revision adds them, as the code before
     schema versions did from a hand-kept list, on opening); their budget changes were ordered by rowid."""
     path = tmp_path / "old.sqlite"
-    with sqlite3.connect(path) as db:
-        db.executescript("""
-            CREATE TABLE budgets (dataset_id TEXT PRIMARY KEY, epsilon REAL NOT NULL, delta REAL NOT NULL,
-                                  updated_at TEXT NOT NULL);
-            CREATE TABLE budget_changes (dataset_id TEXT NOT NULL, changed_at TEXT NOT NULL, old_epsilon REAL,
-                old_delta REAL, new_epsilon REAL NOT NULL, new_delta REAL NOT NULL, spent_epsilon REAL NOT NULL,
-                reason TEXT);
-            CREATE TABLE spends (release_id TEXT PRIMARY KEY, dataset_id TEXT NOT NULL, kind TEXT NOT NULL,
-                fingerprint TEXT NOT NULL, event TEXT NOT NULL, epsilon REAL NOT NULL, delta REAL NOT NULL,
-                status TEXT NOT NULL, created_at TEXT NOT NULL, updated_at TEXT NOT NULL);
-            CREATE TABLE public_inputs (path TEXT PRIMARY KEY, sha256 TEXT NOT NULL, source TEXT NOT NULL,
-                registered_at TEXT NOT NULL);
-            INSERT INTO budgets VALUES ('d', 2.0, 1e-6, '2025-01-01T00:00:00+00:00');
-            INSERT INTO budget_changes VALUES ('d', '2025-01-01T00:00:00+00:00', NULL, NULL, 3.0, 1e-6, 0, NULL);
-            INSERT INTO budget_changes VALUES ('d', '2025-01-01T00:00:00+00:00', 3.0, 1e-6, 2.0, 1e-6, 0, NULL);
-        """)
+    first_schema_ledger(path)
     ledger = PrivacyLedger(path)
     ledger.set_budget("d", 1.0, 1e-6)
     assert [h["new_epsilon"] for h in ledger.budget_history("d")] == [3.0, 2.0, 1.0]

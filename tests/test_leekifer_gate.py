@@ -40,7 +40,7 @@ class Recording(SeededNoise):
 
 def _measured(X, spec, source, public_seed=3):
     stats = dpkmeans.array_stats(release_points(X, spec))
-    measure = Measure(kmeans_kind.KIND.plan(spec), source)
+    measure = Measure(kmeans_kind.KIND.bind(spec).plan, source)
     return kmeans_kind.measure_trajectory(spec, stats, measure, np.random.default_rng(public_seed))
 
 
@@ -144,7 +144,7 @@ def test_the_last_iterate_where_the_refinement_hurts(shared_data):
     stats = dpkmeans.array_stats(release_points(X, spec))
     kept, released, refined = 0, [], []
     for seed in range(4):
-        measure = Measure(kmeans_kind.KIND.plan(spec), SeededNoise(seed))
+        measure = Measure(kmeans_kind.KIND.bind(spec).plan, SeededNoise(seed))
         measured = kmeans_kind.measure_trajectory(spec, stats, measure, np.random.default_rng(seed))
         traj = measured.trajectory
         seed_pp = kmeans_kind.trajectory_seed(traj, measured.seeding)

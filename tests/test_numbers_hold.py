@@ -46,8 +46,8 @@ def _hist_spec(tmp_path: Path, **release):
 def _hist_release(spec, truth: np.ndarray, folder: Path, rng: np.random.Generator) -> tuple[Path, np.ndarray]:
     """A histogram release made as the flow makes it on noisy measurements of `truth` (the plan's law, drawn from a
     seeded public generator: a test, not a release). Returns the release folder and the noisy measurements."""
-    kind = REGISTRY["histogram"]
-    plan = kind.plan(spec)
+    kind = REGISTRY["histogram"].bind(spec)
+    plan = kind.plan
     (entry,) = plan
     measurements, release = folder / "measurements", folder / "release"
     measurements.mkdir(parents=True)
@@ -60,8 +60,8 @@ def _hist_release(spec, truth: np.ndarray, folder: Path, rng: np.random.Generato
     if strategy == "optimized":
         np.savez_compressed(measurements / H.STRATEGY, B=H.strategy_now(spec).B)
     (measurements / META).write_text(json.dumps({"plan": plan.to_json()}))
-    kind.postprocess(spec, measurements, release, folder / "internal", LOG)
-    add_uncertainty(kind, spec, measurements, release, LOG)
+    kind.postprocess(measurements, release, folder / "internal", LOG)
+    add_uncertainty(kind, measurements, release, LOG)
     return release, noisy
 
 
@@ -162,10 +162,10 @@ def test_the_refined_means_interval_covers_what_it_claims_at_small_n(tmp_path):
     test)."""
     from tasks.kinds.friendlycore import _math_params, mean_draw
 
-    kind = REGISTRY["mean"]
     spec = parse_spec({"dataset": {"id": "m", "path": "x.parquet", "numeric": ["a", "b"]},
                        "release": {"kind": "mean", "epsilon": 1.0, "delta": 1e-6, "r": 3.0, "replicates": 99}})
-    plan, params = kind.plan(spec), _math_params(spec.release)
+    kind = REGISTRY["mean"].bind(spec)
+    plan, params = kind.plan, _math_params(spec.release)
     hits = []
     for r in range(60):
         X = np.random.default_rng(100 + r).normal([5.0, -1.0], 1.0, (800, 2))
@@ -176,8 +176,8 @@ def test_the_refined_means_interval_covers_what_it_claims_at_small_n(tmp_path):
         release.mkdir()
         mean_draw(spec, res, plan).write(measurements)
         (measurements / META).write_text(json.dumps({"plan": plan.to_json()}))
-        kind.postprocess(spec, measurements, release, folder / "internal", LOG)
-        add_uncertainty(kind, spec, measurements, release, LOG)
+        kind.postprocess(measurements, release, folder / "internal", LOG)
+        add_uncertainty(kind, measurements, release, LOG)
         out = pq.read_table(release / "result.parquet").to_pandas().iloc[0]
         claim = res.friendly + fc.clipped_sum(X, res.friendly, res.clip_radius) / len(X)
         hits += [out[f"{c}_lo"] <= claim[j] <= out[f"{c}_hi"] for j, c in enumerate(("a", "b"))]

@@ -17,7 +17,7 @@ import yaml
 
 from tasks.ledger import LEDGER_ENV
 from tests.conftest import ledger
-from tests.reaper import guard
+from tests.processes import dask_cluster
 
 moto_server = pytest.importorskip("moto.server", reason="moto[server] (the test extra) runs the S3 API")
 S3_ENV = ("AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION")
@@ -322,8 +322,6 @@ def test_releases_on_a_cluster_whose_workers_share_no_disk(s3, s3_server, postgr
     kernel k-means releases complete and are published as the same files, with the same columns, as on the local
     disk with a local cluster; a second host's release of one of the datasets joins the first's Data Docs history on
     the store, and `dprelease query s3://...` answers from a published release."""
-    import socket
-
     from flows.release import release
     from tasks import storage
     from tasks.storage import catalogue
@@ -336,27 +334,8 @@ def test_releases_on_a_cluster_whose_workers_share_no_disk(s3, s3_server, postgr
                 for s in _specs(local, tmp_path, "local")}
 
     remote = _write_data("s3://data/cluster")
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    env = {**os.environ, **s3_server, "DASK_DISTRIBUTED__WORKER__DAEMON": "False",
-           "PYTHONPATH": os.pathsep.join(filter(None, [str(Path(__file__).resolve().parents[1]),
-                                                       os.environ.get("PYTHONPATH")]))}
-    procs = [subprocess.Popen([sys.executable, "-m", "distributed.cli.dask_scheduler", "--host", "127.0.0.1", "--port",
-                               str(port), "--dashboard-address", "127.0.0.1:0"], env=env, cwd=tmp_path,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)]
-    try:
-        for i in range(2):
-            home = tmp_path / f"worker-{i}"
-            home.mkdir()
-            procs.append(subprocess.Popen(
-                [sys.executable, "-m", "distributed.cli.dask_worker", f"tcp://127.0.0.1:{port}", "--nthreads", "1",
-                 "--local-directory", str(home / "tmp"), "--host", "127.0.0.1", "--dashboard-address", "127.0.0.1:0"],
-                env={**env, "TMPDIR": str(home / "tmp")}, cwd=home, stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL))
-        reapers = [guard(group=p.pid) for p in procs]  # stopped if this test process is killed
-        _wait_for_workers(f"tcp://127.0.0.1:{port}", 2)
-        monkeypatch.setenv("DPRELEASE_DASK_ADDRESS", f"tcp://127.0.0.1:{port}")
+    with dask_cluster(tmp_path / "dask", {**s3_server, "DASK_DISTRIBUTED__WORKER__DAEMON": "False"}) as address:
+        monkeypatch.setenv("DPRELEASE_DASK_ADDRESS", address)
         monkeypatch.setenv("DPRELEASE_SCRATCH", "s3://private/scratch")
         monkeypatch.setenv("DPRELEASE_OUTPUT", "s3://public/releases")
         monkeypatch.setenv(LEDGER_ENV, postgres.new_database())
@@ -372,18 +351,11 @@ def test_releases_on_a_cluster_whose_workers_share_no_disk(s3, s3_server, postgr
         (tmp_path / "host-2").mkdir()
         monkeypatch.chdir(tmp_path / "host-2")
         assert release(spec=again)["status"] == "published"
-    finally:
-        for proc in procs:
-            proc.terminate()
-        for proc in procs:
-            proc.wait(30)
-        for reaper in locals().get("reapers", []):
-            reaper.release()
     for row in catalogue.rows("s3://public/releases"):
         assert _structure(row["location"]) == expected[row["kind"]], row["kind"]
     assert len(catalogue.rows("s3://public/releases")) == 4
     for i in range(2):  # the workers wrote nothing where they run
-        assert [p for p in (tmp_path / f"worker-{i}").rglob("*.parquet")] == []
+        assert [p for p in (tmp_path / "dask" / f"worker-{i}").rglob("*.parquet")] == []
     kept = [f for f in storage.files("s3://private/scratch") if "/.gx/" not in f]  # the contracts' project apart
     assert kept and all("/measurements/" in f for f in kept), kept  # once published, only the measurements stay
     index = storage.read_bytes("s3://private/scratch/.gx/values-s3/data_docs/index.html").decode()
@@ -392,18 +364,6 @@ def test_releases_on_a_cluster_whose_workers_share_no_disk(s3, s3_server, postgr
     answered = _cli("query", histogram, "--range", "0", "8", "--json", env=s3_server)
     assert answered.returncode == 0 and json.loads(answered.stdout)["replicates"] > 0, answered.stderr
     assert {r["release_id"] for r in ledger().releases("values-s3")} == {"h-s3", "h-s3-host-2"}
-
-
-def _wait_for_workers(address: str, n: int, timeout: float = 120) -> None:
-    import time
-
-    from distributed import Client
-
-    deadline = time.monotonic() + timeout
-    with Client(address, timeout="60s") as client:
-        while len(client.scheduler_info()["workers"]) < n:
-            assert time.monotonic() < deadline, "the dask workers did not start"
-            time.sleep(0.5)
 
 
 DOWNSTREAM = Path(__file__).resolve().parents[1] / "docs" / "how-to" / "object-storage.md"

@@ -104,7 +104,7 @@ def _plan_entry(k: int, epsilon: float = 1.0):
     spec = parse_spec({"dataset": {"id": "t", "path": "t.parquet", "user_column": "user",
                                    "categories": {"o": ["A", "B", "C"], "d": ["A", "B", "C"]}},
                        "release": {"kind": "od", "epsilon": epsilon, "origin": "o", "trips_per_user": k}})
-    return od.KIND.plan(spec)["cells"]
+    return od.KIND.bind(spec).plan["cells"]
 
 
 def _counts(users, cells, k, key) -> np.ndarray:
@@ -296,7 +296,7 @@ def test_without_a_user_column_a_weighted_od_table_counts_each_trip_once(tmp_pat
                                    "categories": {"to": ZONES, "from": ZONES}},  # the order does not matter
                        "release": {"kind": "od", "epsilon": 2.0, "origin": "from"},
                        "output_dir": str(tmp_path / "runs"), "mode": "test", "seed": 3})
-    assert od.KIND.plan(spec)["cells"].sensitivity == 1.0
+    assert od.KIND.bind(spec).plan["cells"].sensitivity == 1.0
     rel = Path(release(spec=spec)["release_dir"])
     table = pq.read_table(rel / od.TABLE).to_pandas().set_index(["from", "to"])
     assert abs(table.loc[("A", "B"), "estimate"] - 300) < 15 and abs(table.loc[("B", "A"), "estimate"] - 250) < 15

@@ -165,7 +165,7 @@ def test_every_kind_plan_round_trips_through_json_and_the_manifest(name, tmp_pat
     from tests import conformance as C
 
     kind = REGISTRY[name]
-    plan = kind.plan(parse_spec(C.spec_for(kind, tmp_path)))
+    plan = kind.bind(parse_spec(C.spec_for(kind, tmp_path))).plan
     assert Plan.from_json(plan.to_json()) == plan
     legacy = Plan.from_manifest(plan.manifest(), plan.extra_delta, plan.extra_delta_argument)
     assert [(m.name, m.scale, m.noise_multiplier, m.bound_multiple) for m in legacy] == \

@@ -79,14 +79,14 @@ def test_release_end_to_end(tmp_path, csv_data):
     assert manifest["privacy"]["epsilon"] == pytest.approx(1.0) and manifest["privacy"]["delta"] == 0.0
     assert manifest["randomness"]["mode"] == "production" and "OpenDP" in manifest["randomness"]["noise"]
     spec = parse_spec({**spec_dict(tmp_path, csv_data, confidence=0.9), "release_id": "blobs-r1"})
-    assert [m["scale"] for m in manifest["privacy"]["mechanisms"]] == [m.scale for m in kind_of(spec).plan(spec)]
+    assert [m["scale"] for m in manifest["privacy"]["mechanisms"]] == [m.scale for m in kind_of(spec).plan]
     # every published value with its uncertainty at the spec's confidence (kept through Prefect's parameters)
     uncertainty = manifest["uncertainty"]
     # B as many replicates as fit the bootstrap's time at the kind's cost estimate (each reruns the refinement where
     # the release is refined): at least the fewest a 0.9 interval needs
     replicates = uncertainty["bootstrap"]["replicates"]
     assert uncertainty["confidence"] == 0.9
-    assert replicates == replicates_of(kind_of(spec), spec, release / "measurements")
+    assert replicates == replicates_of(kind_of(spec), release / "measurements")
     assert min_replicates(0.9) <= replicates <= 199
     assert set(uncertainty["direct"]["files"]["trajectory.parquet"]) == {"noisy_count", "noisy_sum_0", "noisy_sum_1"}
     released = pq.read_table(release / "centroids.parquet").to_pandas()
@@ -101,7 +101,7 @@ def test_release_end_to_end(tmp_path, csv_data):
 
     # the released centroids are what postprocessing derives from the published measurements alone: Lee &
     # Kifer's refinement where the noisy trajectory calls for it, else the last noisy iterate (released beside)
-    traj = kind_of(spec).trajectory(spec, release / "measurements")
+    traj = kind_of(spec).trajectory(release / "measurements")
     info = json.loads((release / "refinement.json").read_text())
     assert info["refinement_expected_to_help"] == leekifer.refinement_expected_to_help(traj)
     cents = pq.read_table(release / "centroids.parquet").to_pandas()[["x", "y"]].to_numpy()
@@ -178,7 +178,7 @@ def test_the_published_refinement_is_reproduced_from_the_measurements(tmp_path, 
     release = Path(s["release_dir"])
     spec = parse_spec({**spec_dict(tmp_path, csv_data), "release_id": "blobs-refined"})
     assert json.loads((release / "refinement.json").read_text())["released"] == "Lee & Kifer §3.2-3.3"
-    traj = kind_of(spec).trajectory(spec, release / "measurements")
+    traj = kind_of(spec).trajectory(release / "measurements")
     expected = leekifer.refine(traj, seed=postprocessing_seed(release / "measurements")).centroids
     cents = pq.read_table(release / "centroids.parquet").to_pandas()[["x", "y"]].to_numpy()
     assert np.array_equal(cents, expected)
@@ -466,7 +466,7 @@ def test_no_raw_value_reaches_logs_exceptions_or_flow_states(tmp_path, caplog, m
 
     def quoting(*args, **kwargs):
         raise ValueError(f"could not convert {PLANTED!r} to float")
-    monkeypatch.setattr(tasks.kinds.kmeans.KIND, "postprocess", quoting)
+    monkeypatch.setattr(type(tasks.kinds.kmeans.KIND), "postprocess", quoting)
     state = release(spec=parse_spec({**spec_dict(tmp_path, ok), "release_id": "quoting"}), return_state=True)
     assert state.is_failed()
     with pytest.raises(StageFailed, match="ValueError in stage 'postprocess'") as failure:

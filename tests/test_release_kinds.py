@@ -265,7 +265,7 @@ def test_synthetic_release_end_to_end_on_generated_cdr(tmp_path):
 
     from tasks.partitions import dask_client
     with dask_client(parse_spec(d).dask):  # the parts are synthesised on the dask workers, as in the flow
-        KIND.postprocess(parse_spec(d), rel / "measurements", again, tmp_path, logging.getLogger("test"))
+        KIND.bind(parse_spec(d)).postprocess(rel / "measurements", again, tmp_path, logging.getLogger("test"))
     Y = sp_vstack([read_sets(str(f), "towers", 1303) for f in sorted((again / SYNTHETIC).glob("*.parquet"))])
     assert (X != Y).nnz == 0
     # Measurements of the layout before the rows of all records (k rows) are refused, not misread.
@@ -275,7 +275,7 @@ def test_synthetic_release_end_to_end_on_generated_cdr(tmp_path):
     old = shutil.copytree(rel / "measurements", tmp_path / "old")
     np.save(old / TABLE, np.load(old / TABLE)[:-2])
     with pytest.raises(ReleaseConflict, match="drawn by another version"):
-        KIND.postprocess(parse_spec(d), old, tmp_path / "never", tmp_path, logging.getLogger("test"))
+        KIND.bind(parse_spec(d)).postprocess(old, tmp_path / "never", tmp_path, logging.getLogger("test"))
     errors = json.loads(Path(s["evaluation"]).read_text())["relative_error_by_length_bucket"]
     assert set(errors) == {"dpgm_linear", "mwem_linear", "dpgm_anyof", "independent_anyof"}
     assert np.mean(errors["dpgm_linear"]) < np.mean(errors["mwem_linear"])

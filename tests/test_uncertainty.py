@@ -124,17 +124,17 @@ def test_uncertainty_fields_stay_out_of_the_fingerprint(tmp_path):
 
 def test_default_replicates_follow_the_public_cost(tmp_path, monkeypatch):
     hist = REGISTRY["histogram"]
-    assert replicates_of(hist, _spec(tmp_path)) == 199
-    assert replicates_of(hist, _spec(tmp_path, replicates=0)) == 0
-    assert replicates_of(hist, _spec(tmp_path, confidence=0.99)) == 199
+    assert replicates_of(hist.bind(_spec(tmp_path))) == 199
+    assert replicates_of(hist.bind(_spec(tmp_path, replicates=0))) == 0
+    assert replicates_of(hist.bind(_spec(tmp_path, confidence=0.99))) == 199
     big = parse_spec({"dataset": {"id": "u", "path": "x.csv", "bounds": {"v": [0, 1]}},
                       "release": {"kind": "matrix_mechanism", "bins": 1024, "epsilon": 1.0}})
     mm = REGISTRY["matrix_mechanism"]
-    assert replicates_of(mm, big) == 199  # a replicate is least squares: 4 ms at 1,024 bins
-    monkeypatch.setattr(type(mm), "replicate_seconds", lambda self, spec, measurements=None: 0.1)
-    assert replicates_of(mm, big) == 79  # 8 s of replicates at 0.1 s each, rounded to an exact order statistic
-    monkeypatch.setattr(type(mm), "replicate_seconds", lambda self, spec, measurements=None: 0.5)
-    assert replicates_of(mm, big) == 39  # the fewest at 0.95
+    assert replicates_of(mm.bind(big)) == 199  # a replicate is least squares: 4 ms at 1,024 bins
+    monkeypatch.setattr(type(mm), "replicate_seconds", lambda self, measurements=None: 0.1)
+    assert replicates_of(mm.bind(big)) == 79  # 8 s of replicates at 0.1 s each, rounded to an exact order statistic
+    monkeypatch.setattr(type(mm), "replicate_seconds", lambda self, measurements=None: 0.5)
+    assert replicates_of(mm.bind(big)) == 39  # the fewest at 0.95
 
 
 
@@ -150,9 +150,9 @@ def test_the_default_replicates_fit_the_default_bootstrap_memory(tmp_path):
         spec = parse_spec({"dataset": {"id": "u", "path": "x.csv", "bounds": {"v": [0, 1]}},
                            "release": {"kind": "histogram", "bins": bins, "epsilon": 1.0, "strategy": "tree",
                                        "branching": 4}})
-        count = replicates_of(hist, spec)
-        assert expected(count) and count * replicate_bytes(hist, spec) <= MAX_DEFAULT_BOOTSTRAP_BYTES
-    assert "GiB" in skipped_reason(hist, spec, tmp_path)
+        count = replicates_of(hist.bind(spec))
+        assert expected(count) and count * replicate_bytes(hist.bind(spec)) <= MAX_DEFAULT_BOOTSTRAP_BYTES
+    assert "GiB" in skipped_reason(hist.bind(spec), tmp_path)
 
 
 def test_a_default_bootstrap_too_costly_is_skipped_with_null_intervals_and_a_reason(tmp_path, monkeypatch):
@@ -163,7 +163,7 @@ def test_a_default_bootstrap_too_costly_is_skipped_with_null_intervals_and_a_rea
     from tasks.kinds.uncertainty import MAX_DEFAULT_BOOTSTRAP_SECONDS
 
     hist = REGISTRY["histogram"]
-    monkeypatch.setattr(type(hist), "replicate_seconds", lambda self, spec, measurements=None: 1.0)
+    monkeypatch.setattr(type(hist), "replicate_seconds", lambda self, measurements=None: 1.0)
     assert 39 * 1.0 > MAX_DEFAULT_BOOTSTRAP_SECONDS
     spec = _spec(tmp_path)
     made = []
@@ -173,7 +173,7 @@ def test_a_default_bootstrap_too_costly_is_skipped_with_null_intervals_and_a_rea
     assert not (release / "histogram_replicates.parquet").exists()
     reason = json.loads((release / "uncertainty.json").read_text())["bootstrap"]["reason"]
     assert "skipped by default" in reason and "about 39 s" in reason
-    name, contract = hist.release_contract(spec)
+    name, contract = hist.bind(spec).release_contract
     validate_parquet(release / name, contract)
     for file, c in made[0].contracts.items():
         validate_parquet(release / file, c)
@@ -187,16 +187,16 @@ def _release(spec, folder: Path, rng: np.random.Generator, made: list | None = N
     """A histogram release made as the flow makes it, on noisy measurements of TRUTH (the plan's discrete Laplace,
     drawn from a seeded public generator here: this is a test, not a release); `made` receives what the
     uncertainty step reports."""
-    kind, tree = REGISTRY["histogram"], Tree(16, 4)
-    plan = kind.plan(spec)
+    kind, tree = REGISTRY["histogram"].bind(spec), Tree(16, 4)
+    plan = kind.plan
     measurements, release = folder / "measurements", folder / "release"
     measurements.mkdir(parents=True)
     release.mkdir()
     noisy = tree.aggregate(TRUTH) + NoiseLaw.of(plan["tree"]).sample(rng, (tree.size,))
     counts.write_vector(measurements / "noisy_tree.parquet", "node", {"noisy_count": noisy}, **node_columns(tree))
     (measurements / META).write_text(json.dumps({"plan": plan.to_json()}))
-    kind.postprocess(spec, measurements, release, folder / "internal", LOG)
-    report = add_uncertainty(kind, spec, measurements, release, LOG)
+    kind.postprocess(measurements, release, folder / "internal", LOG)
+    report = add_uncertainty(kind, measurements, release, LOG)
     if made is not None:
         made.append(report)
     return release
@@ -230,10 +230,10 @@ def test_bootstrap_is_centred_at_the_signed_estimate_and_count_intervals_hold_th
     from tasks.kinds.uncertainty import bounded_interval
 
     spec = _spec(tmp_path, replicates=39)
-    kind, tree = REGISTRY["histogram"], Tree(16, 4)
+    kind, tree = REGISTRY["histogram"].bind(spec), Tree(16, 4)
     release = _release(spec, tmp_path / "r", np.random.default_rng(11))
     measurements = tmp_path / "r" / "measurements"
-    (center,) = kind.bootstrap(spec, measurements, release, kind.plan(spec)).centers
+    (center,) = kind.bootstrap(measurements, release, kind.plan).centers
     table = pq.read_table(release / "histogram.parquet").to_pandas()
     noisy = pq.read_table(measurements / "noisy_tree.parquet")["noisy_count"].to_numpy()
     assert np.allclose(center.values, tree.aggregate(table["estimate"])) and not np.allclose(center.values, noisy)
@@ -256,9 +256,9 @@ def test_replicates_reproducible_from_the_measurements_and_no_noise_source(tmp_p
     first = _release(spec, tmp_path / "a", np.random.default_rng(3))
     second = tmp_path / "b" / "release"
     second.mkdir(parents=True)
-    kind = REGISTRY["histogram"]
-    kind.postprocess(spec, first.parent / "measurements", second, tmp_path / "b", LOG)
-    add_uncertainty(kind, spec, first.parent / "measurements", second, LOG)
+    kind = REGISTRY["histogram"].bind(spec)
+    kind.postprocess(first.parent / "measurements", second, tmp_path / "b", LOG)
+    add_uncertainty(kind, first.parent / "measurements", second, LOG)
     for f in sorted(first.iterdir()):
         assert f.read_bytes() == (second / f.name).read_bytes(), f.name
     other = _release(spec, tmp_path / "c", np.random.default_rng(4))  # other measurements, another seed
@@ -299,7 +299,7 @@ def test_planner_least_squares_std_matches_simulated_releases():
     spec = parse_spec({"dataset": {"id": "u", "path": "x.csv", "bounds": {"v": [0, 16]}},
                        "release": {"kind": "histogram", "bins": 16, "branching": 4, "epsilon": 1.0,
                                    "consistency": "htree"}})
-    rows = {r.quantity: r.std for r in REGISTRY["histogram"].accuracy(spec)}
+    rows = {r.quantity: r.std for r in REGISTRY["histogram"].bind(spec).accuracy()}
     tree, law = Tree(16, 4), NoiseLaw("laplace", True, 3.0)
     truth = np.full(16, 500.0)
     rng = np.random.default_rng(0)
@@ -356,9 +356,9 @@ def test_query_command_answers_a_range_with_its_interval(tmp_path, capsys):
 
 def test_no_friendly_core_publishes_null_intervals_and_no_replicates(tmp_path):
     """A mean that was not released ("no friendly core") keeps its columns, with null uncertainty columns."""
-    kind = REGISTRY["mean"]
     spec = parse_spec({"dataset": {"id": "u", "path": "x.parquet", "numeric": ["a", "b"]},
                        "release": {"kind": "mean", "epsilon": 1.0, "delta": 1e-6, "r": 1.0}})
+    kind = REGISTRY["mean"].bind(spec)
     measurements, release = tmp_path / "measurements", tmp_path / "release"
     measurements.mkdir()
     release.mkdir()
@@ -366,9 +366,9 @@ def test_no_friendly_core_publishes_null_intervals_and_no_replicates(tmp_path):
 
     _write(measurements, ["a", "b"], None, 1, {"released": False, "radius": 1.0, "noisy_core_weight": -3.0,
                                                "weight_lower_bound": -20.0})
-    (measurements / META).write_text(json.dumps({"plan": kind.plan(spec).to_json()}))
-    kind.postprocess(spec, measurements, release, tmp_path, LOG)
-    made = add_uncertainty(kind, spec, measurements, release, LOG)
+    (measurements / META).write_text(json.dumps({"plan": kind.plan.to_json()}))
+    kind.postprocess(measurements, release, tmp_path, LOG)
+    made = add_uncertainty(kind, measurements, release, LOG)
     result = pq.read_table(release / "result.parquet").to_pandas()
     assert list(result.columns) == ["released", "a", "b", "a_std", "a_lo", "a_hi", "b_std", "b_lo", "b_hi"]
     assert result[["a_std", "a_lo", "b_hi"]].isna().all().all()
@@ -384,7 +384,7 @@ def test_uncertainty_files_pass_their_contracts_and_a_broken_interval_is_caught(
     assert set(contracts) == {"noisy_tree.parquet", "histogram.parquet", "tree.parquet", "histogram_replicates.parquet"}
     for name, contract in contracts.items():
         validate_parquet(release / name, contract)
-    name, release_contract = REGISTRY["histogram"].release_contract(spec)
+    name, release_contract = REGISTRY["histogram"].bind(spec).release_contract
     validate_parquet(release / name, release_contract)
     table = pq.read_table(release / name).to_pandas()
     table.loc[3, "count_lo"] = table.loc[3, "count_hi"] + 1.0  # an interval whose ends are swapped

@@ -262,7 +262,7 @@ def products() -> str:
     for kind in REGISTRY.values():
         spec = ReleaseSpec.model_construct(
             dataset=_dataset(kind.shape), release=kind.Params.model_validate(kind.example()))
-        name, contract = kind.release_contract(spec)
+        name, contract = kind.bind(spec).release_contract
         ordered = [e.column_list for e in contract.rows if isinstance(e, gxe.ExpectTableColumnsToMatchOrderedList)]
         columns = [c for c in (ordered[0] if ordered else contract.schema or []) if c != L1_NORM]
         count = [e.value for e in contract.table if isinstance(e, gxe.ExpectTableRowCountToEqual)]

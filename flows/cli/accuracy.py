@@ -45,7 +45,7 @@ def plan_accuracy(spec, epsilon: float, records: int | None = None) -> list[dict
     from tasks.kinds import kind_of
 
     try:
-        return [row.to_json() for row in kind_of(spec).accuracy(with_epsilon(spec, epsilon), records)]
+        return [row.to_json() for row in kind_of(with_epsilon(spec, epsilon)).accuracy(records)]
     except CalibrationError as exc:  # public parameters only: the spec's problem
         raise SpecError(f"epsilon {epsilon:g}: {exc}") from None
 

@@ -152,7 +152,7 @@ def admit_run(spec, release_id: str) -> Admitted:
     _writable(spec.output_dir)
     _measurements_are_this_release(spec, run)
     plan = _plan(spec)
-    _kinds.kind_of(spec).check_feasible(spec)
+    _kinds.kind_of(spec).check_feasible()
     if not spec.test_mode:
         ledger = configured_ledger()
         charge_for(ledger, spec, release_id, run, plan, owner=None, dry_run=True)
@@ -330,7 +330,7 @@ def _measurements_are_this_release(spec, run) -> None:
 
 def _plan(spec):
     try:
-        return _kinds.kind_of(spec).plan(spec)
+        return _kinds.kind_of(spec).plan
     except _accounting.CalibrationError as exc:  # public parameters only: the spec's problem
         raise SpecError(f"invalid release spec: {exc}") from None
 

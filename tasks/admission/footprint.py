@@ -25,38 +25,36 @@ _accounting = module("dpalgos.accounting")
 BOOTSTRAP_SECONDS_PER_VALUE = 5e-7
 
 
-def bootstrap_footprint(spec, plan):
+def bootstrap_footprint(kind):
     """The parametric bootstrap's memory and time: B replicates (the spec's, else the default `replicates_of` picks
     from the kind's public cost) of `replicate_values` values each."""
-    kind = _kinds.kind_of(spec)
-    if not _uncertainty.bootstrap_planned(kind, spec):
+    if not _uncertainty.bootstrap_planned(kind):
         return _base.Footprint()
-    count = _uncertainty.replicates_of(kind, spec)
+    count = _uncertainty.replicates_of(kind)
     if not count:
         return _base.Footprint()
-    values = kind.replicate_values(spec, plan)
+    values = kind.replicate_values
     return _base.Footprint(_uncertainty.BOOTSTRAP_BYTES_PER_VALUE * count * values,
-                           count * (kind.replicate_seconds(spec) + values * BOOTSTRAP_SECONDS_PER_VALUE),
+                           count * (kind.replicate_seconds() + values * BOOTSTRAP_SECONDS_PER_VALUE),
                            f"the bootstrap's {count:,} replicates of {values:,.0f} values each")
 
 
-def release_footprint(spec):
+def release_footprint(kind):
     """The kind's footprint, then its bootstrap's (after the postprocessing, on the same driver)."""
-    kind = _kinds.kind_of(spec)
-    fp = kind.footprint(spec)
     try:
-        plan = kind.plan(spec)
+        kind.plan
     except _accounting.CalibrationError:  # refused by rule 10, with its reason
-        return fp
-    return fp + bootstrap_footprint(spec, plan)
+        return kind.footprint
+    return kind.footprint + bootstrap_footprint(kind)
 
 
 def check_fits(spec) -> None:
     """The kind's footprint first (from formulas alone), then with its bootstrap's, whose size needs the plan: a
     plan may build what the kind's footprint sizes (a strategy matrix), so it is built only for a release that fits
     without it."""
-    _check(spec, _kinds.kind_of(spec).footprint(spec))
-    _check(spec, release_footprint(spec))
+    kind = _kinds.kind_of(spec)
+    _check(spec, kind.footprint)
+    _check(spec, release_footprint(kind))
 
 
 def _check(spec, fp) -> None:

@@ -59,7 +59,7 @@ def noisy_cells(spec, x: np.ndarray, rng: np.random.Generator) -> np.ndarray:
     """The kind's measurement of the exact cells x: its plan's noise, simulated (seeded numpy, not private)."""
     from tasks.kinds.contingency import KIND
 
-    return simulated(KIND.plan(spec), rng)("cells", x)
+    return simulated(KIND.bind(spec).plan, rng)("cells", x)
 
 
 def released_count(spec, noisy: np.ndarray, marginals, b: np.ndarray) -> np.ndarray:
@@ -67,7 +67,7 @@ def released_count(spec, noisy: np.ndarray, marginals, b: np.ndarray) -> np.ndar
     public marginals (`tasks.kinds.contingency.released_table`, the postprocessing's own function)."""
     from tasks.kinds.contingency import KIND, released_table, table_of
 
-    return released_table(spec.release, table_of(spec), noisy, marginals, b, KIND.plan(spec)["cells"].scale).count
+    return released_table(spec.release, table_of(spec), noisy, marginals, b, KIND.bind(spec).plan["cells"].scale).count
 
 
 def estimate(method: str, table: contingency.Table, x: np.ndarray, order: int, *, epsilon: float,

@@ -63,7 +63,7 @@ def measured_table(X: sp.csr_matrix, settings: DPGMSettings, rng: np.random.Gene
     from tasks.partitions import InMemory
 
     spec = release_spec(settings, X.shape[1])
-    return measure_marginals(spec, InMemory(X), simulated(KIND.plan(spec), rng), rng).table
+    return measure_marginals(spec, InMemory(X), simulated(KIND.bind(spec).plan, rng), rng).table
 
 
 def run(X: sp.csr_matrix, settings: DPGMSettings, rng: np.random.Generator):
@@ -74,7 +74,7 @@ def run(X: sp.csr_matrix, settings: DPGMSettings, rng: np.random.Generator):
     from tasks.run import META
 
     spec = release_spec(settings, X.shape[1])
-    plan = kind.KIND.plan(spec)
+    plan = kind.KIND.bind(spec).plan
     measure, data = simulated(plan, rng), InMemory(X)
     clustered = kind.measure_marginals(spec, data, measure, rng)
     trained = kind.train_mixture(spec, data, clustered, measure, rng)

@@ -238,7 +238,7 @@ def dpkmeans_release(X, k: int, *, epsilon: float, iterations: int, rng: np.rand
 
     spec = dpkmeans_spec(k, epsilon=epsilon, iterations=iterations)
     m = draw(spec, dpkmeans.array_stats(release_points(X, spec, KMEANS_BOUNDS)), rng,
-             None if measure is None else measure(KIND.plan(spec)))
+             None if measure is None else measure(KIND.bind(spec).plan))
     return released(spec, m), m.trajectory.final_centroids
 
 

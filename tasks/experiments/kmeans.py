@@ -86,7 +86,7 @@ def draw(spec, stats, rng: np.random.Generator, measure=None) -> kmeans_kind.Mea
     """The kind's DP measurement (`tasks.kinds.kmeans.measure_trajectory`) on in-memory statistics, noise through
     the kind's plan: simulated (seeded numpy from `rng`, not private) unless `measure` is given; `rng` is the
     public randomness too."""
-    measure = measure or simulated(kmeans_kind.KIND.plan(spec), rng)
+    measure = measure or simulated(kmeans_kind.KIND.bind(spec).plan, rng)
     return kmeans_kind.measure_trajectory(spec, stats, measure, rng)
 
 

@@ -52,7 +52,7 @@ def kernel_release(X, public, spec, rng: np.random.Generator):
     from tasks.kinds.kernel_kmeans import KIND, clustering
     from tasks.partitions import InMemory
 
-    rff, _gamma, clip, res = clustering(spec, public, InMemory(X), simulated(KIND.plan(spec), rng), rng)
+    rff, _gamma, clip, res = clustering(spec, public, InMemory(X), simulated(KIND.bind(spec).plan, rng), rng)
     return rff, clip, res.trajectory[-1]
 
 

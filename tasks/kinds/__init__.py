@@ -1,6 +1,7 @@
 """The registry of release kinds. A kind is one module (its params, data shape, plan, products, contracts and
 steps; see `tasks.kinds.base`) and one line here: the spec's union, the column checks, the CLI's kinds table
-and the conformance suite all derive from `REGISTRY`."""
+and the conformance suite all derive from `REGISTRY`. A release's steps use its kind bound to the spec
+(`kind_of(spec)`), which reads the spec itself and computes the plan and the contracts once."""
 
 from __future__ import annotations
 
@@ -34,4 +35,6 @@ REGISTRY: dict[str, ReleaseKind] = {k.name: k for k in (
 
 
 def kind_of(spec) -> ReleaseKind:
-    return REGISTRY[spec.release.kind]
+    """The spec's kind bound to it (`ReleaseKind.bind`): bind once per step and ask it for the plan, the contracts
+    and the steps."""
+    return REGISTRY[spec.release.kind].bind(spec)

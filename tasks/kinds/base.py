@@ -8,6 +8,10 @@ and nothing else: the ledger's event, the noise of every draw and the manifest's
 from it. Registering a kind (tasks/kinds/__init__.py) gives it the spec union, the column checks, the CLI's
 kind table and the conformance suite (tests/test_conformance.py).
 
+A kind is bound to one spec (`ReleaseKind.bind`, which `tasks.kinds.kind_of` hands out): its methods read
+`self.spec`, and what follows from the spec alone (the plan, the contracts, the footprint, a strategy matrix) is a
+cached property, computed once per bound kind and only when first asked for.
+
 Reading one release's path (docs/explanation/architecture.md): next, one kind (tasks/kinds/histogram.py), then
 tasks/stages.py, where the DP measurement charges the ledger and draws through the plan.
 """
@@ -15,9 +19,9 @@ tasks/stages.py, where the DP measurement charges the ledger and draws through t
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Literal
 
 from tasks.params import DatasetSpec, ReleaseBase
 
@@ -107,7 +111,12 @@ class Draw:
     meta: dict
 
 
+@dataclass(frozen=True, eq=False)
 class ReleaseKind(ABC):
+    """A release kind. The registry's instance (`tasks.kinds.REGISTRY`) knows what holds for every spec of the kind
+    (its parameters, data shape, checks and example); `bind(spec)` gives the kind of one release, which reads
+    `self.spec` and computes each derived value (the plan, the contracts, the footprint) once, on first use: a
+    plan may build what the footprint sizes (a strategy matrix), so nothing is built before it is asked for."""
     name: ClassVar[str]
     #: the pydantic model of the spec's `release:` section (its `kind` field is Literal[name])
     Params: ClassVar[type[ReleaseBase]]
@@ -116,6 +125,12 @@ class ReleaseKind(ABC):
     prepared_stage: ClassVar[str | None]
     #: one line for the kinds table (README, `dprelease kinds`)
     summary: ClassVar[str]
+    #: the release spec (a `tasks.spec.ReleaseSpec`) this kind is bound to; None on the registry's instance
+    spec: Any = None
+
+    def bind(self, spec) -> ReleaseKind:
+        """This kind bound to one release's spec."""
+        return replace(self, spec=spec)
 
     def public_defaults(self, release: dict, dataset: dict) -> dict:
         """The release section with the defaults that follow from the dataset's public schema filled in (a spec's
@@ -149,103 +164,111 @@ class ReleaseKind(ABC):
                 "trips": "exactly two categorical columns, origin then destination, with their public zones as "
                          "levels (categories), and optionally a user_column"}[self.shape]
 
-    def footprint(self, spec) -> Footprint:
+    @property
+    def footprint(self) -> Footprint:
         """What the release asks of the machine from its public sizes (`Footprint`), computed by formula, never by
         building what it sizes: the admission refuses a release that does not fit before anything is charged."""
         return Footprint()
 
-    def check_feasible(self, spec) -> None:
+    def check_feasible(self) -> None:
         """Refuse a release that cannot be made from its PUBLIC inputs (a missing public sample) before anything is
         charged. Never on the data: a free refusal on, say, K > N would answer "is N < K?" for any K a spec
         chooses (k-means with more clusters than records is a valid release: noisy counts below 1 keep their
         centroid)."""
 
+    @property
     @abstractmethod
-    def plan(self, spec) -> Plan:
+    def plan(self) -> Plan:
         """The mechanisms of the release, from public parameters only."""
 
-    def prepare(self, spec, ingested: StageOutput, run: RunPaths, log) -> StageOutput:
+    def prepare(self, ingested: StageOutput, run: RunPaths, log) -> StageOutput:
         """Per-record transformation of the ingested data on dask (raw-derived: written under internal/)."""
         return ingested
 
-    def prepared_contract(self, spec) -> Contract:
+    @property
+    def prepared_contract(self) -> Contract:
         raise NotImplementedError(f"{self.name} has no prepare stage")
 
     @abstractmethod
-    def draw(self, spec, prepared: StageOutput, measure: Measure, public_rng: np.random.Generator, log) -> Draw:
+    def draw(self, prepared: StageOutput, measure: Measure, public_rng: np.random.Generator, log) -> Draw:
         """The DP measurement: aggregates from dask, noise by `measure` (the plan's entries) on the driver.
         `public_rng` is for public randomness only (feature maps, initial centres, synthesis seeds): it shares
         no state with any noise. Nothing noisy may be logged here: it is not committed yet."""
 
+    @property
     @abstractmethod
-    def measurements_contract(self, spec) -> tuple[str, Contract]:
+    def measurements_contract(self) -> tuple[str, Contract]:
         """(file inside measurements/, its contract)."""
 
     @abstractmethod
-    def postprocess(self, spec, measurements: Path, staging: Path, internal: Path, log) -> list[str]:
+    def postprocess(self, measurements: Path, staging: Path, internal: Path, log) -> list[str]:
         """Release products computed from the measurements and public parameters ONLY, into `staging`;
         diagnostics of the computation may go to `internal`."""
 
+    @property
     @abstractmethod
-    def release_contract(self, spec) -> tuple[str, Contract]:
+    def release_contract(self) -> tuple[str, Contract]:
         """(file inside release/, its contract)."""
 
-    def direct_values(self, spec, measurements: Path, plan: Plan) -> list[Direct]:
+    def direct_values(self, measurements: Path, plan: Plan) -> list[Direct]:
         """The measurement columns that a plan entry of the committed `plan` drew and that are published as such:
         `tasks.uncertainty` gives them the entry's standard deviation and exact interval. Default: none."""
         return []
 
-    def bootstrap(self, spec, measurements: Path, staging: Path, plan: Plan) -> Bootstrap | None:
+    def bootstrap(self, measurements: Path, staging: Path, plan: Plan) -> Bootstrap | None:
         """The products postprocessing made in `staging` from the measurements, the measurements the released
         estimate implies and the postprocessing to rerun on simulated ones: `tasks.uncertainty` runs the
         parametric bootstrap. Measurements, the committed plan, public parameters and the staged products only.
         Default: None (nothing postprocessed to replicate)."""
         return None
 
-    def bootstraps(self, spec) -> bool:
-        """Whether the release has postprocessed products to replicate (from the spec alone: it decides the
-        contracts of the replicates). Default: no."""
-        return False
+    #: Whether the release has postprocessed products to replicate (from the spec alone: it decides the contracts
+    #: of the replicates). Default: no.
+    bootstraps: ClassVar[bool] = False
 
-    def unreplicated(self, spec) -> str | None:
+    @property
+    def unreplicated(self) -> str | None:
         """Why a release whose kind bootstraps others has no bootstrap (uncertainty.json's reason), from the spec
         alone; None: no reason beyond the default's."""
         return None
 
-    def caveats(self, spec, staging: Path) -> list[str]:
+    def caveats(self, staging: Path) -> list[str]:
         """What a reader of the release must know about how far its numbers reach, one sentence each, from the
         staged products only (published values and public parameters: post-processing): nothing released, records
         left out of what was measured. The manifest, the run's summary (`--json` too) and the report carry them.
         Default: none."""
         return []
 
-    def heatmap(self, spec, release: Path) -> Heatmap | None:
+    def heatmap(self, release: Path) -> Heatmap | None:
         """A released matrix the report shows as a heat map (from the files in `release` only). Default: none."""
         return None
 
-    def replicate_seconds(self, spec, measurements: Path | None = None) -> float:
+    def replicate_seconds(self, measurements: Path | None = None) -> float:
         """A public estimate of one bootstrap replicate's cost (one rerun of the postprocessing) from the spec's
         sizes, and from the measurements when given (noisy values, public): it sets the default number of
         replicates (`tasks.kinds.uncertainty.replicates_of`)."""
         return 0.0
 
-    def replicate_values(self, spec, plan: Plan) -> float:
+    @property
+    def replicate_values(self) -> float:
         """A public estimate of the float64 values one bootstrap replicate's products hold (`Bootstrap.rerun`'s
         arrays): the bootstrap keeps every replicate's until their intervals are computed, and the admission's
         footprint of it is this times the replicates (`tasks.admission.footprint`). Default: twice the plan's noisy
         values (products the size of the measurements and of their sums, as a tree's leaves and nodes)."""
-        return 2.0 * sum(float(m.values or 0) * m.repetitions for m in plan.mechanisms)
+        return 2.0 * sum(float(m.values or 0) * m.repetitions for m in self.plan.mechanisms)
 
-    def accuracy(self, spec, records: int | None = None) -> list[Predicted]:
+    def accuracy(self, records: int | None = None) -> list[Predicted]:
         """The accuracy planner: the expected error of each published quantity at the spec's epsilon, from the
         plan and public parameters alone (no data, no ledger); `records` is a public guess of the number of
         records, for quantities whose error depends on it (a cluster's size). Default: none predicted."""
         return []
 
     @abstractmethod
-    def evaluate(self, spec, run: RunPaths, prepared: StageOutput, log) -> dict:
+    def evaluate(self, run: RunPaths, prepared: StageOutput, log) -> dict:
         """Internal utility report against the raw data (never published). Must hold a 'headline' string."""
 
     @abstractmethod
     def example(self) -> dict:
         """Small, fast parameters of a `release:` section, for the conformance suite and the docs."""
+
+

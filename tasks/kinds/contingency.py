@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import tempfile
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Literal
 
@@ -120,23 +121,27 @@ class ContingencyKind(ReleaseKind):
     summary = ("Laplace on every cell of the table of the categorical columns, made non-negative and consistent "
                "with PUBLIC marginal counts (a CSV) by ADMM (Lee, Wang & Kifer Algorithm 2) or empirical Bayes; sums "
                "of cells from the signed least-squares table consistent with them")
+    bootstraps = True
 
-    def table(self, spec) -> contingency.Table:
+    @cached_property
+    def table(self) -> contingency.Table:
         """The table's attributes and levels, in cell order (a kind built on this one may order them its way)."""
-        return table_of(spec)
+        return table_of(self.spec)
 
     def example(self):
         """The conformance suite's release: the empirical-Bayes estimator (the ADMM one is the default, run by the
         release-kind tests), so that both postprocessing paths are checked."""
         return {"kind": "contingency", "epsilon": 1.0, "estimator": "empirical_bayes"}
 
-    def check_feasible(self, spec):
+    def check_feasible(self):
         """The public marginals are read and checked before anything is charged (a typo must not burn budget)."""
-        self._marginals(spec)
+        self.marginals  # raises on a bad file
 
-    def _marginals(self, spec):
-        p, table = spec.release, self.table(spec)
-        ledger = None if spec.test_mode else configured_ledger()
+    @cached_property
+    def marginals(self):
+        """The public marginals (cells and counts) and their constraint matrix, read and checked once."""
+        p, table = self.spec.release, self.table
+        ledger = None if self.spec.test_mode else configured_ledger()
         marginals, values = (read_public_marginals(p.public_marginals, table, ledger) if p.public_marginals
                              else ([], np.zeros(0)))
         A = table.constraint_matrix(marginals)
@@ -146,90 +151,93 @@ class ContingencyKind(ReleaseKind):
             raise InputError(f"{p.public_marginals}: {exc}") from None
         return marginals, values, A
 
-    def footprint(self, spec):
+    @cached_property
+    def footprint(self):
         """A noisy count per cell, then the estimator: ADMM over the cells with the sparse marginal constraints
         (about 300 bytes per cell, up to its 20,000 iterations), or the empirical-Bayes fit, whose log-linear
         candidates hold the constraints of the one- and two-way marginals as dense rows over the cells."""
-        sizes = [len(levels) for levels in spec.dataset.categories.values()]
+        sizes = [len(levels) for levels in self.spec.dataset.categories.values()]
         cells = int(np.prod(sizes, dtype=np.float64))
         fp = noise_footprint(cells, "laplace", True, f"the {cells:,} noisy cells")
-        if spec.release.estimator == "admm":
+        if self.spec.release.estimator == "admm":
             return fp + Footprint(300.0 * cells, 5e-5 * cells, f"ADMM over {cells:,} cells")
         rows = min(cells, sum(sizes) + sum(a * b for i, a in enumerate(sizes) for b in sizes[i + 1:]))
         return fp + dense_footprint(rows, cells, float(cells) * rows * rows,
                                     f"the empirical-Bayes candidates' dense {rows:,} x {cells:,} constraints")
 
-    def plan(self, spec):
-        return contingency.cells_plan(self.table(spec), epsilon=spec.release.epsilon,
-                                      unit_weight=spec.dataset.unit_weight)
+    @cached_property
+    def plan(self):
+        return contingency.cells_plan(self.table, epsilon=self.spec.release.epsilon,
+                                      unit_weight=self.spec.dataset.unit_weight)
 
-    def prepare(self, spec, ingested, run, log):
-        out = counts.encode_cells(spec, run, ingested, log)
-        log.info("encoded the rows into the %d cells of the table", self.table(spec).size)
+    def prepare(self, ingested, run, log):
+        out = counts.encode_cells(self.spec, run, ingested, log)
+        log.info("encoded the rows into the %d cells of the table", self.table.size)
         return out
 
-    def prepared_contract(self, spec):
-        return suites.encoded("cell", self.table(spec).size, "weight" if spec.dataset.weight_column else None)
+    @cached_property
+    def prepared_contract(self):
+        return suites.encoded("cell", self.table.size, "weight" if self.spec.dataset.weight_column else None)
 
-    def draw(self, spec, prepared, measure, public_rng, log):
-        table = self.table(spec)
-        noisy = measure("cells", counts.count(spec, prepared, "cell", table.size))
+    def draw(self, prepared, measure, public_rng, log):
+        table = self.table
+        noisy = measure("cells", counts.count(self.spec, prepared, "cell", table.size))
         meta = {"attributes": list(table.names), "levels": [list(lv) for lv in table.levels]}
         return Draw(write=lambda folder: counts.write_vector(folder / NOISY, "cell", {"noisy_count": noisy},
                                                              **_level_columns(table)), meta=meta)
 
-    def measurements_contract(self, spec):
-        t = self.table(spec)
+    @cached_property
+    def measurements_contract(self):
+        t = self.table
         return NOISY, suites.indexed_table("measurements", "cell", t.size, ["noisy_count"], other_columns=t.names)
 
-    def postprocess(self, spec, measurements, staging, internal, log):
+    def postprocess(self, measurements, staging, internal, log):
         """The table twice: the estimator's non-negative cells (`count`) and the signed least-squares table
         consistent with the public marginals (`estimate`, whose sums are unbiased: queries are answered from it)."""
-        table = self.table(spec)
+        table = self.table
         noisy = counts.read_column(measurements / NOISY, "noisy_count")
-        marginals, values, _A = self._marginals(spec)
-        released = released_table(spec.release, table, noisy, marginals, values,
+        marginals, values, _A = self.marginals
+        released = released_table(self.spec.release, table, noisy, marginals, values,
                                   committed_plan(measurements)["cells"].scale)
         counts.write_vector(staging / TABLE, "cell", {"count": released.count, "estimate": released.estimate},
                             **_level_columns(table))
         (staging / CONSISTENCY).write_text(json.dumps(released.info, indent=2))
         return [TABLE, CONSISTENCY]
 
-    def release_contract(self, spec):
-        t = self.table(spec)
-        intervals = ["estimate", "count"] if bootstrap_planned(self, spec) else []
+    @cached_property
+    def release_contract(self):
+        t = self.table
+        intervals = ["estimate", "count"] if bootstrap_planned(self) else []
         return TABLE, suites.indexed_table("release", "cell", t.size, ["count", "estimate"], nonnegative=["count"],
                                            other_columns=t.names, intervals=intervals)
 
-    def direct_values(self, spec, measurements, plan):
+    def direct_values(self, measurements, plan):
         return [Direct(NOISY, "noisy_count", "cells", NoiseLaw.of(plan["cells"]))]
 
-    def bootstraps(self, spec):
-        return True
+    @cached_property
+    def replicate_values(self):
+        return float(self.table.size)  # the table's cells
 
-    def replicate_values(self, spec, plan):
-        return float(self.table(spec).size)  # the table's cells
+    def replicate_seconds(self, measurements=None):
+        return 1e-4 + SECONDS_PER_LS_CELL * self.table.size
 
-    def replicate_seconds(self, spec, measurements=None):
-        return 1e-4 + SECONDS_PER_LS_CELL * self.table(spec).size
-
-    def bootstrap(self, spec, measurements, staging, plan):
+    def bootstrap(self, measurements, staging, plan):
         """Around the released signed estimate (`counts.signed_bootstrap`): a cell's noiseless measurement is its
         estimated cell (consistent with the marginals)."""
-        _marginals, values, A = self._marginals(spec)
+        _marginals, values, A = self.marginals
         ls = contingency.least_squares_table(A, values)
         estimate = counts.read_column(staging / TABLE, "estimate")
         return counts.signed_bootstrap(TABLE, "cell", "cells", NoiseLaw.of(plan["cells"]), estimate,
                                        lambda y: {TABLE: ls(y)[:, None]},
                                        notes=("the public marginals are the same in every replicate",))
 
-    def accuracy(self, spec, records=None):
+    def accuracy(self, records=None):
         """A noisy cell (exact); the released cell by ADMM without public marginals is the noisy cell clipped at
         zero, with the same error away from zero. With public marginals or the empirical-Bayes estimator the
         released cell's error depends on the data (shrinkage toward the marginals' table): not predicted, the
         noisy cell's is its reference."""
-        p = spec.release
-        law = NoiseLaw.of(self.plan(spec)["cells"])
+        p = self.spec.release
+        law = NoiseLaw.of(self.plan["cells"])
         rows = [exact("noisy cell (measurements)", law, p.confidence)]
         if p.estimator == "admm" and not p.public_marginals:
             return rows + [exact("released cell", law, p.confidence,
@@ -238,9 +246,9 @@ class ContingencyKind(ReleaseKind):
                                  "consistency with public marginals or empirical-Bayes shrinkage; the noisy "
                                  "cell's error is its reference")]
 
-    def evaluate(self, spec, run, prepared, log):
-        table = self.table(spec)
-        exact = counts.count(spec, prepared, "cell", table.size)
+    def evaluate(self, run, prepared, log):
+        table = self.table
+        exact = counts.count(self.spec, prepared, "cell", table.size)
         released = counts.read_column(run.release / TABLE, "count")
         noisy = np.maximum(counts.read_column(run.release / "measurements" / NOISY, "noisy_count"), 0.0)
         mse, mse_lm = float(np.mean((released - exact) ** 2)), float(np.mean((noisy - exact) ** 2))

@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-from functools import lru_cache
+from functools import cached_property, lru_cache
 from typing import Literal
 
 import numpy as np
@@ -209,25 +209,30 @@ def _write(folder, columns, rows: np.ndarray | None, k: int, info: dict) -> None
 class _FriendlyKind(ReleaseKind):
     shape = "numeric"
     prepared_stage = None
+    bootstraps = True
 
-    def plan(self, spec):
-        return plan_of(spec.release)
+    @cached_property
+    def plan(self):
+        return plan_of(self.spec.release)
 
-    def _rows(self, spec) -> int:
-        return 1 if self.name == "mean" else spec.release.k
+    @property
+    def _rows(self) -> int:
+        return 1 if self.name == "mean" else self.spec.release.k
 
-    def measurements_contract(self, spec):
-        return RESULT, suites.friendly_result(spec.dataset.columns, self._rows(spec))
+    @cached_property
+    def measurements_contract(self):
+        return RESULT, suites.friendly_result(self.spec.dataset.columns, self._rows)
 
-    def postprocess(self, spec, measurements, staging, internal, log):
+    def postprocess(self, measurements, staging, internal, log):
         """The result in the data's own units (FriendlyCore works on them: nothing to invert), and what the
         release found (radius, noisy core weight): all DP outputs."""
         for name in (RESULT, INFO):
             (staging / name).write_bytes((measurements / name).read_bytes())
         return [RESULT, INFO]
 
-    def release_contract(self, spec):
-        contract = suites.friendly_result(spec.dataset.columns, self._rows(spec), intervals=True)
+    @cached_property
+    def release_contract(self):
+        contract = suites.friendly_result(self.spec.dataset.columns, self._rows, intervals=True)
         return RESULT, dataclasses.replace(contract, stage="release")
 
     #: The plan entries of the PTR weight and of the released mean / centres.
@@ -244,28 +249,26 @@ class _FriendlyKind(ReleaseKind):
         entry = plan[self.result_entry]
         return entry.name, NoiseLaw.of(entry, entry.scale_for(info["radius"] / info["weight_lower_bound"]))
 
-    def direct_values(self, spec, measurements, plan):
+    def direct_values(self, measurements, plan):
         """The friendly mean / centres are direct measurements; a refined mean (a ratio of two of them) is not:
         its interval is the bootstrap's."""
         if _refined(measurements):
             return []
         name, law = self._result_law(measurements, plan)  # None: "no friendly core", null intervals
-        return [Direct(RESULT, c, name, law) for c in spec.dataset.columns]
+        return [Direct(RESULT, c, name, law) for c in self.spec.dataset.columns]
 
-    def bootstraps(self, spec):
-        return True
-
-    def replicate_values(self, spec, plan):
+    @cached_property
+    def replicate_values(self):
         """The released mean, or k centres, of d coordinates."""
-        return float(getattr(spec.release, "k", 1) * len(spec.dataset.columns))
+        return float(getattr(self.spec.release, "k", 1) * len(self.spec.dataset.columns))
 
-    def bootstrap(self, spec, measurements, staging, plan):
+    def bootstrap(self, measurements, staging, plan):
         """A refined mean c1 + S / D (§13), D = max(noisy n, L): the noise of the clipped sum S (at the clip radius
         C) and of the count n redrawn around S = D (m - c1) and n = D, the division rerun; c1, C and L are kept
         (published in friendlycore.json). Otherwise the released values are direct measurements (analytic
         intervals) and the replicates, the plan's noise redrawn around them, serve derived queries (a distance
         between centres, a ratio of coordinates)."""
-        cols = tuple(spec.dataset.columns)
+        cols = tuple(self.spec.dataset.columns)
         released = pq.read_table(measurements / RESULT).to_pandas()[list(cols)].to_numpy()
         if _refined(measurements):
             return _refined_bootstrap(json.loads((measurements / INFO).read_text()), released, cols, plan)
@@ -278,21 +281,21 @@ class _FriendlyKind(ReleaseKind):
                          notes=(("the intervals are for what the noise was added to, the soft core's weighted "
                                  "mean (of the tuples' centres for k-means), not for the plain mean of the data"),))
 
-    def caveats(self, spec, staging):
+    def caveats(self, staging):
         info = json.loads((staging / INFO).read_text())
         if not info["released"]:
             return [f"no friendly core: {NOTHING_RELEASED} (the test of the core's noisy weight failed; the budget "
                     "is spent). A larger radius (r, or r_max) or more records let a core pass"]
-        return _left_out(info, spec.release.confidence) if self.name == "mean" else []
+        return _left_out(info, self.spec.release.confidence) if self.name == "mean" else []
 
-    def accuracy(self, spec, records=None):
+    def accuracy(self, records=None):
         """The noisy core weight (exact) and a released coordinate: noise multiplier x bound multiple x r / L, with
         L = W - z sd(W) the PTR bound at a core weight W (`_core_weight`); per unit of r when r is chosen on the
         grid."""
-        p, plan = spec.release, self.plan(spec)
+        p, plan = self.spec.release, self.plan
         weight, entry = NoiseLaw.of(plan[self.weight_entry]), plan[self.result_entry]
         rows = [exact("noisy core weight (friendlycore.json)", weight, p.confidence)]
-        W, assumption = self._core_weight(spec, records)
+        W, assumption = self._core_weight(records)
         if W is None:
             return rows + [Predicted(self.result_name, None, None, "not predicted", assumption)]
         L = float(fc.ptr_lower_bound(W, weight.scale, p.delta_ptr))
@@ -322,22 +325,22 @@ class MeanKind(_FriendlyKind):
     def example(self):
         return {"kind": "mean", "epsilon": 2.0, "delta": 1e-6, "r_min": 0.5, "r_max": 64.0}
 
-    def _core_weight(self, spec, records):
+    def _core_weight(self, records):
         if not records:
             return None, "needs a public guess of the number of records (--records)"
         return float(records), f"every one of {records} records in the core (W = n: points within r of most others)"
 
-    def draw(self, spec, prepared, measure, public_rng, log):
-        X = _points(spec, prepared)
-        return mean_draw(spec, release_mean(spec.release, X, measure), measure.plan)
+    def draw(self, prepared, measure, public_rng, log):
+        X = _points(self.spec, prepared)
+        return mean_draw(self.spec, release_mean(self.spec.release, X, measure), measure.plan)
 
-    def evaluate(self, spec, run, prepared, log):
+    def evaluate(self, run, prepared, log):
         """L2 error of the released mean against the exact mean (internal)."""
-        X = _points(spec, prepared)
+        X = _points(self.spec, prepared)
         released = pq.read_table(run.release / RESULT).to_pandas()
         if not bool(released["released"].iloc[0]):
             return {"released": False, "headline": "no friendly core (nothing released)"}
-        err = float(np.linalg.norm(released[spec.dataset.columns].to_numpy()[0] - X.mean(axis=0)))
+        err = float(np.linalg.norm(released[self.spec.dataset.columns].to_numpy()[0] - X.mean(axis=0)))
         return {"released": True, "l2_error": err, "headline": f"L2 error of the mean {err:.4g}"}
 
 
@@ -353,36 +356,37 @@ class FriendlyKMeansKind(_FriendlyKind):
         return {"kind": "friendly_kmeans", "k": 2, "subsets": 100, "epsilon": 8.0, "delta": 1e-6, "r_min": 0.25,
                 "r_max": 32.0}
 
-    def footprint(self, spec):
+    @cached_property
+    def footprint(self):
         """The tuple predicate compares every pair of the m subsets' k-tuples (k^2 centre pairs of d coordinates)
         at every radius it is asked at: the radius search's probes and the final radius, about 10^8 such
         operations per second in numpy's blocks of 32 MB."""
-        p, d = spec.release, len(spec.dataset.columns)
+        p, d = self.spec.release, len(self.spec.dataset.columns)
         radii = 1 if p.r is not None else fc.RadiusGrid(p.r_min, p.r_max).probes + 1
         pairs = float(p.subsets) ** 2
         return Footprint(64e6 + 8.0 * p.subsets * p.k * d, pairs * p.k * p.k * d * radii / 1e8,
                          f"the tuple predicate over {p.subsets:,} subsets' {p.k}-tuples")
 
-    def _core_weight(self, spec, records):
-        m = spec.release.subsets
+    def _core_weight(self, records):
+        m = self.spec.release.subsets
         return float(m), f"every one of the {m} subsets' k-tuples in the core (W = m: the subsets agree within r)"
 
-    def draw(self, spec, prepared, measure, public_rng, log):
-        X = _points(spec, prepared)
-        res = release_kmeans(spec.release, X, measure)
+    def draw(self, prepared, measure, public_rng, log):
+        X = _points(self.spec, prepared)
+        res = release_kmeans(self.spec.release, X, measure)
         info = {"released": res.released, "radius": res.radius, "noisy_core_weight": res.noisy_weight,
                 "weight_lower_bound": res.weight_lower_bound, "radius_probes": [list(p) for p in res.probes]}
-        return Draw(write=lambda folder: _write(folder, spec.dataset.columns, res.centres, spec.release.k, info),
-                    meta={})
+        cols, k = self.spec.dataset.columns, self.spec.release.k
+        return Draw(write=lambda folder: _write(folder, cols, res.centres, k, info), meta={})
 
-    def evaluate(self, spec, run, prepared, log):
+    def evaluate(self, run, prepared, log):
         """k-means cost of the released centres / k-means++ (best of 10) on the data (internal)."""
-        X = _points(spec, prepared)
+        X = _points(self.spec, prepared)
         released = pq.read_table(run.release / RESULT).to_pandas()
         if not bool(released["released"].iloc[0]):
             return {"released": False, "headline": "no friendly core (nothing released)"}
-        ref, _ = metrics.kmeans_reference(X, spec.release.k, seed=0)
-        ratio = metrics.wcss(X, released[spec.dataset.columns].to_numpy()) / ref if ref > 0 else math.nan
+        ref, _ = metrics.kmeans_reference(X, self.spec.release.k, seed=0)
+        ratio = metrics.wcss(X, released[self.spec.dataset.columns].to_numpy()) / ref if ref > 0 else math.nan
         return {"released": True, "cost_ratio_to_kmeanspp": ratio,
                 "headline": f"k-means cost / k-means++ = {ratio:.4g}"}
 

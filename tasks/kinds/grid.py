@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Literal
 
@@ -513,9 +514,11 @@ class GridKind(ReleaseKind):
         if len(dataset.bounds) not in AXES:
             raise ValueError("grid releases need 2 or 3 numeric columns with bounds (the axes of the grid)")
 
-    def footprint(self, spec):
+    @cached_property
+    def footprint(self):
         """One noisy value per measured row, the estimates and the ADMM over them (about 600 bytes and 20 us per
         row), the published cells and pyramid; the per-axis strategy's optimisation where it is not shipped."""
+        spec = self.spec
         p = spec.release
         rows = measured_values(spec)
         fp = (noise_footprint(rows, "laplace", p.strategy_used != "kronecker", f"the {rows:,} noisy measurements")
@@ -526,7 +529,9 @@ class GridKind(ReleaseKind):
                                   f"HDMM's {k:,} x {p.cells:,} per-axis strategy and its optimisation")
         return fp
 
-    def plan(self, spec):
+    @cached_property
+    def plan(self):
+        spec = self.spec
         p, unit = spec.release, spec.dataset.unit_weight
         if p.strategy_used == "adaptive":
             if axes_of(spec) != 2:
@@ -538,15 +543,19 @@ class GridKind(ReleaseKind):
             return hierarchy.tree_plan(tree_of(spec), epsilon=p.epsilon, unit_weight=unit)
         return cells_plan(cells_of(spec), epsilon=p.epsilon, unit_weight=unit)
 
-    def prepare(self, spec, ingested, run, log):
+    def prepare(self, ingested, run, log):
+        spec = self.spec
         out = counts.encode_grid(spec, run, ingested, spec.release.cells, log)
         log.info("binned the records into a public grid of %d cells", cells_of(spec))
         return out
 
-    def prepared_contract(self, spec):
+    @cached_property
+    def prepared_contract(self):
+        spec = self.spec
         return suites.encoded("cell", cells_of(spec), "weight" if spec.dataset.weight_column else None)
 
-    def draw(self, spec, prepared, measure, public_rng, log):
+    def draw(self, prepared, measure, public_rng, log):
+        spec = self.spec
         p = spec.release
         strategy = kronecker_now(p.cells, axes_of(spec)) if p.strategy_used == "kronecker" else None  # public
         grid = counts.count(spec, prepared, "cell", cells_of(spec)).reshape(shape_of(spec))
@@ -565,7 +574,9 @@ class GridKind(ReleaseKind):
                 np.savez_compressed(folder / STRATEGY, B=strategy.factors[0].B)
         return Draw(write=write, meta={**meta, "strategy_seed": strategies.SEED})
 
-    def measurements_contract(self, spec):
+    @cached_property
+    def measurements_contract(self):
+        spec = self.spec
         other = {"quadtree": ["level", "first_bin", "end_bin"],
                  "adaptive": ["level", "parent", "x_first", "x_end", "y_first", "y_end"]}.get(
             spec.release.strategy_used, [])
@@ -573,22 +584,25 @@ class GridKind(ReleaseKind):
                                                       ["noisy_count"], other_columns=other,
                                                       at_most=spec.release.strategy_used == "adaptive")
 
-    def _strategy(self, spec, measurements):
+    def _strategy(self, measurements):
         """What the estimates need beside the noisy values: the committed Kronecker strategy, or for the adaptive
         grid the committed plan (its budgets fix the leaves)."""
+        spec = self.spec
         if spec.release.strategy_used == "adaptive":
             return committed_plan(measurements)
         return committed_kronecker(measurements, axes_of(spec)) if spec.release.strategy_used == "kronecker" else None
 
-    def _noisy(self, spec, measurements, plan):
+    def _noisy(self, measurements, plan):
+        spec = self.spec
         noisy = counts.read_column(measurements / noisy_file(spec), "noisy_count")
         return noisy if spec.release.strategy_used != "adaptive" else read_adaptive(spec, measurements, plan)
 
-    def postprocess(self, spec, measurements, staging, internal, log):
+    def postprocess(self, measurements, staging, internal, log):
+        spec = self.spec
         p = spec.release
         plan = committed_plan(measurements)
-        strategy = self._strategy(spec, measurements)
-        noisy = self._noisy(spec, measurements, plan)
+        strategy = self._strategy(measurements)
+        noisy = self._noisy(measurements, plan)
         count, estimate, info = estimates(spec, noisy, plan[entry_of(spec)].scale, strategy)
         counts.write_vector(staging / GRID, "cell", {"count": count.ravel(), "estimate": estimate.ravel()},
                             **_cell_columns(spec))
@@ -605,12 +619,15 @@ class GridKind(ReleaseKind):
             log.info("adaptive grid: dense for its epsilon, every cell measured (%s)", dense_entry(spec))
         return [GRID, LEVELS, GRID_INFO]
 
-    def release_contract(self, spec):
-        intervals = ["estimate", "count"] if bootstrap_planned(self, spec) else []
+    @cached_property
+    def release_contract(self):
+        spec = self.spec
+        intervals = ["estimate", "count"] if bootstrap_planned(self) else []
         return GRID, suites.indexed_table("release", "cell", cells_of(spec), VALUES, nonnegative=["count"],
                                           other_columns=list(_cell_columns(spec)), intervals=intervals)
 
-    def direct_values(self, spec, measurements, plan):
+    def direct_values(self, measurements, plan):
+        spec = self.spec
         if spec.release.strategy_used == "adaptive":
             level = counts.read_column(measurements / NOISY_ADAPTIVE, "level")
             entry = {0: "points", 1: "coarse", 2: "leaves", 3: dense_entry(spec)}
@@ -618,30 +635,36 @@ class GridKind(ReleaseKind):
                     for lev in np.unique(level)]
         return [Direct(noisy_file(spec), "noisy_count", entry_of(spec), NoiseLaw.of(plan[entry_of(spec)]))]
 
-    def bootstraps(self, spec):
+    @cached_property
+    def bootstraps(self):
         """Not for the adaptive grid: its cells' error is mostly the unevenness inside a leaf, which no replicate
         of the noise sees; an interval there would not hold. Its leaves' noisy counts carry exact ones."""
-        return spec.release.strategy_used != "adaptive"
+        return self.spec.release.strategy_used != "adaptive"
 
-    def unreplicated(self, spec):
-        if spec.release.strategy_used == "adaptive":
+    @cached_property
+    def unreplicated(self):
+        if self.spec.release.strategy_used == "adaptive":
             return ("adaptive grid: a cell's error is mostly the unevenness of its leaf, which no replicate of the "
                     "noise sees, so its cells carry no interval; noisy_adaptive.parquet's noisy values carry exact "
                     "ones")
         return None
 
-    def replicate_seconds(self, spec, measurements=None):
-        return SECONDS_PER_CALL + SECONDS_PER_VALUE * (measured_values(spec) + self.replicate_values(spec, None))
+    def replicate_seconds(self, measurements=None):
+        spec = self.spec
+        return SECONDS_PER_CALL + SECONDS_PER_VALUE * (measured_values(spec) + self.replicate_values)
 
-    def replicate_values(self, spec, plan):
+    @cached_property
+    def replicate_values(self):
         """The cells and the blocks of their pyramid."""
+        spec = self.spec
         return float(cells_of(spec) + quadtree.pyramid_size(spec.release.cells, axes_of(spec)))
 
-    def bootstrap(self, spec, measurements, staging, plan):
+    def bootstrap(self, measurements, staging, plan):
         """Around the released signed estimate (`counts.signed_bootstrap`): the measurements it implies are the
         strategy's answers, its quadtree, or itself."""
+        spec = self.spec
         estimate = counts.read_column(staging / GRID, "estimate").reshape(shape_of(spec))
-        strategy, entry = self._strategy(spec, measurements), entry_of(spec)
+        strategy, entry = self._strategy(measurements), entry_of(spec)
         law = NoiseLaw.of(plan[entry])
         implied = {"kronecker": lambda: strategy.answers(estimate),
                    "quadtree": lambda: tree_of(spec).aggregate(
@@ -656,14 +679,16 @@ class GridKind(ReleaseKind):
             also=(Product(LEVELS, "node", ("estimate",), replicates=False, bounded=(("count", "estimate"),)),),
             notes=("levels.parquet's intervals come from the cells' replicates' block sums",))
 
-    def heatmap(self, spec, release):
+    def heatmap(self, release):
+        spec = self.spec
         count = counts.read_column(release / GRID, "count").reshape(shape_of(spec))
         return picture(count, spec.dataset.bounds,
                        f"released counts ({spec.release.strategy_used}, epsilon {spec.release.epsilon:g})")
 
-    def evaluate(self, spec, run, prepared, log):
+    def evaluate(self, run, prepared, log):
         """Internal: the MSE of the published answers to random rectangles (sums of the signed estimate, cut at
         zero) and of the published per-cell counts (unit queries), against the exact grid."""
+        spec = self.spec
         exact = counts.count(spec, prepared, "cell", cells_of(spec)).reshape(shape_of(spec))
         table = replicates.published(run.release, GRID)
         estimate, count = (table.column(c).reshape(shape_of(spec)) for c in ("estimate", "count"))

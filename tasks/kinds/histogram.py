@@ -18,11 +18,15 @@ Two estimates are published per bin (and per tree node), because no single one i
             to 0; otherwise the estimate cut at zero. Near zero it is biased upward, and summing it sums the bias:
             it is for reading bin by bin. Its interval is the estimate's cut at zero and widened to hold it
             (`tasks.kinds.uncertainty.bounded_interval`).
+
+Reading one release's path (docs/explanation/architecture.md): next, tasks/stages.py, where `measure` charges the
+ledger with this kind's `plan` and draws through it.
 """
 
 from __future__ import annotations
 
 import json
+from functools import cached_property
 from pathlib import Path
 from typing import Literal
 
@@ -226,16 +230,32 @@ class HistogramKind(ReleaseKind):
     summary = ("Laplace on every node of a k-ary tree over public equal-width bins (Hay et al.; for ranges) or on "
                "every bin (for single bins); a signed least-squares estimate for sums and non-negative counts per "
                "bin, made consistent by ADMM (Lee, Wang & Kifer Algorithm 3, Htree projection)")
+    bootstraps = True
 
     def example(self):
         return {"kind": "histogram", "bins": 16, "branching": 4, "epsilon": 1.0}
 
-    def footprint(self, spec):
+    @cached_property
+    def tree(self) -> hierarchy.Tree:
+        return tree_of(self.spec)
+
+    @cached_property
+    def entry(self) -> str:
+        """The plan entry of the strategy's draw."""
+        return entry_of(self.spec)
+
+    @cached_property
+    def strategy(self):
+        """The optimized strategy's p-Identity matrix for the spec's bins (public: shipped, cached or optimised)."""
+        return strategy_now(self.spec)
+
+    @cached_property
+    def footprint(self):
         """One noisy count per measured row, then the estimates over them (about 600 bytes and 10 us per row for the
         arrays, the projection, the Parquet files and their contracts, tests/benchmarks/footprint.py); the optimized
         strategy's p x n matrix and, where it is neither shipped nor cached, its optimisation."""
-        p = spec.release
-        rows = measured_values(spec)
+        p = self.spec.release
+        rows = measured_values(self.spec)
         what = {"tree": "tree nodes", "identity": "bins", "optimized": "strategy answers"}[p.strategy_used]
         fp = (noise_footprint(rows, "laplace", p.strategy_used != "optimized", f"the {rows:,} noisy {what}")
               + Footprint(600.0 * rows, 1e-5 * rows, f"the consistency of {rows:,} {what}"))
@@ -245,27 +265,29 @@ class HistogramKind(ReleaseKind):
                                   f"HDMM's {k:,} x {p.bins:,} strategy and its optimisation")
         return fp
 
-    def plan(self, spec):
-        p, unit = spec.release, spec.dataset.unit_weight
+    @cached_property
+    def plan(self):
+        p, unit = self.spec.release, self.spec.dataset.unit_weight
         if p.strategy_used == "optimized":
             return optimized_plan(p.bins, epsilon=p.epsilon, unit_weight=unit)
-        if is_tree(spec):
-            return hierarchy.tree_plan(tree_of(spec), epsilon=p.epsilon, unit_weight=unit)
+        if p.strategy_used == "tree":
+            return hierarchy.tree_plan(self.tree, epsilon=p.epsilon, unit_weight=unit)
         return hierarchy.bins_plan(p.bins, epsilon=p.epsilon, unit_weight=unit)
 
-    def prepare(self, spec, ingested, run, log):
-        out = counts.encode_bins(spec, run, ingested, spec.release.bins, log)
-        log.info("binned the records into %d public bins", spec.release.bins)
+    def prepare(self, ingested, run, log):
+        out = counts.encode_bins(self.spec, run, ingested, self.spec.release.bins, log)
+        log.info("binned the records into %d public bins", self.spec.release.bins)
         return out
 
-    def prepared_contract(self, spec):
-        return suites.encoded("bin", spec.release.bins, "weight" if spec.dataset.weight_column else None)
+    @cached_property
+    def prepared_contract(self):
+        return suites.encoded("bin", self.spec.release.bins, "weight" if self.spec.dataset.weight_column else None)
 
-    def draw(self, spec, prepared, measure, public_rng, log):
-        p = spec.release
+    def draw(self, prepared, measure, public_rng, log):
+        p = self.spec.release
         if p.strategy_used == "optimized":
-            strategy = strategy_now(spec)  # public, data-independent: before the data is read
-        bins = counts.count(spec, prepared, "bin", p.bins)
+            strategy = self.strategy  # public, data-independent: before the data is read
+        bins = counts.count(self.spec, prepared, "bin", p.bins)
         if p.strategy_used == "identity":
             noisy = measure("bins", bins)
             return Draw(write=lambda folder: counts.write_vector(folder / NOISY_BINS, "bin", {"noisy_count": noisy}),
@@ -281,24 +303,25 @@ class HistogramKind(ReleaseKind):
                 np.savez_compressed(folder / STRATEGY, B=strategy.B)
             return Draw(write=write, meta={"bins": p.bins, "strategy": "optimized", "strategy_rows": strategy.p,
                                            "strategy_seed": strategies.SEED})
-        tree = tree_of(spec)
+        tree = self.tree
         noisy = measure("tree", tree.aggregate(bins))
         meta = {"bins": tree.leaves, "branching": tree.branching, "levels": tree.levels, "strategy": "tree"}
         return Draw(write=lambda folder: counts.write_vector(folder / NOISY_TREE, "node", {"noisy_count": noisy},
                                                              **node_columns(tree)), meta=meta)
 
-    def measurements_contract(self, spec):
-        if is_tree(spec):
-            return NOISY_TREE, suites.indexed_table("measurements", "node", tree_of(spec).size, ["noisy_count"],
+    @cached_property
+    def measurements_contract(self):
+        if is_tree(self.spec):
+            return NOISY_TREE, suites.indexed_table("measurements", "node", self.tree.size, ["noisy_count"],
                                                     other_columns=["level", "first_bin", "end_bin"])
-        return noisy_file(spec), suites.indexed_table("measurements", noisy_index(spec), measured_values(spec),
-                                                      ["noisy_count"])
+        return noisy_file(self.spec), suites.indexed_table("measurements", noisy_index(self.spec),
+                                                           measured_values(self.spec), ["noisy_count"])
 
-    def postprocess(self, spec, measurements, staging, internal, log):
-        p = spec.release
+    def postprocess(self, measurements, staging, internal, log):
+        spec, p = self.spec, self.spec.release
         noisy = counts.read_column(measurements / noisy_file(spec), "noisy_count")
         strategy = committed_strategy(measurements) if p.strategy_used == "optimized" else None
-        count, estimate, info = estimates(spec, noisy, committed_plan(measurements)[entry_of(spec)].scale, strategy)
+        count, estimate, info = estimates(spec, noisy, committed_plan(measurements)[self.entry].scale, strategy)
         (_column, (lo, hi)), = spec.dataset.bounds.items()
         edges = lo + (hi - lo) * np.arange(p.bins + 1) / p.bins
         counts.write_vector(staging / HISTOGRAM, "bin", {"count": count, "estimate": estimate}, lower=edges[:-1],
@@ -306,41 +329,40 @@ class HistogramKind(ReleaseKind):
         (staging / CONSISTENCY).write_text(json.dumps(info, indent=2))
         if not is_tree(spec):
             return [HISTOGRAM, CONSISTENCY]
-        tree = tree_of(spec)
+        tree = self.tree
         counts.write_vector(staging / TREE, "node", {"count": tree.aggregate(count),
                                                      "estimate": tree.aggregate(estimate)}, **node_columns(tree))
         return [HISTOGRAM, TREE, CONSISTENCY]
 
-    def release_contract(self, spec):
-        intervals = ["estimate", "count"] if bootstrap_planned(self, spec) else []
-        return HISTOGRAM, suites.indexed_table("release", "bin", spec.release.bins, VALUES, nonnegative=["count"],
+    @cached_property
+    def release_contract(self):
+        intervals = ["estimate", "count"] if bootstrap_planned(self) else []
+        return HISTOGRAM, suites.indexed_table("release", "bin", self.spec.release.bins, VALUES, nonnegative=["count"],
                                                other_columns=["lower", "upper"], intervals=intervals)
 
-    def direct_values(self, spec, measurements, plan):
-        return [Direct(noisy_file(spec), "noisy_count", entry_of(spec), NoiseLaw.of(plan[entry_of(spec)]))]
+    def direct_values(self, measurements, plan):
+        return [Direct(noisy_file(self.spec), "noisy_count", self.entry, NoiseLaw.of(plan[self.entry]))]
 
-    def bootstraps(self, spec):
-        return True
+    def replicate_seconds(self, measurements=None):
+        p = self.spec.release
+        if p.strategy_used == "optimized":  # least squares: two products with the p x n matrix
+            return SECONDS_PER_CALL + 4e-9 * p.bins * hdmm.default_rows(p.bins)
+        return SECONDS_PER_CALL + SECONDS_PER_NODE * measured_values(self.spec)
 
-    def replicate_seconds(self, spec, measurements=None):
-        if spec.release.strategy_used == "optimized":  # least squares: two products with the p x n matrix
-            return SECONDS_PER_CALL + 4e-9 * spec.release.bins * hdmm.default_rows(spec.release.bins)
-        return SECONDS_PER_CALL + SECONDS_PER_NODE * measured_values(spec)
-
-    def bootstrap(self, spec, measurements, staging, plan):
+    def bootstrap(self, measurements, staging, plan):
         """Around the released signed estimate (`counts.signed_bootstrap`): the measurements it implies are its tree
         of sums, the strategy's answers on it, or itself."""
         estimate = counts.read_column(staging / HISTOGRAM, "estimate")
-        entry = entry_of(spec)
+        entry = self.entry
         law = NoiseLaw.of(plan[entry])
-        if spec.release.strategy_used == "identity":
+        if self.spec.release.strategy_used == "identity":
             return counts.signed_bootstrap(HISTOGRAM, "bin", entry, law, estimate,
                                            lambda y: {HISTOGRAM: y[:, None]})
-        if spec.release.strategy_used == "optimized":
+        if self.spec.release.strategy_used == "optimized":
             strategy = committed_strategy(measurements)
             return counts.signed_bootstrap(HISTOGRAM, "bin", entry, law, strategy.answers(estimate),
                                            lambda y: {HISTOGRAM: strategy.least_squares(y)[:, None]})
-        tree = tree_of(spec)
+        tree = self.tree
 
         def solve(y):
             leaves = signed_leaves(tree, y)
@@ -350,23 +372,22 @@ class HistogramKind(ReleaseKind):
             also=(Product(TREE, "node", ("estimate",), replicates=False, bounded=(("count", "estimate"),)),),
             notes=("tree.parquet's intervals come from the bins' replicates' sums",))
 
-    def accuracy(self, spec, records=None):
+    def accuracy(self, records=None):
         """A noisy measurement (exact); range sums of several lengths at random positions from the signed estimate
         (exact: it is linear); the released per-bin count for counts far from zero (where non-negativity never
         binds): exact except for the tree's `admm`, simulated on a public flat histogram."""
-        p = spec.release
-        law = NoiseLaw.of(self.plan(spec)[entry_of(spec)])
+        spec, p = self.spec, self.spec.release
+        law = NoiseLaw.of(self.plan[self.entry])
         what = {"tree": "tree node", "identity": "bin", "optimized": "strategy answer"}[p.strategy_used]
         rows = [exact(f"noisy {what} (measurements)", law, p.confidence)]
         families = planning.range_families(p.bins, p.branching if is_tree(spec) else 2)
         if p.strategy_used == "identity":
             return rows + planning.linear_rows(lambda q: q, p.bins, law, families, p.confidence, "noisy bins")
         if p.strategy_used == "optimized":
-            strategy = strategy_now(spec)
-            return rows + planning.linear_rows(strategy.estimate_weights, p.bins, law, families, p.confidence,
+            return rows + planning.linear_rows(self.strategy.estimate_weights, p.bins, law, families, p.confidence,
                                                "least squares, HDMM's strategy: the signed estimate")
         unit, ranges = families[:1], families[1:]
-        tree = tree_of(spec)
+        tree = self.tree
         below = np.zeros(tree.size - tree.leaves)
         htree = lambda q: tree.htree(np.concatenate([below, q]))
         if p.consistency_method == "admm":
@@ -380,10 +401,10 @@ class HistogramKind(ReleaseKind):
         return rows + unit_rows + planning.linear_rows(htree, tree.leaves, law, ranges, p.confidence,
                                                        "least squares, Htree: the signed estimate")
 
-    def evaluate(self, spec, run, prepared, log):
+    def evaluate(self, run, prepared, log):
         """Internal: the MSE of the published per-bin counts (unit queries) and of the published answers to random
         ranges per length (sums of the signed estimate, cut at zero), with the noisy measurements' for reference."""
-        exact = counts.count(spec, prepared, "bin", spec.release.bins)
+        exact = counts.count(self.spec, prepared, "bin", self.spec.release.bins)
         table = replicates.published(run.release, HISTOGRAM)
         bins = exact.size
         rng = np.random.default_rng(0)
@@ -396,7 +417,7 @@ class HistogramKind(ReleaseKind):
             range_mse[L] = float(np.mean(err ** 2))
         unit = float(np.mean((table.column("count") - exact) ** 2))
         report = {"records": float(exact.sum()), "unit_query_mse": unit, "range_query_mse": range_mse,
-                  "strategy": spec.release.strategy_used,
+                  "strategy": self.spec.release.strategy_used,
                   "headline": f"unit-query MSE {unit:.4g}; random-range MSE "
                               f"{np.mean(list(range_mse.values())) if range_mse else float('nan'):.4g}"}
         _plot(range_mse, run.internal / "evaluation" / "range_mse.png")

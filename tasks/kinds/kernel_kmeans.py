@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import tempfile
-from functools import lru_cache
+from functools import cached_property, lru_cache
 from pathlib import Path
 from typing import Literal
 
@@ -208,38 +208,43 @@ class KernelKMeansKind(ReleaseKind):
     summary = ("DP kernel k-means of set-valued records (Acs et al. Algorithm 2): random Fourier features of an "
                "RBF kernel, Gaussian noise on cluster sizes and feature sums calibrated to (epsilon, delta); "
                "optional DPNorm (Algorithm 3). Released: noisy centres, sizes, the public feature map")
+    bootstraps = True
 
     def example(self):
         return {"kind": "kernel_kmeans", "k": 3, "iterations": 3, "features": 20, "gamma": 0.05,
                 "epsilon": 1.0, "delta": 1e-6, "clip": "dpnorm"}
 
-    def check_feasible(self, spec):
-        check_public_sample(spec)
+    def check_feasible(self):
+        check_public_sample(self.spec)
 
-    def footprint(self, spec):
-        return clustering_footprint(spec.release, spec.dataset.item_count)
+    @cached_property
+    def footprint(self):
+        return clustering_footprint(self.spec.release, self.spec.dataset.item_count)
 
-    def plan(self, spec):
-        p = spec.release
-        return kk.plan(iterations=p.iterations, sigma=_sigma(spec), dpnorm=p.clip == "dpnorm", k=p.k,
+    @cached_property
+    def plan(self):
+        p = self.spec.release
+        return kk.plan(iterations=p.iterations, sigma=_sigma(self.spec), dpnorm=p.clip == "dpnorm", k=p.k,
                        features=p.features, norm_bins=NORM_BINS)
 
-    def draw(self, spec, prepared, measure, public_rng, log):
-        p = spec.release
-        data = Partitioned.sets(current_client(), parquet_files(prepared.path), spec.dataset.items_column,
-                                spec.dataset.item_count)
+    def draw(self, prepared, measure, public_rng, log):
+        p = self.spec.release
+        data = Partitioned.sets(current_client(), parquet_files(prepared.path), self.spec.dataset.items_column,
+                                self.spec.dataset.item_count)
         try:
-            rff, gamma, clip, res = cluster_records(spec, data, measure, public_rng, log)
+            rff, gamma, clip, res = cluster_records(self.spec, data, measure, public_rng, log)
         finally:
             data.close()
         meta = {"k": p.k, "iterations": p.iterations, "features": p.features, "gamma": gamma, "clip": clip,
-                "item_count": spec.dataset.item_count}
+                "item_count": self.spec.dataset.item_count}
         return Draw(write=lambda folder: write_clustering(folder, rff, res), meta=meta)
 
-    def measurements_contract(self, spec):
-        return TRAJECTORY, suites.feature_trajectory(spec.release.k, spec.release.iterations, spec.release.features)
+    @cached_property
+    def measurements_contract(self):
+        p = self.spec.release
+        return TRAJECTORY, suites.feature_trajectory(p.k, p.iterations, p.features)
 
-    def postprocess(self, spec, measurements, staging, internal, log):
+    def postprocess(self, measurements, staging, internal, log):
         """The last iteration's noisy centres and noisy cluster sizes, and the assignment rule."""
         meta = read_meta(measurements)
         traj = pq.read_table(measurements / TRAJECTORY).to_pandas()
@@ -255,21 +260,20 @@ class KernelKMeansKind(ReleaseKind):
                                             f"{CENTRES}", "gamma": meta["gamma"], "d": meta["features"]}, indent=2))
         return [CENTRES, RULE]
 
-    def release_contract(self, spec):
-        return CENTRES, suites.feature_centres(spec.release.k, spec.release.features,
-                                               intervals=bootstrap_planned(self, spec))
+    @cached_property
+    def release_contract(self):
+        return CENTRES, suites.feature_centres(self.spec.release.k, self.spec.release.features,
+                                               intervals=bootstrap_planned(self))
 
-    def direct_values(self, spec, measurements, plan):
+    def direct_values(self, measurements, plan):
         return noisy_sizes(plan)
 
-    def bootstraps(self, spec):
-        return True
-
-    def replicate_values(self, spec, plan):
+    @cached_property
+    def replicate_values(self):
         """Each cluster's noisy size and centre in feature space."""
-        return float(spec.release.k * (1 + spec.release.features))
+        return float(self.spec.release.k * (1 + self.spec.release.features))
 
-    def bootstrap(self, spec, measurements, staging, plan):
+    def bootstrap(self, measurements, staging, plan):
         """Around the last iteration: the sums its noisy centres and sizes imply (centre x size), redrawn with the
         plan's Gaussian at the committed clipping bound, the sizes likewise; a replicate's centre is its sum over
         its size (the previous iteration's centre below a size of 1, as DP Lloyd), its size clipped at 0."""
@@ -295,10 +299,10 @@ class KernelKMeansKind(ReleaseKind):
                                  "without the first iterations' noise, whose effect is through which records each "
                                  "centre's cluster holds"),))
 
-    def accuracy(self, spec, records=None):
+    def accuracy(self, records=None):
         """A noisy cluster size (exact); a centre's feature coordinate per unit of cluster size (the feature sum's
         noise, first order), at the public clipping bound (per unit of it with DPNorm)."""
-        p, plan = spec.release, self.plan(spec)
+        p, plan = self.spec.release, self.plan
         clip, unit = (float(p.clip), "") if p.clip != "dpnorm" else (1.0, " per unit of the DPNorm bound")
         sums = NoiseLaw.of(plan["sums"], plan["sums"].scale_for(clip))
         return [exact("noisy cluster size (every iteration)", NoiseLaw.of(plan["sizes"]), p.confidence),
@@ -306,12 +310,12 @@ class KernelKMeansKind(ReleaseKind):
                           sums.half_width(p.confidence), "first order: the feature sum's noise over n",
                           "a cluster of n records (divide by n)")]
 
-    def evaluate(self, spec, run, prepared, log):
+    def evaluate(self, run, prepared, log):
         """Internal: every record's final cluster (internal/assignments/), exact vs noisy cluster sizes, the
         degenerate-clustering check and, for a clustering that is not degenerate, the feature-space WCSS of the
         released centres against noise-free Lloyd iterations started from them (on a sample of at most
         REFERENCE_ROWS records). Nothing of it is logged: all of it is raw-derived."""
-        ds = spec.dataset
+        ds = self.spec.dataset
         folder = run.release / "measurements"
         meta = read_meta(folder)
         rff = kk.RandomFourierFeatures(np.load(folder / W_FILE), np.load(folder / B_FILE), meta["gamma"])

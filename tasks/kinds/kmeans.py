@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+from functools import cached_property
 from pathlib import Path
 from statistics import NormalDist
 from typing import Literal
@@ -304,19 +305,35 @@ class KMeansKind(ReleaseKind):
                "refinement of the whole noisy trajectory (consistency by ADMM, MCMC over simulated datasets, k-means "
                "on the best) where the noisy trajectory says it helps")
 
+    bootstraps = True
+
+    @cached_property
+    def domain(self) -> str:
+        return domain_of(self.spec)
+
+    @cached_property
+    def seeded(self) -> bool:
+        return seeded(self.spec)
+
+    @cached_property
+    def bounds(self) -> tuple[np.ndarray, np.ndarray]:
+        """The public lower and upper bounds of the columns, in their order."""
+        return _bounds(self.spec)
+
     def example(self):
         return {"kind": "kmeans", "k": 3, "iterations": 3, "epsilon": 1.0, "postprocess": ["consistency"]}
 
-    def footprint(self, spec):
+    @cached_property
+    def footprint(self):
         """The noisy counts and sums of every round (the seeding round's for SEED_MULTIPLE x K candidates), and the
         weighted k-means of the seeding's noisy means (scikit-learn, 10 starts of at most 100 passes, three
         operations per candidate, centre and coordinate): K large against the data costs its time whatever the data."""
-        p, d = spec.release, len(spec.dataset.columns)
-        first = dpkmeans.SEED_MULTIPLE * p.k if seeded(spec) else p.k
+        p, d = self.spec.release, len(self.spec.dataset.columns)
+        first = dpkmeans.SEED_MULTIPLE * p.k if self.seeded else p.k
         clusters = first + (p.iterations - 1) * p.k
         fp = (noise_footprint(clusters, "laplace", True, f"the {clusters:,} noisy cluster counts")
               + noise_footprint(clusters * d, "laplace", False, f"the {clusters * d:,} noisy cluster sums"))
-        if seeded(spec):
+        if self.seeded:
             fp += Footprint(8.0 * first * p.k, 10 * 100 * 3.0 * first * p.k * d / FLOPS,
                             f"the weighted k-means of the {first:,} seeds into {p.k:,} clusters")
         fp += Footprint(0.0, p.iterations * SECONDS_PER_ROUND,
@@ -328,78 +345,81 @@ class KMeansKind(ReleaseKind):
                 fp += Footprint(0.0, _chain_seconds(p), f"the refinement's MCMC ({_chain_steps(p):,} steps)")
         return fp
 
-    def plan(self, spec):
-        p = spec.release
-        return dpkmeans.plan(epsilon=p.epsilon, iterations=p.iterations, k=p.k, d=len(spec.dataset.columns),
-                             domain=domain_of(spec), seeding=seeded(spec))
+    @cached_property
+    def plan(self):
+        p = self.spec.release
+        return dpkmeans.plan(epsilon=p.epsilon, iterations=p.iterations, k=p.k, d=len(self.spec.dataset.columns),
+                             domain=self.domain, seeding=self.seeded)
 
-    def prepare(self, spec, ingested, run, log):
+    def prepare(self, ingested, run, log):
         """Scale every attribute into [-1, 1] with the PUBLIC bounds and project each row onto the domain,
         partition by partition. Clipping counts go to internal/normalisation.json (raw-derived: never logged)."""
         out = run.stage("normalised")
         storage.remove(out)
         storage.makedirs(out)
-        lower, upper = _bounds(spec)
+        lower, upper = self.bounds
         files = parquet_files(ingested.path)
         futures = current_client().map(normalise_points, files, [storage.join(out, storage.name(f)) for f in files],
-                                       columns=spec.dataset.columns, lower=lower, upper=upper,
-                                       domain_name=domain_of(spec))
+                                       columns=self.spec.dataset.columns, lower=lower, upper=upper,
+                                       domain_name=self.domain)
         bar = progress.Progress(log, "partitions normalised", len(files))
         clipped = np.sum(progress.gather(current_client(), futures, bar), axis=0)
-        report = {"rows": ingested.rows, "clipped_values": dict(zip(spec.dataset.columns, map(int, clipped)))}
+        report = {"rows": ingested.rows, "clipped_values": dict(zip(self.spec.dataset.columns, map(int, clipped)))}
         (run.internal / "normalisation.json").write_text(json.dumps(report, indent=2))
         # Whether anything was clipped is itself raw-derived: the log points at the counts, always.
         log.info("normalised the rows into the %s; values outside the public bounds were clipped, their counts are "
-                 "in %s (internal)", domain_of(spec), run.internal / "normalisation.json")
+                 "in %s (internal)", self.domain, run.internal / "normalisation.json")
         return StageOutput(str(out), ingested.rows, len(files))
 
-    def prepared_contract(self, spec):
-        return _in_domain(suites.normalised(spec.dataset.columns), domain_of(spec), spec.dataset.columns)
+    @cached_property
+    def prepared_contract(self):
+        return _in_domain(suites.normalised(self.spec.dataset.columns), self.domain, self.spec.dataset.columns)
 
-    def draw(self, spec, prepared, measure, public_rng, log):
-        p = spec.release
-        points = Streamed(current_client(), parquet_files(prepared.path), spec.dataset.columns)
+    def draw(self, prepared, measure, public_rng, log):
+        p = self.spec.release
+        points = Streamed(current_client(), parquet_files(prepared.path), self.spec.dataset.columns)
         # Every round is one pass over the partitions: the stage's progress is the partitions reduced (a
         # percentage only; the statistics are not logged: they are not noisy yet).
         bar = progress.Progress(log, "DP k-means (partition passes)", p.iterations * points.n_partitions)
         try:
-            m = measure_trajectory(spec, lambda C: points.reduce(dpkmeans.cluster_stats, C, progress=bar), measure,
+            m = measure_trajectory(self.spec, lambda C: points.reduce(dpkmeans.cluster_stats, C, progress=bar), measure,
                                    public_rng, log)
         finally:
             points.close()
         traj, seeding = m.trajectory, m.seeding
-        meta = {"columns": spec.dataset.columns, "min_centroid_distance": m.min_distance, "domain": domain_of(spec),
+        meta = {"columns": self.spec.dataset.columns, "min_centroid_distance": m.min_distance, "domain": self.domain,
                 "initial_centroids": traj.initial_centroids.tolist(), "iterations": traj.iterations, "k": p.k,
-                "d": len(spec.dataset.columns),
+                "d": len(self.spec.dataset.columns),
                 "seed_candidates": [] if seeding is None else seeding.candidates.tolist()}
         return Draw(write=lambda folder: write_trajectory(folder, traj, seeding), meta=meta)
 
-    def measurements_contract(self, spec):
-        p = spec.release
-        d = len(spec.dataset.columns)
-        seeds = dpkmeans.SEED_MULTIPLE * p.k if seeded(spec) else 0
+    @cached_property
+    def measurements_contract(self):
+        p = self.spec.release
+        d = len(self.spec.dataset.columns)
+        seeds = dpkmeans.SEED_MULTIPLE * p.k if self.seeded else 0
         return TRAJECTORY, _in_domain(suites.kmeans_measurements(p.k, p.iterations - bool(seeds), d, seeds),
-                                      domain_of(spec),
+                                      self.domain,
                                       [f"centroid_{j}" for j in range(d)])
 
-    def trajectory(self, spec, measurements: Path) -> dpkmeans.Trajectory:
+    def trajectory(self, measurements: Path) -> dpkmeans.Trajectory:
         plan = committed_plan(measurements)
         return read_trajectory(measurements, plan["counts"].scale, plan["sums"].scale)[0]
 
-    def postprocess(self, spec, measurements, staging, internal, log):
+    def postprocess(self, measurements, staging, internal, log):
         """The released centroids (normalised space; original units too for the box domain): Lee & Kifer's
         refinement of the trajectory (consistency, MCMC) when configured and expected to help
         (`leekifer.refinement_expected_to_help`, from the noisy trajectory alone), else the last noisy iterate,
         which is also released as dpkm_centroids.parquet. Chain diagnostics go to `internal`."""
-        traj = self.trajectory(spec, measurements)
-        p = spec.release
-        C, refined = released_centroids(spec, traj, postprocessing_seed(measurements), log)
+        traj = self.trajectory(measurements)
+        p = self.spec.release
+        C, refined = released_centroids(self.spec, traj, postprocessing_seed(measurements), log)
         use_refined = refined is not None
         files = [CENTROIDS, DPKM_CENTROIDS, REFINEMENT]
-        self._write_centroids(spec, C, staging / CENTROIDS)
-        self._write_centroids(spec, traj.final_centroids, staging / DPKM_CENTROIDS)
+        self._write_centroids(C, staging / CENTROIDS)
+        self._write_centroids(traj.final_centroids, staging / DPKM_CENTROIDS)
         if traj.domain == "box":
-            self._write_centroids(spec, domain.unscale_from_unit_box(C, *_bounds(spec)), staging / CENTROIDS_ORIGINAL)
+            self._write_centroids(domain.unscale_from_unit_box(C, *self.bounds), staging / CENTROIDS_ORIGINAL)
             files.append(CENTROIDS_ORIGINAL)
         info = {"postprocess": list(p.postprocess), "domain": traj.domain,
                 "released": "Lee & Kifer §3.2-3.3" if use_refined else "last noisy iterate of DP k-means"}
@@ -410,22 +430,22 @@ class KMeansKind(ReleaseKind):
         if refined is not None:
             info.update(_refinement_info(refined, p))
             if refined.steps:
-                _plot_chain(refined, internal / "mcmc_chain.png", "MCMC of " + _title(spec, traj.domain))
+                _plot_chain(refined, internal / "mcmc_chain.png", "MCMC of " + _title(self.spec, traj.domain))
         (staging / REFINEMENT).write_text(json.dumps(info, indent=2))
         return files
 
-    @staticmethod
-    def _write_centroids(spec, C, path):
-        cols = spec.dataset.columns
+    def _write_centroids(self, C, path):
+        cols = self.spec.dataset.columns
         cluster = np.arange(C.shape[0], dtype=np.int32)
         pq.write_table(pa.table({"cluster": cluster, **{c: C[:, j] for j, c in enumerate(cols)}}), path)
 
-    def release_contract(self, spec):
-        intervals = bootstrap_planned(self, spec)
-        return CENTROIDS, _in_domain(suites.kmeans_release(spec.release.k, spec.dataset.columns, intervals=intervals),
-                                     domain_of(spec), spec.dataset.columns, intervals)
+    @cached_property
+    def release_contract(self):
+        intervals, cols = bootstrap_planned(self), self.spec.dataset.columns
+        return CENTROIDS, _in_domain(suites.kmeans_release(self.spec.release.k, cols, intervals=intervals),
+                                     self.domain, cols, intervals)
 
-    def direct_values(self, spec, measurements, plan):
+    def direct_values(self, measurements, plan):
         """The noisy counts and sums of every round (the seeding round's: iteration 0); the trajectory's
         centroids are derived from them."""
         iteration = pq.read_table(measurements / TRAJECTORY, columns=["iteration"]).column("iteration").to_numpy()
@@ -435,43 +455,41 @@ class KMeansKind(ReleaseKind):
                 out.append(Direct(TRAJECTORY, "noisy_count", prefix + "counts", NoiseLaw.of(plan[prefix + "counts"]),
                                   rows))
                 out += [Direct(TRAJECTORY, f"noisy_sum_{j}", prefix + "sums", NoiseLaw.of(plan[prefix + "sums"]), rows)
-                        for j in range(len(spec.dataset.columns))]
+                        for j in range(len(self.spec.dataset.columns))]
         return out
 
-    def bootstraps(self, spec):
-        return True
-
-    def replicate_values(self, spec, plan):
+    @cached_property
+    def replicate_values(self):
         """The released and the last-iterate centroids (and the box's in original units): k x d each."""
-        return float(spec.release.k * len(spec.dataset.columns) * (3 if domain_of(spec) == "box" else 2))
+        return float(self.spec.release.k * len(self.spec.dataset.columns) * (3 if self.domain == "box" else 2))
 
-    def replicate_seconds(self, spec, measurements=None):
+    def replicate_seconds(self, measurements=None):
         """The refinement's chain dominates, when it runs: its length from the noisy counts when the measurements
         are known (and the refinement is then expected only if the release itself used it)."""
-        p = spec.release
+        p = self.spec.release
         rounds = SECONDS_PER_REPLICATE_ROUND * p.iterations
         if not p.postprocess:
             return SECONDS_UNREFINED + rounds
         size = None
         if measurements is not None:
-            traj = self.trajectory(spec, measurements)
+            traj = self.trajectory(measurements)
             if not _refines(traj, p):
                 return SECONDS_UNREFINED + rounds
             size = int(np.rint(np.maximum(traj.noisy_counts[-1], 0.0)).sum())
         seconds = SECONDS_UNREFINED + rounds
         if "consistency" in p.postprocess:
-            seconds += consistency_footprint(p.iterations, p.k, len(spec.dataset.columns)).seconds
+            seconds += consistency_footprint(p.iterations, p.k, len(self.spec.dataset.columns)).seconds
         if "mcmc" in p.postprocess:
             seconds += _chain_seconds(p, size)
         return seconds
 
-    def bootstrap(self, spec, measurements, staging, plan):
+    def bootstrap(self, measurements, staging, plan):
         """Around the noisy statistics of the trajectory (counts clipped at zero), its assignment centroids kept:
         the replicates condition on the path the release took. Each reruns the release's rule (the last iterate,
         or the refinement where the replicate's noise says it helps); a refined replicate's clusters are matched to
         the released ones (their labels are arbitrary)."""
         traj = read_trajectory(measurements, plan["counts"].scale, plan["sums"].scale)[0]
-        p, cols = spec.release, tuple(spec.dataset.columns)
+        p, cols = self.spec.release, tuple(self.spec.dataset.columns)
         released = pq.read_table(staging / CENTROIDS).to_pandas()[list(cols)].to_numpy()
         released_refined = _refines(traj, p)
 
@@ -482,7 +500,7 @@ class KMeansKind(ReleaseKind):
             C = matched(released, C) if refined is not None or released_refined else C
             out = {CENTROIDS: C, DPKM_CENTROIDS: t.final_centroids}
             if traj.domain == "box":
-                out[CENTROIDS_ORIGINAL] = domain.unscale_from_unit_box(C, *_bounds(spec))
+                out[CENTROIDS_ORIGINAL] = domain.unscale_from_unit_box(C, *self.bounds)
             return out
         products = (Product(CENTROIDS, "cluster", cols), Product(DPKM_CENTROIDS, "cluster", cols))
         if traj.domain == "box":
@@ -495,11 +513,11 @@ class KMeansKind(ReleaseKind):
                                 ("centroids_original_units.parquet's intervals: the centroids' replicates through "
                                  "the public scaling")))
 
-    def accuracy(self, spec, records=None):
+    def accuracy(self, records=None):
         """Per cluster and iteration: the noisy count and a noisy sum coordinate (exact); a last-iterate centroid
         coordinate (`centroid_std`) per unit of cluster size, and with a public guess of the number of records at
         equal clusters and the domain's mean square coordinate."""
-        p, plan = spec.release, self.plan(spec)
+        p, plan = self.spec.release, self.plan
         counts, sums = NoiseLaw.of(plan["counts"]), NoiseLaw.of(plan["sums"])
         z = NormalDist().inv_cdf(0.5 + p.confidence / 2.0)
         rows = [exact("noisy cluster count (every iteration)", counts, p.confidence),
@@ -509,7 +527,7 @@ class KMeansKind(ReleaseKind):
                           "a cluster of n records (divide by n); its coordinate c adds c x the count's noise "
                           "(--records: the figure at equal clusters)")]
         if records:
-            n, c2 = records / p.k, _mean_square_coordinate(domain_of(spec), len(spec.dataset.columns))
+            n, c2 = records / p.k, _mean_square_coordinate(self.domain, len(self.spec.dataset.columns))
             std = centroid_std(counts, sums, n, np.sqrt(c2))
             rows.append(Predicted("last-iterate centroid coordinate", std, z * std,
                                   "first order in the noise (delta method); interval by the normal approximation",
@@ -518,7 +536,7 @@ class KMeansKind(ReleaseKind):
         return rows + [Predicted("refined centroid (Lee & Kifer)", None, None, "not predicted: depends on the data",
                                  "released where the noisy trajectory says it helps")]
 
-    def evaluate(self, spec, run, prepared, log):
+    def evaluate(self, run, prepared, log):
         """WCSS of the released centroids and of every DP iteration on the points scaled to [-1, 1] with the
         public bounds, before any projection (`wcss`, the honest figure), and in the projected space
         (`wcss_projected`); each against a k-means++ reference (best of 10 starts, chosen on a sample of
@@ -526,10 +544,10 @@ class KMeansKind(ReleaseKind):
         the projected space's reference starts from the scaled one's centres), beside the single-centroid
         baseline (the WCSS of the scaled points' mean). Every figure is computed from the ingested partitions, in
         one load; the work depends on the shapes only (tests/test_data_independent_work.py)."""
-        traj = self.trajectory(spec, run.release / "measurements")
-        cols, dom, k = spec.dataset.columns, traj.domain, spec.release.k
+        traj = self.trajectory(run.release / "measurements")
+        cols, dom, k = self.spec.dataset.columns, traj.domain, self.spec.release.k
         released = pq.read_table(run.release / CENTROIDS).to_pandas()[cols].to_numpy()
-        lower, upper = _bounds(spec)
+        lower, upper = self.bounds
         n, T = max(prepared.rows, 1), len(traj.centroids)
         s = min(n, REFERENCE_MAX_ROWS)
         # Progress in rows gone over: the passes over the partitions, the sample, then the references' passes.
@@ -560,7 +578,7 @@ class KMeansKind(ReleaseKind):
         out = run.internal / "evaluation"
         out.mkdir(parents=True, exist_ok=True)
         _plot(scaled["wcss_per_iteration"], scaled["kmeanspp_wcss"], scaled["wcss"], scaled["single_centroid_wcss"],
-              out / "wcss.png", _title(spec, dom))
+              out / "wcss.png", _title(self.spec, dom))
         beats = bool(scaled["wcss"] < scaled["single_centroid_wcss"])
         bar.update(bar.total)
         return {"rows": prepared.rows, "domain": dom, **scaled, **projected,

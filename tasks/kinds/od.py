@@ -16,7 +16,7 @@ intervals on every number, a heat map of the table in the report.
 from __future__ import annotations
 
 import json
-from functools import partial
+from functools import cached_property, partial
 from typing import Literal
 
 import numpy as np
@@ -72,9 +72,10 @@ class OdKind(ContingencyKind):
     def example(self):
         return {"kind": "od", "epsilon": 1.0, "origin": "origin", "trips_per_user": 2}
 
-    def table(self, spec):
+    @cached_property
+    def table(self):
         """Origins (rows) by destinations (columns), whatever the order of the categories in the spec."""
-        cats, origin = spec.dataset.categories, spec.release.origin
+        cats, origin = self.spec.dataset.categories, self.spec.release.origin
         (destination,) = (c for c in cats if c != origin)
         return contingency.Table((origin, destination), (tuple(cats[origin]), tuple(cats[destination])))
 
@@ -90,13 +91,14 @@ class OdKind(ContingencyKind):
             raise ValueError("trips_per_user bounds each user's trips: the dataset has no user_column (every row is "
                              "then one trip, one privacy unit)")
 
-    def plan(self, spec):
+    @cached_property
+    def plan(self):
         """One Laplace entry over the table's cells and the outside cell (one vector, so that a user's trips across
         all of them are one L1 budget)."""
-        table, p = self.table(spec), spec.release
+        table, p = self.table, self.spec.release
         n_o, n_d = table.shape
         query = f"trips per cell of the {n_o} x {n_d} origin-destination table, and trips outside its zones"
-        if spec.dataset.user_column:
+        if self.spec.dataset.user_column:
             k = p.trips_per_user
             argument = (
                 f"neighbours add or remove one user u with all their trips. Every user keeps at most k = {k} trips "
@@ -106,63 +108,65 @@ class OdKind(ContingencyKind):
                 f"adding 1 to one count: L1 sensitivity {k}, for every key, hence for the draw of the key")
             return Plan((Mechanism("cells", query, "laplace", float(k), argument, 1.0 / p.epsilon, integer=True,
                                    values=table.size + 1, relation=RELATION),))
-        w = spec.dataset.unit_weight
+        w = self.spec.dataset.unit_weight
         argument = (f"a trip (one row, the privacy unit) falls in exactly one cell or outside the zones and adds at "
                     f"most {w} to that count (its weight capped at max_weight, or 1): L1 sensitivity {w}")
         return Plan((Mechanism("cells", query, "laplace", float(w), argument, 1.0 / p.epsilon, integer=True,
                                values=table.size + 1),))
 
-    def prepare(self, spec, ingested, run, log):
+    def prepare(self, ingested, run, log):
         """Every trip encoded as its cell (outside the zones: the extra cell); with a user column written into buckets
         of users (a hash of the id), one file per ingested partition and bucket."""
-        table = self.table(spec)
+        table = self.table
         size, columns, levels = table.size, list(table.names), list(table.levels)
-        if spec.dataset.user_column:
-            fn = partial(bounding.scatter_trips, columns=columns, levels=levels, user=spec.dataset.user_column,
+        if self.spec.dataset.user_column:
+            fn = partial(bounding.scatter_trips, columns=columns, levels=levels, user=self.spec.dataset.user_column,
                          buckets=max(1, ingested.partitions))
         else:
             fn = partial(partitions.cell_partition, columns=columns, levels=levels, outside=size,
-                         weight=spec.dataset.weight_column, max_weight=spec.dataset.max_weight)
+                         weight=self.spec.dataset.weight_column, max_weight=self.spec.dataset.max_weight)
         out = counts.encode(run, ingested, fn, log)
         log.info("encoded the trips into the %d cells of the table and the outside cell", size)
         return out
 
-    def prepared_contract(self, spec):
-        return suites.encoded("cell", self.table(spec).size + 1, "weight" if spec.dataset.weight_column else None,
-                              "user" if spec.dataset.user_column else None)
+    @cached_property
+    def prepared_contract(self):
+        return suites.encoded("cell", self.table.size + 1, "weight" if self.spec.dataset.weight_column else None,
+                              "user" if self.spec.dataset.user_column else None)
 
-    def _counts(self, spec, prepared, key: str | None, bounded: bool = True):
+    def _counts(self, prepared, key: str | None, bounded: bool = True):
         """Trips per cell and outside (raw-derived): bounded per user by `key` (with a user column), on the workers;
         only the count vectors reach the driver."""
-        size = self.table(spec).size + 1
-        if not spec.dataset.user_column:
-            return counts.count(spec, prepared, "cell", size)
+        size = self.table.size + 1
+        if not self.spec.dataset.user_column:
+            return counts.count(self.spec, prepared, "cell", size)
         groups = bounding.buckets(validate.parquet_files(prepared.path))
-        k = spec.release.trips_per_user if bounded else None
+        k = self.spec.release.trips_per_user if bounded else None
         client = partitions.current_client()
         futures = client.map(bounding.bucket_counts, groups, k=k, secret=key, size=size, pure=False)
         return np.sum(client.gather(futures), axis=0) if groups else np.zeros(size)
 
-    def draw(self, spec, prepared, measure, public_rng, log):
-        table = self.table(spec)
-        key = bounding.secret_key(measure.secret_generator()) if spec.dataset.user_column else None
-        noisy = measure("cells", self._counts(spec, prepared, key))
+    def draw(self, prepared, measure, public_rng, log):
+        table = self.table
+        key = bounding.secret_key(measure.secret_generator()) if self.spec.dataset.user_column else None
+        noisy = measure("cells", self._counts(prepared, key))
         meta = {"attributes": list(table.names), "levels": [list(lv) for lv in table.levels],
                 "outside": f"row {table.size}: trips with an origin or destination outside the zones"}
         return Draw(write=lambda folder: counts.write_vector(folder / NOISY, "cell", {"noisy_count": noisy},
                                                              **_level_columns(table, outside=True)), meta=meta)
 
-    def measurements_contract(self, spec):
-        t = self.table(spec)
+    @cached_property
+    def measurements_contract(self):
+        t = self.table
         return NOISY, suites.indexed_table("measurements", "cell", t.size + 1, ["noisy_count"], other_columns=t.names)
 
-    def postprocess(self, spec, measurements, staging, internal, log):
+    def postprocess(self, measurements, staging, internal, log):
         """The table (`count` non-negative, `estimate` signed least squares consistent with the public totals), its
         row and column totals (sums of each), and the noisy outside count (a measurement, in consistency.json)."""
-        table = self.table(spec)
+        table = self.table
         noisy = counts.read_column(measurements / NOISY, "noisy_count")
-        marginals, values, _A = self._marginals(spec)
-        released = released_table(spec.release, table, noisy[:table.size], marginals, values,
+        marginals, values, _A = self.marginals
+        released = released_table(self.spec.release, table, noisy[:table.size], marginals, values,
                                   committed_plan(measurements)["cells"].scale)
         counts.write_vector(staging / TABLE, "cell", {"count": released.count, "estimate": released.estimate},
                             **_level_columns(table))
@@ -171,28 +175,30 @@ class OdKind(ContingencyKind):
                                                         "estimate": totals(released.estimate)}, **_total_labels(table))
         info = {**released.info, "origin_column": table.names[0], "destination_column": table.names[1],
                 "outside_zones_noisy": float(noisy[table.size]),
-                "trips_per_user": spec.release.trips_per_user}
+                "trips_per_user": self.spec.release.trips_per_user}
         (staging / CONSISTENCY).write_text(json.dumps(info, indent=2))
         return [TABLE, TOTALS, CONSISTENCY]
 
-    def release_contract(self, spec):
-        t = self.table(spec)
-        intervals = ["estimate", "count"] if bootstrap_planned(self, spec) else []
+    @cached_property
+    def release_contract(self):
+        t = self.table
+        intervals = ["estimate", "count"] if bootstrap_planned(self) else []
         return TABLE, suites.indexed_table("release", "cell", t.size, ["count", "estimate"], nonnegative=["count"],
                                            other_columns=t.names, intervals=intervals)
 
-    def direct_values(self, spec, measurements, plan):
+    def direct_values(self, measurements, plan):
         return [Direct(NOISY, "noisy_count", "cells", NoiseLaw.of(plan["cells"]))]
 
-    def replicate_values(self, spec, plan):
-        t = self.table(spec)
+    @cached_property
+    def replicate_values(self):
+        t = self.table
         return float(t.size + sum(t.shape))  # the cells and the totals
 
-    def bootstrap(self, spec, measurements, staging, plan):
+    def bootstrap(self, measurements, staging, plan):
         """Around the released signed estimate (the outside cell around its noisy count cut at zero): the estimate is
         affine in the noise, so each replicate's error has the release's law; the totals are sums of it."""
-        table = self.table(spec)
-        marginals, values, A = self._marginals(spec)
+        table = self.table
+        marginals, values, A = self.marginals
         ls, totals = contingency.least_squares_table(A, values), totals_of(table, marginals, values)
         estimate = counts.read_column(staging / TABLE, "estimate")
         outside = max(float(counts.read_column(measurements / NOISY, "noisy_count")[table.size]), 0.0)
@@ -207,29 +213,29 @@ class OdKind(ContingencyKind):
                    "the bounding of each user's trips to trips_per_user is not replicated: the intervals are for "
                    "the bounded table"))
 
-    def caveats(self, spec, staging):
+    def caveats(self, staging):
         """The trips outside the zones (a noisy count, published) and, per user, the trips cut by the bound."""
         info = json.loads((staging / CONSISTENCY).read_text())
-        law = NoiseLaw.of(self.plan(spec)["cells"])
-        h = law.half_width(spec.release.confidence)
+        law = NoiseLaw.of(self.plan["cells"])
+        h = law.half_width(self.spec.release.confidence)
         out = [f"trips with an origin or destination outside the public zones are not in the table: a noisy "
-               f"{info['outside_zones_noisy']:.0f} (+/- {h:.3g} at {spec.release.confidence:g}; the last row of "
+               f"{info['outside_zones_noisy']:.0f} (+/- {h:.3g} at {self.spec.release.confidence:g}; the last row of "
                f"measurements/{NOISY})"]
-        if spec.dataset.user_column:
-            out.append(f"each user's trips were cut to {spec.release.trips_per_user} (trips_per_user, a uniform "
+        if self.spec.dataset.user_column:
+            out.append(f"each user's trips were cut to {self.spec.release.trips_per_user} (trips_per_user, a uniform "
                        f"random choice): the table counts the trips kept, and users with more trips are under-counted")
         return out
 
-    def heatmap(self, spec, release):
-        table = self.table(spec)
+    def heatmap(self, release):
+        table = self.table
         values = counts.read_column(release / TABLE, "count").reshape(table.shape)
         return Heatmap(values, table.levels[0], table.levels[1], f"{table.names[0]} (rows)",
                        f"{table.names[1]} (columns)", "released trips per origin-destination pair (count)")
 
-    def evaluate(self, spec, run, prepared, log):
+    def evaluate(self, run, prepared, log):
         """Against the raw, unbounded table (what a user of the table wants): the bound's cut shows in it."""
-        table = self.table(spec)
-        exact = self._counts(spec, prepared, None, bounded=False)[:table.size]
+        table = self.table
+        exact = self._counts(prepared, None, bounded=False)[:table.size]
         released = counts.read_column(run.release / TABLE, "count")
         mse = float(np.mean((released - exact) ** 2))
         total = float(exact.sum())

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cached_property, lru_cache
 from typing import Annotated, Literal
 
 import numpy as np
@@ -184,14 +184,15 @@ class SyntheticKind(ReleaseKind):
             return release   # set, or left to validation to refuse
         return {**release, "k": dpgm.default_k(items, max_items, MIN_LENGTH)}
 
-    def check_feasible(self, spec):
-        check_public_sample(spec)
+    def check_feasible(self):
+        check_public_sample(self.spec)
 
-    def footprint(self, spec):
+    @cached_property
+    def footprint(self):
         """The clustering's (`clustering_footprint`), the per-cluster marginals' noisy values, and the k models:
         every model's weights with their gradient, update and Adam moments (five float64 copies), trained for
         `steps` steps (about twenty operations per weight and step besides the batch's, whose size is private)."""
-        p, m = spec.release, spec.dataset.item_count
+        p, m = self.spec.release, self.spec.dataset.item_count
         cells = (p.k + 2) * (m + 1 + p.max_items - MIN_LENGTH + 1)
         h = p.hidden
         weights = m * h[0] if p.model == "rbm" else 2 * m * h[0] + sum(a * b for a, b in zip(h, h[1:])) * 2
@@ -200,26 +201,29 @@ class SyntheticKind(ReleaseKind):
                 + Footprint(5 * 8.0 * p.k * weights, 20.0 * p.steps * p.k * weights / FLOPS,
                             f"the {p.k} models of {weights:,} weights each"))
 
-    def plan(self, spec):
-        p = spec.release
-        return dpgm.plan(noise_plan(spec), kmeans_iterations=p.iterations, q=p.q, steps=p.steps,
-                         max_items=p.max_items, k=p.k, items=spec.dataset.item_count, features=p.features)
+    @cached_property
+    def plan(self):
+        p = self.spec.release
+        return dpgm.plan(noise_plan(self.spec), kmeans_iterations=p.iterations, q=p.q, steps=p.steps,
+                         max_items=p.max_items, k=p.k, items=self.spec.dataset.item_count, features=p.features)
 
-    def draw(self, spec, prepared, measure, public_rng, log):
-        ds = spec.dataset
+    def draw(self, prepared, measure, public_rng, log):
+        ds = self.spec.dataset
         data = Partitioned.sets(current_client(), parquet_files(prepared.path), ds.items_column, ds.item_count)
         try:
-            clustered = measure_marginals(spec, data, measure, public_rng, log)
-            trained = train_mixture(spec, data, clustered, measure, public_rng, log)
+            clustered = measure_marginals(self.spec, data, measure, public_rng, log)
+            trained = train_mixture(self.spec, data, clustered, measure, public_rng, log)
         finally:
             data.close()
-        return mixture_draw(spec, clustered, trained, public_rng)
+        return mixture_draw(self.spec, clustered, trained, public_rng)
 
-    def measurements_contract(self, spec):
-        return MIXTURE, suites.mixture(spec.release.k)
+    @cached_property
+    def measurements_contract(self):
+        return MIXTURE, suites.mixture(self.spec.release.k)
 
-    def postprocess(self, spec, measurements, staging, internal, log):
+    def postprocess(self, measurements, staging, internal, log):
         """Synthetic records from the stored mixture, |D~| = the sum of the noisy cluster sizes."""
+        spec = self.spec
         plan = synthesis(spec, measurements)
         out = staging / SYNTHETIC
         # The workers write the parts where every worker can: the run's scratch when it is a store (workers on other
@@ -239,17 +243,18 @@ class SyntheticKind(ReleaseKind):
             "model": meta["model"], "clusters": meta["k"]}, indent=2))
         return [SYNTHETIC, MIXTURE, "synthetic.json"]
 
-    def release_contract(self, spec):
-        return SYNTHETIC, suites.synthetic_sets(spec.dataset.items_column, spec.dataset.item_count)
+    @cached_property
+    def release_contract(self):
+        return SYNTHETIC, suites.synthetic_sets(self.spec.dataset.items_column, self.spec.dataset.item_count)
 
-    def direct_values(self, spec, measurements, plan):
+    def direct_values(self, measurements, plan):
         """The clustering's noisy sizes; the synthetic records have no interval (docs/uncertainty.md)."""
         return noisy_sizes(plan)
 
-    def evaluate(self, spec, run, prepared, log):
+    def evaluate(self, run, prepared, log):
         """Counting queries (§6.3) on raw vs synthetic records, with the MWEM (linear) and independent-items
         (any-of) baselines at the same epsilon; plot in internal/evaluation/."""
-        return evaluate_counting(spec, run, prepared, log)
+        return evaluate_counting(self.spec, run, prepared, log)
 
 
 def write_synthetic(out, column: str, plan: "Synthesis", log) -> int:

@@ -176,25 +176,25 @@ def matched(released: np.ndarray, replicate: np.ndarray) -> np.ndarray:
     return out
 
 
-def bootstrap_planned(kind, spec) -> bool:
+def bootstrap_planned(kind) -> bool:
     """Whether the release's postprocessed products carry bootstrap interval columns: from the spec alone (their
     contracts are built from it). The columns are null where the default bootstrap was skipped (`replicates_of`)."""
-    return kind.bootstraps(spec) and spec.release.replicates != 0
+    return kind.bootstraps and kind.spec.release.replicates != 0
 
 
-def replicates_of(kind, spec, measurements: Path | None = None) -> int:
+def replicates_of(kind, measurements: Path | None = None) -> int:
     """B: the spec's `replicates`, else as many as fit BOOTSTRAP_SECONDS at the kind's public cost estimate (from
     the spec, and the measurements when given) and MAX_DEFAULT_BOOTSTRAP_BYTES at its public size
     (`replicate_bytes`), rounded down to a count whose interval ends are exact order statistics ((B + 1)(1 - c) / 2
     an integer: 199, 159, ..., 39 at 0.95), never below the fewest the confidence allows; 0 when even the fewest
     would take longer than MAX_DEFAULT_BOOTSTRAP_SECONDS or more memory than MAX_DEFAULT_BOOTSTRAP_BYTES."""
-    p = spec.release
+    p = kind.spec.release
     if p.replicates is not None:
         return p.replicates
-    if not kind.bootstraps(spec):
+    if not kind.bootstraps:
         return 0
     fewest = min_replicates(p.confidence)
-    cost, size = kind.replicate_seconds(spec, measurements), replicate_bytes(kind, spec)
+    cost, size = kind.replicate_seconds(measurements), replicate_bytes(kind)
     if fewest * cost > MAX_DEFAULT_BOOTSTRAP_SECONDS or fewest * size > MAX_DEFAULT_BOOTSTRAP_BYTES:
         return 0
     fit = min(MAX_DEFAULT_REPLICATES, BOOTSTRAP_SECONDS / cost if cost > 0 else MAX_DEFAULT_REPLICATES,
@@ -203,15 +203,15 @@ def replicates_of(kind, spec, measurements: Path | None = None) -> int:
     return max(fewest, (int(fit) + 1) // step * step - 1)
 
 
-def replicate_bytes(kind, spec) -> float:
+def replicate_bytes(kind) -> float:
     """The bootstrap's memory per replicate, from the kind's public count of the values a replicate keeps."""
-    return BOOTSTRAP_BYTES_PER_VALUE * kind.replicate_values(spec, kind.plan(spec))
+    return BOOTSTRAP_BYTES_PER_VALUE * kind.replicate_values
 
 
-def skipped_reason(kind, spec, measurements: Path) -> str:
+def skipped_reason(kind, measurements: Path) -> str:
     """Why `replicates_of` skipped a default bootstrap: the fewest replicates' estimated time or memory."""
-    fewest = min_replicates(spec.release.confidence)
-    seconds, size = fewest * kind.replicate_seconds(spec, measurements), fewest * replicate_bytes(kind, spec)
+    fewest = min_replicates(kind.spec.release.confidence)
+    seconds, size = fewest * kind.replicate_seconds(measurements), fewest * replicate_bytes(kind)
     if size > MAX_DEFAULT_BOOTSTRAP_BYTES:
         return (f"its fewest replicates at this confidence would hold about {size / 2 ** 30:.1f} GiB (more than "
                 f"{MAX_DEFAULT_BOOTSTRAP_BYTES / 2 ** 30:.0f} GiB)")

@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import json
 
-import sqlalchemy as sa
-
+from dpalgos.lazy import module
 from tasks import storage
 from tasks.errors import ReleaseConflict
 from tasks.example_data import BUILTIN_PREFIX
-from tasks.ledger.schema import budgets, spends
+from tasks.ledger import schema
+
+sa = module("sqlalchemy")
 
 
 class Bindings:
@@ -34,30 +35,33 @@ class Bindings:
 
     def source(self, dataset_id: str) -> str | None:
         """The data source the dataset id is bound to (None: not yet)."""
+        c = schema.budgets.c
         with self._transaction() as db:
-            return db.execute(sa.select(budgets.c.source).where(budgets.c.dataset_id == dataset_id)).scalar()
+            return db.execute(sa.select(c.source).where(c.dataset_id == dataset_id)).scalar()
 
     def sources(self) -> list[str]:
         """Every bound data source."""
+        c = schema.budgets.c
         with self._transaction() as db:
-            return list(db.execute(sa.select(budgets.c.source).where(budgets.c.source.is_not(None))).scalars())
+            return list(db.execute(sa.select(c.source).where(c.source.is_not(None))).scalars())
 
     def reading(self, dataset_id: str) -> dict | None:
         """How the dataset's data is read, as the operator or its first release bound it (None: not yet)."""
+        c = schema.budgets.c
         with self._transaction() as db:
-            reading = db.execute(sa.select(budgets.c.reading).where(budgets.c.dataset_id == dataset_id)).scalar()
+            reading = db.execute(sa.select(c.reading).where(c.dataset_id == dataset_id)).scalar()
         return json.loads(reading) if reading else None
 
     def _bind_locked(self, db, dataset_id: str, source: str, reading: dict | None, digest: str | None) -> None:
-        row = db.execute(sa.select(budgets.c.source, budgets.c.reading)
-                         .where(budgets.c.dataset_id == dataset_id)).mappings().one()
+        row = db.execute(sa.select(schema.budgets.c.source, schema.budgets.c.reading)
+                         .where(schema.budgets.c.dataset_id == dataset_id)).mappings().one()
         if row["source"] is not None and not within(source, row["source"]):
             raise ReleaseConflict(source_conflict_message(dataset_id, row["source"], source))
         if row["source"] is None:
             self._one_id_per_source_locked(db, dataset_id, source, digest)
         check_reading(dataset_id, json.loads(row["reading"]) if row["reading"] else None, reading, source)
-        c = budgets.c
-        db.execute(sa.update(budgets).where(c.dataset_id == dataset_id).values(
+        c = schema.budgets.c
+        db.execute(sa.update(schema.budgets).where(c.dataset_id == dataset_id).values(
             source=sa.func.coalesce(c.source, source),
             source_digest=sa.func.coalesce(c.source_digest, digest if row["source"] is None else None),
             reading=sa.func.coalesce(c.reading, None if reading is None else json.dumps(unit_fields(reading),
@@ -67,7 +71,7 @@ class Bindings:
     def _one_id_per_source_locked(db, dataset_id: str, source: str, digest: str | None) -> None:
         """One data source is one dataset (one budget), whether it is named by a path around or inside another
         dataset's, or is a byte-identical copy of one."""
-        c = budgets.c
+        c = schema.budgets.c
         for row in db.execute(sa.select(c.dataset_id, c.source, c.source_digest)
                               .where(c.source.is_not(None), c.dataset_id != dataset_id)).mappings():
             if within(source, row["source"]) or within(row["source"], source):
@@ -81,13 +85,15 @@ class Bindings:
 
     @staticmethod
     def _check_rebinding_locked(db, dataset_id: str, reading: dict) -> None:
-        row = db.execute(sa.select(budgets.c.reading).where(budgets.c.dataset_id == dataset_id)).mappings().first()
+        c = schema.budgets.c
+        row = db.execute(sa.select(c.reading).where(c.dataset_id == dataset_id)).mappings().first()
         if row is None or row["reading"] is None:
             return
         bound = json.loads(row["reading"])
         if unit_fields(bound) == unit_fields(reading):
             return  # the privacy unit is unchanged (the path stays inside the bound source)
-        if db.execute(sa.select(spends.c.release_id).where(spends.c.dataset_id == dataset_id).limit(1)).first():
+        s = schema.spends.c
+        if db.execute(sa.select(s.release_id).where(s.dataset_id == dataset_id).limit(1)).first():
             raise ReleaseConflict(reading_conflict_message(
                 dataset_id, unit_fields(bound), unit_fields(reading), asker="the new reading",
                 outcome="The dataset has releases, whose privacy unit is the bound reading's: nothing was changed"))

@@ -21,12 +21,12 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import TYPE_CHECKING, Callable, Mapping
 
-import sqlalchemy as sa
-
 from dpalgos.lazy import module
 from tasks.errors import BudgetExceeded, ReleaseConflict
-from tasks.ledger.schema import spends
+from tasks.ledger import schema
 from tasks.ledger.store import now
+
+sa = module("sqlalchemy")
 
 if TYPE_CHECKING:
     from dpalgos.plan import Plan
@@ -132,7 +132,7 @@ def _first(ledger, db, ask: Ask, prior) -> Charge:
     if not ask.within(total):
         raise _over_budget(ledger, db, ask, total)
     stamp = now()
-    db.execute(sa.insert(spends).values(
+    db.execute(sa.insert(schema.spends).values(
         release_id=ask.release_id, dataset_id=ask.dataset_id, kind=ask.kind, fingerprint=ask.fingerprint,
         event=json.dumps(accounting.event_to_json(ask.event)), epsilon=ask.own.epsilon, delta=ask.own.delta,
         status="charged", created_at=stamp, updated_at=stamp, attempts=1, location=ask.location,
@@ -147,7 +147,7 @@ def _correct(ledger, db, ask: Ask, prior) -> Charge:
     if not ask.within(total):
         raise BudgetExceeded(f"release '{ask.release_id}' with its new parameters would exceed the lifetime "
                              f"budget of dataset '{ask.dataset_id}'. No noise was drawn.")
-    db.execute(sa.update(spends).where(spends.c.release_id == ask.release_id).values(
+    db.execute(sa.update(schema.spends).where(schema.spends.c.release_id == ask.release_id).values(
         fingerprint=ask.fingerprint, event=json.dumps(accounting.event_to_json(ask.event)), epsilon=ask.own.epsilon,
         delta=ask.own.delta, extra_delta=ask.plan.extra_delta, location=ask.location or prior["location"],
         owner=ask.owner, updated_at=now()))
@@ -180,8 +180,9 @@ def _again(ledger, db, ask: Ask, prior) -> Charge:
     total = _composed(ledger, db, ask)
     if not ask.within(total):
         raise _over_budget(ledger, db, ask, total)
-    db.execute(sa.update(spends).where(spends.c.release_id == ask.release_id).values(
-        attempts=spends.c.attempts + 1, extra_delta=spends.c.extra_delta + ask.plan.extra_delta, status="charged",
+    c = schema.spends.c
+    db.execute(sa.update(schema.spends).where(c.release_id == ask.release_id).values(
+        attempts=c.attempts + 1, extra_delta=c.extra_delta + ask.plan.extra_delta, status="charged",
         owner=ask.owner, updated_at=now()))
     return Charge(ask.release_id, "charged again: an earlier attempt drew noise and failed before its commit",
                   ask.own, total, ask.budget_epsilon, ask.budget_delta)
@@ -189,7 +190,7 @@ def _again(ledger, db, ask: Ask, prior) -> Charge:
 
 def _take_over(ledger, db, ask: Ask, prior) -> Charge:
     """Nothing drawn yet: this run takes the release over (see `Spends.begin_draw`)."""
-    db.execute(sa.update(spends).where(spends.c.release_id == ask.release_id).values(
+    db.execute(sa.update(schema.spends).where(schema.spends.c.release_id == ask.release_id).values(
         location=ask.location or prior["location"], owner=ask.owner))
     return _unchanged(ledger, db, ask, prior)
 

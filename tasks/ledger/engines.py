@@ -10,7 +10,9 @@ import threading
 from collections import OrderedDict
 from typing import Callable
 
-import sqlalchemy as sa
+from dpalgos.lazy import module
+
+sa = module("sqlalchemy")
 
 #: How long a writer waits for the ledger's lock before its transaction fails (SQLite's busy timeout; PostgreSQL's
 #: lock_timeout is the same).

@@ -7,13 +7,14 @@ from __future__ import annotations
 import hashlib
 from pathlib import Path
 
-import sqlalchemy as sa
-
+from dpalgos.lazy import module
 from tasks import storage
 from tasks.errors import ReleaseConflict
+from tasks.ledger import schema
 from tasks.ledger.bindings import data_source, within
-from tasks.ledger.schema import budgets, public_inputs
 from tasks.ledger.store import now
+
+sa = module("sqlalchemy")
 
 
 class PublicInputs:
@@ -27,21 +28,23 @@ class PublicInputs:
         digest = content_sha256(where)  # before the ledger's lock: a folder may take a while to read
         same_bytes = storage.digest(where) if not storage.is_dir(where) else None
         with self._transaction(immediate=True) as db:
-            bound = sa.select(budgets.c.dataset_id, budgets.c.source, budgets.c.source_digest).where(
-                budgets.c.source.is_not(None))
+            b = schema.budgets.c
+            bound = sa.select(b.dataset_id, b.source, b.source_digest).where(b.source.is_not(None))
             for row in db.execute(bound).mappings():
                 if within(where, row["source"]) or within(row["source"], where) or \
                         (same_bytes is not None and row["source_digest"] == same_bytes):
                     raise ReleaseConflict(f"{where} holds the data of dataset '{row['dataset_id']}': it cannot "
                                           f"be declared public")
             # Registered again: the new registration replaces the old (under the writers' lock, read then written).
-            db.execute(sa.delete(public_inputs).where(public_inputs.c.path == where))
-            db.execute(sa.insert(public_inputs).values(path=where, sha256=digest, source=source, registered_at=now()))
+            table = schema.public_inputs
+            db.execute(sa.delete(table).where(table.c.path == where))
+            db.execute(sa.insert(table).values(path=where, sha256=digest, source=source, registered_at=now()))
         return digest
 
     def public_inputs(self) -> list[dict]:
+        table = schema.public_inputs
         with self._transaction() as db:
-            return [dict(r) for r in db.execute(sa.select(public_inputs).order_by(public_inputs.c.path)).mappings()]
+            return [dict(r) for r in db.execute(sa.select(table).order_by(table.c.path)).mappings()]
 
 
 def public_copy(path: str, into: Path, ledger) -> Path:

@@ -18,13 +18,14 @@ import json
 import math
 from typing import TYPE_CHECKING
 
-import sqlalchemy as sa
-
+from dpalgos.lazy import module
 from tasks.errors import BudgetExceeded, NoBudget, ReleaseConflict
+from tasks.ledger import schema
 from tasks.ledger.bindings import data_source, source_digest
 from tasks.ledger.charges import Ask, Charge, accounting, decide
-from tasks.ledger.schema import budget_changes, budgets, spends
 from tasks.ledger.store import now
+
+sa = module("sqlalchemy")
 
 if TYPE_CHECKING:
     from dp_accounting import dp_event as dpe
@@ -56,6 +57,7 @@ class Spends:
         where = None if source is None else data_source(source)
         digest = None if where is None else source_digest(where)  # before the lock: a folder takes a while to read
         with self._transaction(immediate=True) as db:
+            budgets = schema.budgets
             old = db.execute(sa.select(budgets).where(budgets.c.dataset_id == dataset_id)).mappings().first()
             spent = self._total_locked(db, dataset_id, old["delta"]).epsilon if old else 0.0
             if old and (epsilon > old["epsilon"] or delta > old["delta"]) and spent > 0 and not (reason or "").strip():
@@ -74,21 +76,21 @@ class Spends:
             db.execute(sa.insert(budgets).values(dataset_id=dataset_id, **row) if old is None else
                        sa.update(budgets).where(budgets.c.dataset_id == dataset_id).values(**row))
             # seq orders a budget's history (one after the last, under the writers' lock)
-            last = db.execute(sa.select(sa.func.coalesce(sa.func.max(budget_changes.c.seq), 0))).scalar()
-            db.execute(sa.insert(budget_changes).values(
+            last = db.execute(sa.select(sa.func.coalesce(sa.func.max(schema.budget_changes.c.seq), 0))).scalar()
+            db.execute(sa.insert(schema.budget_changes).values(
                 seq=last + 1, dataset_id=dataset_id, changed_at=now(), old_epsilon=old["epsilon"] if old else None,
                 old_delta=old["delta"] if old else None, new_epsilon=epsilon, new_delta=delta, spent_epsilon=spent,
                 reason=(reason or "").strip() or None))
 
     def budget(self, dataset_id: str) -> tuple[float, float] | None:
         with self._transaction() as db:
-            row = db.execute(sa.select(budgets.c.epsilon, budgets.c.delta)
-                             .where(budgets.c.dataset_id == dataset_id)).first()
+            row = db.execute(sa.select(schema.budgets.c.epsilon, schema.budgets.c.delta)
+                             .where(schema.budgets.c.dataset_id == dataset_id)).first()
         return (row.epsilon, row.delta) if row else None
 
     def budget_history(self, dataset_id: str) -> list[dict]:
         """Every change of the dataset's budget, oldest first."""
-        c = budget_changes.c
+        c = schema.budget_changes.c
         with self._transaction() as db:
             return [dict(r) for r in db.execute(
                 sa.select(c.dataset_id, c.changed_at, c.old_epsilon, c.old_delta, c.new_epsilon, c.new_delta,
@@ -131,7 +133,8 @@ class Spends:
                                      f"{bud_delta:g} of dataset '{dataset_id}'. No noise was drawn.")
             ask = Ask(dataset_id, release_id, kind, fingerprint, plan, release_delta, redraw, location, owner,
                       bud_eps, bud_delta)
-            prior = db.execute(sa.select(spends).where(spends.c.release_id == release_id)).mappings().first()
+            table = schema.spends
+            prior = db.execute(sa.select(table).where(table.c.release_id == release_id)).mappings().first()
             return decide(ask, prior).act(self, db, ask, prior)
 
     def begin_draw(self, release_id: str, owner: str | None) -> None:
@@ -139,10 +142,11 @@ class Spends:
         set). Called before the first noise draw; a run that lost the release to a newer one is refused here,
         before it draws anything. Repeated by the same run (a retry after a commit whose answer was lost: the
         lease is already its own), it changes nothing and succeeds."""
-        c = spends.c
+        c = schema.spends.c
         with self._transaction(immediate=True) as db:
-            n = db.execute(sa.update(spends).where(c.release_id == release_id, c.status.in_(("charged", "drawing")),
-                                                   c.owner.is_not_distinct_from(owner))
+            n = db.execute(sa.update(schema.spends).where(c.release_id == release_id,
+                                                          c.status.in_(("charged", "drawing")),
+                                                          c.owner.is_not_distinct_from(owner))
                            .values(status="drawing", updated_at=now())).rowcount
         if n != 1:
             raise ReleaseConflict(f"release '{release_id}' was taken over by another run before this one drew any "
@@ -151,17 +155,18 @@ class Spends:
     def mark(self, release_id: str, status: str) -> None:
         """Advance a release's status: charged -> measured -> published."""
         with self._transaction(immediate=True) as db:
-            n = db.execute(sa.update(spends).where(spends.c.release_id == release_id)
+            n = db.execute(sa.update(schema.spends).where(schema.spends.c.release_id == release_id)
                            .values(status=status, updated_at=now())).rowcount
         if n != 1:
             raise ReleaseConflict(f"release '{release_id}' is not in the ledger {self.name}")
 
     def status(self, release_id: str) -> str | None:
+        c = schema.spends.c
         with self._transaction() as db:
-            return db.execute(sa.select(spends.c.status).where(spends.c.release_id == release_id)).scalar()
+            return db.execute(sa.select(c.status).where(c.release_id == release_id)).scalar()
 
     def releases(self, dataset_id: str) -> list[dict]:
-        c = spends.c
+        c = schema.spends.c
         with self._transaction() as db:
             rows = db.execute(sa.select(c.release_id, c.kind, c.epsilon, c.delta, c.status, c.attempts, c.location,
                                         c.created_at).where(c.dataset_id == dataset_id)).mappings().all()
@@ -170,7 +175,7 @@ class Spends:
     def every_release(self, dataset_id: str | None = None) -> list[dict]:
         """Every release of the ledger (or of one dataset), with what reconciling it needs: its dataset, kind, status,
         where it was drawn and when its status last changed; in the order they were charged."""
-        c = spends.c
+        c = schema.spends.c
         query = sa.select(c.release_id, c.dataset_id, c.kind, c.epsilon, c.delta, c.status, c.attempts, c.location,
                           c.created_at, c.updated_at)
         if dataset_id is not None:
@@ -181,14 +186,15 @@ class Spends:
 
     def spent(self, dataset_id: str) -> accounting.Guarantee:
         """The composed guarantee of every release of the dataset, at its budget's delta."""
+        c = schema.budgets.c
         with self._transaction() as db:
-            delta = db.execute(sa.select(budgets.c.delta).where(budgets.c.dataset_id == dataset_id)).scalar()
+            delta = db.execute(sa.select(c.delta).where(c.dataset_id == dataset_id)).scalar()
             return self._total_locked(db, dataset_id, 0.0 if delta is None else delta)
 
     @staticmethod
     def _events_locked(db, dataset_id: str, exclude: str | None = None) -> tuple[list[dpe.DpEvent], float]:
         """Every spend of the dataset (each attempt that drew noise counts) and the sum of their extra deltas."""
-        c = spends.c
+        c = schema.spends.c
         query = sa.select(c.release_id, c.created_at, c.event, c.attempts, c.extra_delta).where(
             c.dataset_id == dataset_id)
         if exclude is not None:
@@ -207,8 +213,8 @@ class Spends:
         return accounting.epsilon_at(accounting.compose_events(events), delta, extra)
 
     def _budget_locked(self, db, dataset_id: str) -> tuple[float, float]:
-        row = db.execute(sa.select(budgets.c.epsilon, budgets.c.delta)
-                         .where(budgets.c.dataset_id == dataset_id)).first()
+        row = db.execute(sa.select(schema.budgets.c.epsilon, schema.budgets.c.delta)
+                         .where(schema.budgets.c.dataset_id == dataset_id)).first()
         if row is None:
             raise NoBudget(no_budget_message(dataset_id, self.name))
         return row.epsilon, row.delta

@@ -30,13 +30,13 @@ from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
 
-import sqlalchemy as sa
-
 from dpalgos.lazy import module
 from tasks.errors import LedgerBusy, ReleaseError
 from tasks.ledger.engines import LOCK_WAIT_SECONDS, pooled
 from tasks.ledger.schema import HEAD, VERSION_TABLE
 from tasks.settings import is_database, masked
+
+sa = module("sqlalchemy")
 
 #: alembic, loaded only to migrate (`versions`).
 versions = module("tasks.ledger.versions")

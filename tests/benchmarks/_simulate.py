@@ -83,7 +83,7 @@ class Simulator:
         run = RunPaths(folder / "prepared")
         run.internal.mkdir(parents=True, exist_ok=True)
         ingested = ingest_dataset(self.spec.dataset, run.stage("ingested"), run.internal, LOG)
-        self.prepared = self.kind.prepare(self.spec, ingested, run, LOG)
+        self.prepared = self.kind.prepare(ingested, run, LOG)
         _memoise_counts()
         _memoise_friends()
 
@@ -92,11 +92,11 @@ class Simulator:
         measurements, release = folder / "measurements", folder / "release"
         for f in (measurements, release, folder / "internal"):
             f.mkdir(parents=True)
-        plan, noise = self.kind.plan(self.spec), Recorded()
-        draw = self.kind.draw(self.spec, self.prepared, Measure(plan, noise), np.random.default_rng(), LOG)
+        plan, noise = self.kind.plan, Recorded()
+        draw = self.kind.draw(self.prepared, Measure(plan, noise), np.random.default_rng(), LOG)
         draw.write(measurements)
         (measurements / META).write_text(json.dumps({"plan": plan.to_json(), **draw.meta}))
-        stages.products(self.spec, measurements, release, folder / "internal", LOG)
+        stages.products(self.kind, measurements, release, folder / "internal", LOG)
         return Simulated(noise, measurements, release, self.spec, Path(self.spec.dataset.path))
 
 

@@ -159,7 +159,7 @@ def main() -> None:
     from tasks.kinds.kmeans import KIND, domain_of
 
     spec = release_spec(args.k, args.d)
-    plan, dom = KIND.plan(spec), domain_of(spec)
+    plan, dom = KIND.bind(spec).plan, domain_of(spec)
     C0, _ = dpkmeans.data_independent_centroids(args.k, args.d, np.random.default_rng(1), domain=dom)
     with tempfile.TemporaryDirectory(prefix="dpkm-scale-") as tmp, \
             LocalCluster(n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1",

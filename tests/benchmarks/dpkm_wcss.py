@@ -44,7 +44,7 @@ def ours(X: np.ndarray, k: int, eps: float, iterations: int, dom: str | None, rn
     measurement on the points as its prepare writes them, the plan's noise simulated from `rng` (OpenDP's exact
     samplers with `exact`), its postprocessing."""
     spec = spec_of(k, X.shape[1], eps, iterations, dom)
-    measure = Measure(kmeans_kind.KIND.plan(spec), ExactNoise()) if exact else None
+    measure = Measure(kmeans_kind.KIND.bind(spec).plan, ExactNoise()) if exact else None
     return released(spec, draw(spec, dpkmeans.array_stats(release_points(X, spec)), rng, measure))
 
 

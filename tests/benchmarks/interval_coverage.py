@@ -310,7 +310,7 @@ class Od(Contingency):
         from tasks.kinds import od
 
         truth, out = self.truth_rows(sim), super().post(sim)
-        totals = od.totals_matrix(od.KIND.table(sim.spec)) @ truth
+        totals = od.totals_matrix(od.KIND.bind(sim.spec).table) @ truth
         return {**out, (od.TOTALS, "count"): totals, (od.TOTALS, "estimate"): totals}
 
 
@@ -425,7 +425,7 @@ class Mean(Case):
         mean = sim.points().mean(axis=0)
         cols = self._columns(sim)
         held = all(out[f"{c}_lo"].iloc[0] <= mean[j] <= out[f"{c}_hi"].iloc[0] for j, c in enumerate(cols))
-        manifest_caveats = REGISTRY["mean"].caveats(sim.spec, sim.release)
+        manifest_caveats = REGISTRY["mean"].bind(sim.spec).caveats(sim.release)
         return {"data_mean_held": held, "said_left_out": bool(manifest_caveats)}
 
 

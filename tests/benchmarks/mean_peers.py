@@ -52,7 +52,7 @@ def ours(dataset: Dataset, epsilon: float, runs: int, folder: Path) -> dict:
         mean, released = X.mean(axis=0), out[cols].to_numpy()[0]
         errors.append(float(np.linalg.norm(released - mean)))
         held.append(all(out[f"{c}_lo"].iloc[0] <= mean[j] <= out[f"{c}_hi"].iloc[0] for j, c in enumerate(cols)))
-        said.append(bool(REGISTRY["mean"].caveats(simulator.spec, sim.release)))
+        said.append(bool(REGISTRY["mean"].bind(simulator.spec).caveats(sim.release)))
     return {"l2": errors, "held": held, "said": said, "released": len(errors) / runs}
 
 

@@ -183,7 +183,7 @@ def main() -> None:
     cluster, client = local_client()
     try:
         simulator = Simulator({"dataset": check.data(folder), "release": check.release}, folder)
-        predicted = {r.quantity: r.std for r in simulator.kind.accuracy(simulator.spec, check.records)}
+        predicted = {r.quantity: r.std for r in simulator.kind.accuracy(check.records)}
         sims = [simulator.release(folder / f"run{i}") for i in range(args.runs)]
         measured = check.measure(sims)
     finally:

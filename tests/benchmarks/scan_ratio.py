@@ -55,6 +55,8 @@ import pyarrow.parquet as pq
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
+from tests.processes import dask_cluster  # noqa: E402
+
 BINS, CELLS, K, ROUNDS, LOW, HIGH = 1024, 256, 5, 5, 0.0, 100.0
 RELEASES = {
     "histogram": {"kind": "histogram", "bins": BINS, "branching": 4, "epsilon": 1.0},
@@ -135,61 +137,12 @@ def s3_server() -> Iterator[dict]:
         server.stop()
 
 
-@contextlib.contextmanager
-def dask_cluster(work: Path, env: dict) -> Iterator[str]:
-    """A `dask scheduler` and two single-threaded workers (`dask worker --nworkers 2 --nthreads 1`) on loopback, each
-    started in an empty folder of its own (the workers import the package through PYTHONPATH, and reach the store
-    through `env`); yields the scheduler's address."""
-    import socket
-
-    from distributed import Client
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    address = f"tcp://127.0.0.1:{port}"
-    env = {**os.environ, **env, "DASK_LOGGING__DISTRIBUTED": "warning", "PYTHONPATH": _python_path()}
-    dask = str(Path(sys.executable).parent / "dask")
-    procs = []
-
-    def start(name: str, args: list[str]) -> None:
-        folder = work / name
-        folder.mkdir()
-        procs.append(subprocess.Popen([dask, *args], cwd=folder, env=env, stdout=open(folder / "log", "w"),
-                                      stderr=subprocess.STDOUT))
-    try:
-        start("scheduler", ["scheduler", "--host", "127.0.0.1", "--port", str(port), "--dashboard-address",
-                            "127.0.0.1:0"])
-        deadline = time.time() + 60
-        while True:
-            try:
-                Client(address, timeout=2).close()
-                break
-            except OSError:
-                if time.time() > deadline:
-                    raise
-                time.sleep(0.5)
-        start("workers", ["worker", address, "--nworkers", "2", "--nthreads", "1", "--host", "127.0.0.1",
-                          "--local-directory", str(work / "workers")])
-        with Client(address, timeout=30) as client:
-            client.wait_for_workers(2, timeout=120)
-        yield address
-    finally:
-        for proc in reversed(procs):  # the workers, then the scheduler
-            proc.terminate()
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-
-
 def external_s3(args, cache: Path, work: Path) -> None:
     """`--external-s3`: per size, the release on the local cluster from the local files, then on the external cluster
     with data, scratch and output in the S3 server, in the same minutes."""
     from tasks import storage
 
-    with s3_server() as env, dask_cluster(work, env) as address:
+    with s3_server() as env, dask_cluster(work / "dask", env) as address:
         for n in [int(float(s)) for s in args.sizes.split(",")]:
             data = dataset(cache, args.kind, n, args.partitions)
             remote = f"s3://data/{data.name}"

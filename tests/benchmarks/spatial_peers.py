@@ -55,7 +55,7 @@ def ours(grid: np.ndarray, epsilon: float, workload: str, rng: np.random.Generat
          strategy_name: str | None = None) -> tuple[np.ndarray, np.ndarray]:
     """One simulated release of the exact grid: (published signed estimate, published counts)."""
     spec = spec_for(epsilon, workload, grid.shape[0], strategy_name)
-    plan = G.KIND.plan(spec)
+    plan = G.KIND.bind(spec).plan
     strategy = {"kronecker": lambda: G.kronecker_now(spec.release.cells, 2), "adaptive": lambda: plan}.get(
         spec.release.strategy_used, lambda: None)()
     noisy, _ = G.measure_grid(spec, grid, simulated(plan, rng), strategy)

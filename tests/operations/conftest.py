@@ -4,62 +4,15 @@ work pool and worker, dask scheduler and workers, and the `dprelease` CLI as the
 from __future__ import annotations
 
 import os
-import signal
-import socket
 import subprocess
 import sys
 import time
 import urllib.request
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 
-from tests.reaper import guard
-
-REPO = Path(__file__).resolve().parents[2]
-
-
-def python_path() -> str:
-    """PYTHONPATH for the processes the tests start (the CLI, Prefect workers and the flow runs they start, dask
-    workers): this checkout first, whatever the venv's editable install points at."""
-    return os.pathsep.join([str(REPO)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep)
-                                          if p and p != str(REPO)])
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def stop(proc: subprocess.Popen) -> None:
-    """Prefect workers ignore the first SIGTERM: TERM, wait, TERM again, then KILL (the whole group)."""
-    try:
-        for sig, wait in ((signal.SIGTERM, 10), (signal.SIGTERM, 5), (signal.SIGKILL, 5)):
-            if proc.poll() is not None:
-                return
-            try:
-                os.killpg(proc.pid, sig)
-            except ProcessLookupError:
-                return
-            try:
-                proc.wait(wait)
-            except subprocess.TimeoutExpired:
-                continue
-    finally:
-        reaper = getattr(proc, "reaper", None)
-        if reaper is not None:
-            reaper.release()
-
-
-def start(args: list[str], env: dict, log: Path, cwd: Path = REPO) -> subprocess.Popen:
-    """A process in a session of its own (killed whole by `stop`), stopped too if this test process is killed
-    (tests/reaper.py)."""
-    proc = subprocess.Popen(args, env=env, cwd=cwd, stdout=open(log, "w"), stderr=subprocess.STDOUT,
-                            start_new_session=True)
-    proc.reaper = guard(group=proc.pid)
-    return proc
+from tests.processes import REPO, free_port, python_path, start, stop
 
 
 def wait_http(url: str, timeout: float) -> None:
@@ -105,36 +58,3 @@ def run_cli(args: list[str], env: dict, log: Path, timeout: float = 300) -> int:
         return proc.wait(timeout)
     finally:
         stop(proc)
-
-
-@contextmanager
-def dask_cluster(tmp: Path):
-    """`dask scheduler` and two `dask worker` processes on loopback; yields the scheduler address."""
-    port = free_port()
-    env = {**os.environ, "DASK_LOGGING__DISTRIBUTED": "warning", "PYTHONPATH": python_path()}
-    bin_dir = Path(sys.executable).parent
-    scheduler = start([str(bin_dir / "dask"), "scheduler", "--host", "127.0.0.1", "--port", str(port),
-                       "--dashboard-address", "127.0.0.1:0"], env, tmp / "scheduler.log")
-    workers = None
-    try:
-        address = f"tcp://127.0.0.1:{port}"
-        from distributed import Client
-
-        deadline = time.time() + 60
-        while True:
-            try:
-                Client(address, timeout=2).close()
-                break
-            except OSError:
-                if time.time() > deadline:
-                    raise
-                time.sleep(0.5)
-        workers = start([str(bin_dir / "dask"), "worker", address, "--nworkers", "2", "--nthreads", "1",
-                         "--host", "127.0.0.1"], env, tmp / "workers.log")
-        with Client(address, timeout=30) as client:
-            client.wait_for_workers(2, timeout=60)
-        yield address
-    finally:
-        if workers is not None:
-            stop(workers)
-        stop(scheduler)

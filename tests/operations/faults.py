@@ -70,7 +70,8 @@ from pathlib import Path
 import numpy as np
 import yaml
 
-from tests.operations.conftest import REPO, free_port, python_path, start, stop, wait_http
+from tests.operations.conftest import wait_http
+from tests.processes import REPO, free_port, python_path, start, stop
 
 PREFECT = [sys.executable, "-m", "prefect"]
 DATASET = "fault-points"

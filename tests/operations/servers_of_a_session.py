@@ -16,9 +16,9 @@ import pytest
 def test_servers_wait_to_be_killed(prefect_server, postgres, tmp_path):
     from prefect.server.api.server import SubprocessASGIServer
 
-    from tests.operations.conftest import dask_cluster
+    from tests.processes import dask_cluster
 
-    with dask_cluster(tmp_path) as address:
+    with dask_cluster(tmp_path / "dask") as address:
         harness = SubprocessASGIServer._instances[None].server_process.pid
         pids = {"prefect_server": int(prefect_server["TEST_PREFECT_SERVER_PID"]), "harness": harness,
                 "postgres": postgres.pid, "prefect_port": urlsplit(prefect_server["PREFECT_API_URL"]).port,

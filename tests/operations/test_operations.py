@@ -22,16 +22,8 @@ import yaml
 from tasks.ledger import PrivacyLedger
 from tasks.processes import alive
 from tests.conftest import blobs, write_csv
-from tests.operations.conftest import (
-    REPO,
-    dask_cluster,
-    dprelease_proc,
-    free_port,
-    run_cli,
-    start,
-    stop,
-    wait_http,
-)
+from tests.operations.conftest import dprelease_proc, run_cli, wait_http
+from tests.processes import REPO, dask_cluster, free_port, start, stop
 
 pytestmark = pytest.mark.operations
 
@@ -259,7 +251,7 @@ def test_release_on_an_existing_dask_scheduler(prefect_server, ops_data, tmp_pat
     for i, part in enumerate(np.array_split(points, 12)):
         pq.write_table(pa.table({"x": part[:, 0], "y": part[:, 1]}), folder / f"part.{i}.parquet")
     spec = _spec(tmp_path, folder)  # a folder of Parquet files
-    with dask_cluster(tmp_path) as address:
+    with dask_cluster(tmp_path / "dask") as address:
         rc = run_cli(["run", str(spec), "--release-id", "on-dask"],
                      {**_env(prefect_server, tmp_path), "DPRELEASE_DASK_ADDRESS": address}, tmp_path / "dask.log")
     log = (tmp_path / "dask.log").read_text()

@@ -15,7 +15,7 @@ import time
 import pytest
 
 from tasks.processes import alive
-from tests.operations.conftest import REPO, python_path
+from tests.processes import REPO, python_path
 
 pytestmark = pytest.mark.operations
 
