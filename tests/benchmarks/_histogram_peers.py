@@ -192,12 +192,15 @@ def dawa_partition_scale(length: int, n: int, eps1: float, *, reference: bool = 
     return (2.0 * (1.0 - 1.0 / length) + 2.0 * (1.0 - 1.0 / n)) / eps1
 
 
-@njit(cache=True)
+# No on-disk cache: this module is imported both as `_histogram_peers` (the benchmark scripts) and as
+# `tests.benchmarks._histogram_peers` (the tests), and numba's cache pickles the name it was compiled under: the
+# other name then fails to load it (ModuleNotFoundError). Compiling costs about a second per process.
+@njit
 def _numba_seed(seed):
     np.random.seed(seed)
 
 
-@njit(cache=True)
+@njit
 def _l1_partition(x, eps1, eps2, reference):
     """Least-noisy-cost partition of x into intervals (DAWA Algorithm 1, all interval buckets), by dynamic
     programming over the right end e: best[e + 1] = min_s best[s] + noisy_cost([s, e]). The buckets ending at e
