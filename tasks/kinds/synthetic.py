@@ -302,7 +302,7 @@ def measure_marginals(spec, data, measure, public_rng: np.random.Generator, log=
     the per-cluster item counts, sizes and length histograms under its final centres. `data`: the dask partitions
     (`Partitioned`) or, in benchmarks, one in-memory partition (`tasks.partitions.InMemory`)."""
     p = spec.release
-    rff, gamma, clip, res = cluster_records(spec, data, measure, public_rng, log)
+    rff, gamma, clip, res = cluster_records(spec, data, measure, public_rng, log, reseed=True)
     table = measure("marginals", data.reduce(partition_cluster_counts, rff, clip, res.centres, p.k, p.max_items))
     return Clustered(rff, gamma, clip, res, table)
 
