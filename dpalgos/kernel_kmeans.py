@@ -115,14 +115,29 @@ class KernelKMeansResult:
     clip: float
 
 
+#: `dp_lloyd`'s reseeding (DPGM's clustering): a cluster's noisy centre is re-seeded when the expected norm of its
+#: noise, sigma C_s sqrt(d) / n~ (the sums' Gaussian over the noisy size), exceeds this fraction of C_s, the radius
+#: of the ball every record's features and every true centre lie in. Such a centre is mostly noise and lands away
+#: from every record (retail on 64 items, epsilon 1.74, sigma 33: clusters of 300-1,000 records at the first
+#: iteration flung to norms 2-20, then empty for good: 2 of 4 clusters dead at seed 0, 1 at seed 3). Chosen once
+#: on retail at 64 items (tests/benchmarks/dpgm_ablation.py, variant reseed=), docs/explanation-peers.md §2.2.
+RESEED_NOISE = 0.1
+#: A re-seeded centre is the largest cluster's noisy centre moved by this fraction of C_s in a public random
+#: direction: the next pass splits that cluster's records by a random hyperplane through its centre.
+RESEED_STEP = 0.05
+
+
 def dp_lloyd(stats: Stats, initial: np.ndarray, *, iterations: int, clip: float, measure: Measure,
-             on_iteration: Callable[[int], None] | None = None) -> KernelKMeansResult:
+             on_iteration: Callable[[int], None] | None = None,
+             reseed: np.random.Generator | None = None) -> KernelKMeansResult:
     """Lines 6-11 of Algorithm 2 (and Blum et al.'s DP k-means): T noisy Lloyd iterations on vectors whose
     L2 norm is at most `clip`, from centres chosen without the private data; noise from `plan`'s entries
     "sizes" and "sums".
 
     stats(centres) -> (sums (k, d), counts (k,)) of the clipped vectors grouped by nearest centre.
-    A cluster whose noisy size is below 1 keeps its previous centre (it carries no usable estimate).
+    A cluster whose noisy size is below 1 keeps its previous centre (it carries no usable estimate). With
+    `reseed` (public randomness), a cluster whose centre is mostly noise is re-seeded beside the largest one
+    instead (`reseeded`: post-processing of the noisy sizes and sums and the plan's public noise scale).
     """
     C = np.array(initial, dtype=np.float64)
     k, d = C.shape
@@ -133,10 +148,32 @@ def dp_lloyd(stats: Stats, initial: np.ndarray, *, iterations: int, clip: float,
         s_hat = measure("sums", sums, bound=clip)
         ok = n_hat >= 1.0
         C[ok] = s_hat[ok] / n_hat[ok, None]
+        if reseed is not None:
+            C = reseeded(C, n_hat, measure.plan["sums"].noise_multiplier * clip, clip, reseed)
         traj[t], counts_t[t] = C, n_hat
         if on_iteration is not None:
             on_iteration(t + 1)
     return KernelKMeansResult(C, traj, counts_t, float(clip))
+
+
+def reseeded(C: np.ndarray, n_hat: np.ndarray, noise_sd: float, clip: float, rng: np.random.Generator) -> np.ndarray:
+    """Centres C (k, d) with every one whose noise is too large (expected noise norm noise_sd sqrt(d) / n~ above
+    RESEED_NOISE clip; n~ below 1 counts as 1) moved beside the cluster of largest remaining noisy size: that
+    centre plus RESEED_STEP clip in a uniformly random direction. The donor's size is halved in this bookkeeping,
+    so several re-seeded centres spread over the largest clusters. Noisy values, public scales and public
+    randomness only: post-processing. Unchanged when no centre is reliable (nothing to split)."""
+    d = C.shape[1]
+    noisy = noise_sd * np.sqrt(d) / np.maximum(n_hat, 1.0) > RESEED_NOISE * clip
+    if not noisy.any() or noisy.all():
+        return C
+    C, size = C.copy(), np.where(noisy, -np.inf, n_hat)
+    for j in np.flatnonzero(noisy):
+        donor = int(np.argmax(size))
+        u = rng.standard_normal(d)
+        C[j] = C[donor] + RESEED_STEP * clip * u / np.linalg.norm(u)
+        size[donor] /= 2.0
+        size[j] = size[donor]
+    return C
 
 
 def plan(*, iterations: int, sigma: float, dpnorm: bool = False, k: int | None = None,

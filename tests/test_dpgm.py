@@ -487,3 +487,17 @@ def test_independent_baseline_keeps_totals_and_lengths_and_not_which_items_go_to
                                   np.bincount(np.diff(X.indptr), minlength=m + 1)[:m + 1])
     together = lambda Y: float(Y[:, 0].multiply(Y[:, 1]).sum()) / Y.shape[0]
     assert together(X) == pytest.approx(0.5, abs=0.02) and together(S) < 0.35   # the pairs come apart
+
+
+def test_the_number_of_clusters_is_a_rule_of_the_public_item_count():
+    """`dpgm.default_k`: items // 8 within [4, 8] (4 at 16 items, 8 at 64 and beyond); a spec without k gets it from
+    its public item_count, whatever max_items; a spec's own k is kept."""
+    from tasks.spec import parse_spec
+
+    assert [dpgm.default_k(m) for m in (1, 16, 39, 40, 63, 64, 497, 16470)] == [4, 4, 4, 5, 7, 8, 8, 8]
+
+    def k_of(items, **release):
+        return parse_spec({"dataset": {"id": "d", "path": "d.parquet", "items_column": "items", "item_count": items},
+                           "release": {"kind": "synthetic", "epsilon": 1.0, "delta": 1e-6, "gamma": 0.05,
+                                       **release}}).release.k
+    assert (k_of(16), k_of(64), k_of(64, max_items=5), k_of(64, k=3)) == (4, 8, 8, 3)

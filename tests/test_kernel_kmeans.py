@@ -215,3 +215,43 @@ def test_noise_that_cannot_reach_the_asked_epsilon_is_refused_not_returned():
     accountant = RdpAccountant()
     accountant.compose(kk.plan(iterations=5, sigma=sigma).event())
     assert 0.025 <= accountant.get_epsilon(1e-9) <= 0.05 * (1 + 1e-6)
+
+
+def test_a_centre_that_is_mostly_noise_is_reseeded_beside_the_largest_cluster():
+    """`reseeded` (DPGM's clustering): a centre whose noise norm sigma C sqrt(d) / n~ is above RESEED_NOISE C moves
+    to the largest cluster's centre plus RESEED_STEP C in a random direction; two such centres go to the two
+    largest clusters (the donor's size halved); reliable centres stay; with none reliable nothing moves. A function
+    of the noisy sizes, the centres and public randomness only."""
+    d, clip, noise_sd = 50, 1.0, 10.0
+    C = np.random.default_rng(0).normal(size=(4, d))
+    limit = noise_sd * np.sqrt(d) / (kk.RESEED_NOISE * clip)    # the noisy size below which a centre is noise
+    n_hat = np.array([0.5 * limit, 40 * limit, 2 * limit, 30 * limit])
+    out = kk.reseeded(C, n_hat, noise_sd, clip, np.random.default_rng(1))
+    assert np.array_equal(out[1:], C[1:])
+    assert np.isclose(np.linalg.norm(out[0] - C[1]), kk.RESEED_STEP * clip)
+    n_two = np.array([0.5 * limit, 40 * limit, -3.0, 30 * limit])
+    two = kk.reseeded(C, n_two, noise_sd, clip, np.random.default_rng(1))
+    donors = sorted(int(np.argmin(np.linalg.norm(C - two[j], axis=1))) for j in (0, 2))
+    assert donors == [1, 3]
+    assert np.array_equal(kk.reseeded(C, np.full(4, 0.5 * limit), noise_sd, clip, np.random.default_rng(1)), C)
+
+
+def test_reseeding_keeps_every_cluster_alive_under_heavy_noise():
+    """Two well separated groups of records and four centres, two of them started far from every record: with
+    heavy noise on the sums, plain noisy Lloyd leaves those clusters empty; with reseeding every cluster ends
+    with records (the largest groups are split)."""
+    rng = np.random.default_rng(3)
+    X = np.zeros((4000, 40))
+    X[:2000, :20] = rng.random((2000, 20)) < 0.3
+    X[2000:, 20:] = rng.random((2000, 20)) < 0.3
+    X = sp.csr_matrix(X)
+    rff = kk.rbf_features(40, 30, 0.05, np.random.default_rng(4))
+    Z = kk.clip_rows(rff.transform(X), 1.0).astype(np.float64)
+    init = np.vstack([Z[0], Z[-1], -Z[0], -Z[-1]])
+    plan = kk.plan(iterations=4, sigma=20.0)
+    alive = []
+    for reseed in (None, np.random.default_rng(5)):
+        res = kk.dp_lloyd(lambda C: kk.feature_stats(X, rff, 1.0, C), init, iterations=4, clip=1.0,
+                          measure=simulated(plan, np.random.default_rng(6)), reseed=reseed)
+        alive.append(np.count_nonzero(np.bincount(kk.nearest(Z, res.centres), minlength=4) > 100))
+    assert alive[0] < 4 and alive[1] == 4

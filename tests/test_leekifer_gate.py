@@ -95,6 +95,47 @@ def test_the_rule_on_constructed_trajectories():
     assert leekifer.refinement_expected_to_help(_trajectory(settled[:1], noise_scale=b))
 
 
+def _moving(shift, *, noise_scale, counts=4000.0, T=4, K=3, rng=None):
+    """A box trajectory of K clusters of `counts` records each (a settled partition) whose centroids move by
+    `shift` per step along x, plus each coordinate's noise (sum noise Laplace(b) over the count) when rng is given."""
+    C0 = np.zeros((K, 2))
+    C0[:, 0] = np.linspace(-0.5, 0.5, K)
+    cents = C0[None] + shift * np.arange(T)[:, None, None] * np.array([1.0, 0.0])
+    if rng is not None:
+        cents = cents + rng.laplace(0.0, noise_scale / counts, cents.shape)
+    n = np.full((T, K), counts)
+    return dpkmeans.Trajectory(C0, n, cents * n[..., None], cents, noise_scale, "box", noise_scale)
+
+
+def test_drifting_centroids_keep_the_last_iterate():
+    """Precise centroids and a settled partition that keep moving the same way by several times their noise per
+    step (Lloyd not converged on overlapping clusters): the last iterate. The same centroids imprecise (the
+    drift within their noise), or not moving: refined."""
+    b = 2.0
+    sd = np.sqrt(2.0) * b / 4000.0
+    drifting = _moving(4 * sd, noise_scale=b)
+    assert leekifer.centroid_noise(drifting) <= leekifer.DRIFT_FROM_NOISE
+    assert not leekifer.still_reassigning(drifting)
+    assert leekifer.still_drifting(drifting)
+    assert not leekifer.refinement_expected_to_help(drifting)
+    assert leekifer.refinement_expected_to_help(_moving(4 * sd, noise_scale=b, counts=40.0))
+    assert leekifer.refinement_expected_to_help(_moving(0.0, noise_scale=b))
+    # fewer than three iterations: nothing to compare
+    assert leekifer.centroid_drift(_moving(4 * sd, noise_scale=b, T=2)) == (0.0, -1.0)
+
+
+def test_noise_alone_is_rarely_taken_for_a_drift():
+    """Centroids fixed but for their own noise (Laplace(b) on every sum coordinate over the count): `still_drifting`
+    fires in under 2 % of trajectories, and `centroid_drift` has the null's shape (moved about 1, cosine about
+    -0.5 in the mean)."""
+    rng = np.random.default_rng(5)
+    trials = [_moving(0.0, noise_scale=2.0, rng=rng) for _ in range(1000)]
+    fired = np.mean([leekifer.still_drifting(t) for t in trials])
+    moved, cos = np.array([leekifer.centroid_drift(t) for t in trials]).T
+    assert fired < 0.02
+    assert 0.7 < np.mean(moved) < 1.3 and -0.65 < np.mean(cos) < -0.3
+
+
 @pytest.mark.parametrize("scale", [1.5, 40.0])
 def test_a_settled_partition_is_rarely_taken_for_a_moving_one(scale):
     """Under the null (the same records in every cluster at every iteration), the counts' own noise, drawn by

@@ -29,7 +29,7 @@ class DPGMSettings:
     """The release's settings (the `synthetic` kind's spec fields, `release_spec`)."""
     epsilon: float = 1.74
     delta: float = 1e-6
-    k: int | None = None             # None: the release's default (`dpgm.default_k` of the items and max_items)
+    k: int | None = None             # None: the release's default (`dpgm.default_k` of the item count)
     kmeans_iterations: int = dpgm.DEFAULT_ITERATIONS
     features: int = 200
     gamma: float = 0.05

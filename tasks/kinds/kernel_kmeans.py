@@ -147,14 +147,16 @@ def partition_assignment(X, rff, clip: float, centres: np.ndarray) -> np.ndarray
     return lloyd.clipped_labels(rff.transform(X), centres, clip).astype(np.int32)
 
 
-def cluster_records(spec, data: Partitioned, measure, public_rng: np.random.Generator, log):
+def cluster_records(spec, data: Partitioned, measure, public_rng: np.random.Generator, log, reseed: bool = False):
     """DP kernel k-means of the records in `data` (DPNorm first if the spec asks): returns (feature map,
-    gamma, clipping bound, dp_lloyd result). Nothing noisy is logged (it is not committed yet)."""
+    gamma, clipping bound, dp_lloyd result). Nothing noisy is logged (it is not committed yet). `reseed`: centres
+    that are mostly noise are re-seeded (`kk.reseeded`; DPGM's clustering)."""
     return clustering(spec, public_records(spec) if spec.release.public_sample else None, data, measure, public_rng,
-                      log)
+                      log, reseed)
 
 
-def clustering(spec, public: sp.csr_matrix | None, data, measure, public_rng: np.random.Generator, log=None):
+def clustering(spec, public: sp.csr_matrix | None, data, measure, public_rng: np.random.Generator, log=None,
+               reseed: bool = False):
     """`cluster_records` given the spec's public sample as records (None: none): the release's clustering on
     `data`, the dask partitions (`Partitioned`) or, in benchmarks, one in-memory partition
     (`tasks.partitions.InMemory`)."""
@@ -178,7 +180,8 @@ def clustering(spec, public: sp.csr_matrix | None, data, measure, public_rng: np
     info("DP kernel k-means: k=%d, d=%d, %d iterations", p.k, p.features, p.iterations)
     res = kk.dp_lloyd(lambda C: data.reduce(kk.feature_stats, rff, clip, C), init, iterations=p.iterations,
                       clip=clip, measure=measure,
-                      on_iteration=lambda t: info("DP kernel k-means iteration %d/%d", t, p.iterations))
+                      on_iteration=lambda t: info("DP kernel k-means iteration %d/%d", t, p.iterations),
+                      reseed=public_rng if reseed else None)
     return rff, gamma, clip, res
 
 

@@ -56,9 +56,9 @@ class SyntheticParams(KernelKMeansParams):
     it (clustering, per-cluster marginals, DP-SGD), the noise calibrated together with dp_accounting."""
     kind: Literal["synthetic"] = Field("synthetic", description="the release kind")  # type: ignore[assignment]
     k: int = Field(dpgm.DEFAULT_K, ge=1, description="clusters (one generative model each); default from the "
-                                                      "public item_count and max_items (`dpgm.default_k`): "
-                                                      f"{dpgm.DEFAULT_K} for few items (item_count + 2 <= 4 "
-                                                      f"(max_items + 1)), {dpgm.DEFAULT_K_MANY} for more")
+                                                      "public item_count (`dpgm.default_k`): item_count // "
+                                                      f"{dpgm.ITEMS_PER_CLUSTER}, at least {dpgm.DEFAULT_K}, at "
+                                                      f"most {dpgm.DEFAULT_K_MANY}")
     iterations: int = Field(dpgm.DEFAULT_ITERATIONS, ge=1, description="DP kernel k-means iterations")
     model: Literal["vae", "rbm"] = Field("vae", description="generative model of every cluster")
     hidden: list[Annotated[int, Field(ge=1)]] = Field([200], min_length=1, max_length=2,
@@ -176,13 +176,11 @@ class SyntheticKind(ReleaseKind):
                 "budget_shares": [0.15, 0.35, 0.5]}
 
     def public_defaults(self, release, dataset):
-        """k from the public item count and max_items when the spec leaves it out (`dpgm.default_k`)."""
-        items, max_items = dataset.get("item_count"), release.get("max_items", SyntheticParams.model_fields[
-            "max_items"].default)
-        if "k" in release or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 1
-                                     for v in (items, max_items)):
+        """k from the public item count when the spec leaves it out (`dpgm.default_k`)."""
+        items = dataset.get("item_count")
+        if "k" in release or not (isinstance(items, int) and not isinstance(items, bool) and items >= 1):
             return release   # set, or left to validation to refuse
-        return {**release, "k": dpgm.default_k(items, max_items, MIN_LENGTH)}
+        return {**release, "k": dpgm.default_k(items)}
 
     def check_feasible(self):
         check_public_sample(self.spec)
@@ -307,7 +305,7 @@ def measure_marginals(spec, data, measure, public_rng: np.random.Generator, log=
     the per-cluster item counts, sizes and length histograms under its final centres. `data`: the dask partitions
     (`Partitioned`) or, in benchmarks, one in-memory partition (`tasks.partitions.InMemory`)."""
     p = spec.release
-    rff, gamma, clip, res = cluster_records(spec, data, measure, public_rng, log)
+    rff, gamma, clip, res = cluster_records(spec, data, measure, public_rng, log, reseed=True)
     table = measure("marginals", data.reduce(partition_cluster_counts, rff, clip, res.centres, p.k, p.max_items))
     return Clustered(rff, gamma, clip, res, table)
 

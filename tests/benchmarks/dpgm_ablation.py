@@ -10,6 +10,8 @@ queries. Variants (each a change from the release's defaults):
     shares=C,M,S       the split of epsilon: clustering, marginals, SGD
     max_items=N        the per-record clip of the marginals and the last length bin
     steps=T            DP-SGD steps
+    iterations=T       DP kernel k-means iterations
+    reseed=R           re-seed a centre whose noise norm is above R C_s (`kernel_kmeans.RESEED_NOISE`; inf: never)
     (changes joined by "+": k=8+many=2)
 
     python tests/benchmarks/dpgm_ablation.py --data ../shared/data/transactions/BMS1.dat --runs 3 \\
@@ -32,6 +34,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from dpalgos import counting, dpgm
+from dpalgos import kernel_kmeans as kk
 from tasks.experiments import dpgm as E
 
 
@@ -51,6 +54,10 @@ def settings_of(variant: str, base: E.DPGMSettings, many: float) -> tuple[E.DPGM
             base = dataclasses.replace(base, shares=tuple(float(x) for x in value.split(",")))
         elif key == "max_items":
             base = dataclasses.replace(base, max_items=int(value))
+        elif key == "reseed":
+            kk.RESEED_NOISE = float(value)
+        elif key == "iterations":
+            base = dataclasses.replace(base, kmeans_iterations=int(value))
         elif key == "steps":
             base = dataclasses.replace(base, sgd=dataclasses.replace(base.sgd, steps=int(value)))
         else:
@@ -80,8 +87,9 @@ def main() -> None:
     base = E.DPGMSettings(epsilon=args.epsilon, delta=1.0 / X.shape[0])
     print(f"{X.shape[0]} records, {X.shape[1]} items", flush=True)
     indep, default_many, default_weight = {}, dpgm.TOTAL_WEIGHT_MANY, dpgm.TOTAL_WEIGHT
+    default_reseed = kk.RESEED_NOISE
     for variant in args.variants.split(";" if ";" in args.variants else ","):
-        dpgm.TOTAL_WEIGHT = default_weight
+        dpgm.TOTAL_WEIGHT, kk.RESEED_NOISE = default_weight, default_reseed
         settings, many = settings_of(variant, base, default_many)
         dpgm.TOTAL_WEIGHT_MANY = many
         rows = []

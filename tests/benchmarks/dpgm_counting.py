@@ -145,7 +145,7 @@ def parse() -> argparse.Namespace:
     ap.add_argument("--delta", type=float, default=None, help="default: 1 / number of records")
     ap.add_argument("--model", default="vae", help="vae, rbm, or a comma-separated list")
     ap.add_argument("--k", type=int, default=None,
-                    help="clusters (default: the release's, dpgm.default_k of the items and max_items)")
+                    help="clusters (default: the release's, dpgm.default_k of the item count)")
     ap.add_argument("--iterations", type=int, default=dpgm.DEFAULT_ITERATIONS,
                     help="DP kernel k-means iterations (default: the release's)")
     ap.add_argument("--steps", type=int, default=300)
