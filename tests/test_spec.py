@@ -104,11 +104,11 @@ def test_test_mode_needs_the_operator_setting(tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("items, release, k", [
-    (16, {}, 4), (122, {}, 4), (123, {}, 8), (16470, {}, 8),     # max_items 30: rows of all records up to 122 items
-    (200, {"max_items": 60}, 4),                                # the threshold follows the public max_items
-    (16470, {"k": 3}, 3),                                       # a spec's own k is kept
+    (16, {}, 4), (32, {}, 4), (48, {}, 6), (64, {}, 8), (16470, {}, 8),  # items // 8, kept in [4, 8]
+    (200, {"max_items": 60}, 8),                                         # max_items no longer moves it
+    (16470, {"k": 3}, 3),                                                # a spec's own k is kept
 ])
-def test_synthetic_k_defaults_from_the_public_item_count_and_max_items(items, release, k):
+def test_synthetic_k_defaults_from_the_public_item_count(items, release, k):
     spec = parse_spec({"dataset": {"id": "c", "path": "c", "items_column": "t", "item_count": items},
                        "release": {"kind": "synthetic", "epsilon": 1, "gamma": 0.1, **release}})
     assert spec.release.k == k
