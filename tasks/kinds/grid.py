@@ -594,8 +594,9 @@ class GridKind(ReleaseKind):
 
     def _noisy(self, measurements, plan):
         spec = self.spec
-        noisy = counts.read_column(measurements / noisy_file(spec), "noisy_count")
-        return noisy if spec.release.strategy_used != "adaptive" else read_adaptive(spec, measurements, plan)
+        if spec.release.strategy_used == "adaptive":
+            return read_adaptive(spec, measurements, plan)
+        return counts.read_column(measurements / noisy_file(spec), "noisy_count")
 
     def postprocess(self, measurements, staging, internal, log):
         spec = self.spec
