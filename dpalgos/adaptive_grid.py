@@ -13,10 +13,14 @@ The paper's equations, as named here:
   AG level 1         m1 = sqrt(N epsilon / c) / 4. Ours: rounded up to a power of two between MIN_COARSE and the
                      cells, so that coarse cells are equal blocks and HDMM's shipped strategies apply.
   AG level 2         m2 = ceil(sqrt(N' (1 - alpha) epsilon / (c / 2))) for a coarse cell of estimated count N'.
+                     Ours (`leaf_sides`): the nearest integer to the root, rounded up only at a peak of the coarse
+                     estimates (`peaks`), where the points inside are less even than the guideline's c assumes.
   inference          AG averages a coarse cell's noisy count with its leaves' sum. Ours: the coarse level is the
                      Kronecker strategy's answers y1 = A S x + noise (S sums leaves into coarse cells), the leaves
                      u = x + noise; x^ = argmin w1 ||A S x - y1||^2 + w2 ||x - u||^2 (w = 1 / variance), the
                      generalised least squares over both levels, linear in the noise (`leaves_gls`).
+  evenness           Ours (`flatten_even`): a coarse cell whose leaves spread about their even share no more than
+                     their noise explains gets that even share (the coarse cell's estimate, spread evenly).
   spreading          AG spreads a leaf's count evenly over its cells. Ours (`smooth`): in proportion to a 3 x 3
                      box average of the estimate, repeated; every leaf keeps its least-squares total.
 
@@ -32,7 +36,7 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
-from scipy.ndimage import uniform_filter
+from scipy.ndimage import convolve, uniform_filter
 from scipy.sparse.linalg import LinearOperator, cg
 
 #: Qardaji et al.'s constant c (their Guideline 1 and experiments): AG's leaves; the coarse level's is the caller's.
@@ -44,6 +48,14 @@ GLS_TOLERANCE, GLS_STEPS = 1e-10, 1000
 #: `smooth`'s box side (cells) and passes (measured on tests/benchmarks/spatial_peers.py's corpus: 3 and 8; 5 and
 #: 9 cells, or one pass, were worse).
 SMOOTH_SIDE, SMOOTH_PASSES = 3, 8
+#: `peaks` (ours): a coarse cell whose estimate is above PEAK times its neighbours' mean. `flatten_even` (ours): a
+#: coarse cell of at least EVEN_LEAVES leaves is even where its leaves' spread about their even share is below what
+#: their noise gives plus EVEN_MARGIN standard deviations (with fewer leaves the spread is too noisy to tell). Both
+#: measured on tests/benchmarks/spatial_peers.py's corpus, seeds 0-3, and checked on seeds 4-7
+#: (docs/explanation/grid.md): PEAK 2 (1.5 worse, 3 alike); 16 leaves (4 and 9 flattened real structure on the
+#: taxi-like map); 1 deviation (0.5 alike, 2 and 3 flattened clustered maps).
+PEAK = 2.0
+EVEN_LEAVES, EVEN_MARGIN = 16, 1.0
 
 
 def guideline(points: float, epsilon: float, unit: float = 1.0, c: float = C) -> float:
@@ -63,8 +75,25 @@ def coarse_side(points: float, epsilon: float, cells: int, unit: float = 1.0, c:
 
 
 def leaf_sides(coarse: np.ndarray, epsilon_leaves: float, unit: float = 1.0) -> np.ndarray:
-    """AG's m2 per coarse cell from its estimated count (a negative estimate as 0), at least 1."""
-    return np.ceil(np.sqrt(np.maximum(coarse / unit, 0.0) * epsilon_leaves / (C / 2))).astype(np.int64).clip(min=1)
+    """m2 per coarse cell (`coarse`: the m1 x m1 estimates, row-major, a negative estimate as 0), at least 1: AG's
+    root sqrt(N' epsilon_leaves / (c / 2)) to the nearest integer, rounded up at a peak (`peaks`). AG rounds every
+    root up; the nearest side is the closer to the balance its guideline strikes, except where the points are
+    concentrated, which the guideline's c (a typical unevenness) understates."""
+    counts = np.maximum(np.asarray(coarse, dtype=np.float64).ravel() / unit, 0.0)
+    root = np.sqrt(counts * epsilon_leaves / (C / 2))
+    m1 = math.isqrt(counts.size)
+    sides = np.where(peaks(counts.reshape(m1, m1)).ravel(), np.ceil(root), np.rint(root))
+    return sides.astype(np.int64).clip(min=1)
+
+
+def peaks(coarse: np.ndarray) -> np.ndarray:
+    """Ours: whether each cell of a (m1, m1) grid of non-negative estimates is above PEAK times the mean of its
+    neighbours (the up to eight around it inside the grid)."""
+    around = np.ones((3, 3))
+    around[1, 1] = 0.0
+    total = convolve(coarse, around, mode="constant")
+    neighbours = convolve(np.ones_like(coarse), around, mode="constant")
+    return coarse > PEAK * total / neighbours
 
 
 @dataclass(frozen=True)
@@ -146,6 +175,25 @@ def _gram(factor) -> np.ndarray:
     """A_k'A_k of a p-Identity factor A_k = [I; B] D: D (I + B'B) D."""
     d = 1.0 / factor.s
     return d[:, None] * (np.eye(factor.n) + factor.B.T @ factor.B) * d[None, :]
+
+
+def flatten_even(leaves: np.ndarray, part: Partition, var_leaves: float) -> np.ndarray:
+    """Ours: the leaves of every coarse cell of p >= EVEN_LEAVES leaves replaced by their even share (the cell's
+    total in proportion to the leaves' cells) where their spread about it, sum_j (x_j - even_j)^2, is below
+    (p - 1) var_leaves (1 + EVEN_MARGIN sqrt(2 / (p - 1))): what the leaves' noise alone gives, plus EVEN_MARGIN of
+    its standard deviation under Gaussian noise of that variance (a rule, not a test at a stated level: the leaves'
+    noise is Laplace, whose squares spread more, and the least squares shrink it a little). Where the points are
+    even inside a coarse cell the leaves add noise and nothing else; the cell's estimate, spread evenly, is then the
+    better one. Every coarse cell keeps its total. Reads the leaves' estimates and their public variance only:
+    post-processing."""
+    sizes = part.sizes()
+    leaves_in = np.bincount(part.parent)
+    share = np.bincount(part.parent, weights=leaves) / np.bincount(part.parent, weights=sizes)
+    even = share[part.parent] * sizes
+    spread = np.bincount(part.parent, weights=(leaves - even) ** 2)
+    dof = np.maximum(leaves_in - 1, 1)
+    flat = (leaves_in >= EVEN_LEAVES) & (spread < dof * var_leaves * (1.0 + EVEN_MARGIN * np.sqrt(2.0 / dof)))
+    return np.where(flat[part.parent], even, leaves)
 
 
 def spread(leaves: np.ndarray, part: Partition) -> np.ndarray:

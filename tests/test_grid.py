@@ -253,7 +253,8 @@ def test_adaptive_release_partitions_the_grid_into_leaves_each_spread_evenly(rel
     np.testing.assert_allclose(cells["count"].to_numpy().reshape(32, 32), count, atol=1e-9)
     var = {name: 2.0 * plan[name].scale ** 2 for name in ("coarse", "leaves")}
     x = ag.leaves_gls(draw.strategy, draw.answers, var["coarse"], draw.leaves, var["leaves"], draw.partition)
-    for row, total in zip(leaves.itertuples(), x):  # every leaf keeps its least-squares total
+    x = ag.flatten_even(x, draw.partition, var["leaves"])
+    for row, total in zip(leaves.itertuples(), x):  # every leaf keeps its estimate's total
         assert estimate[row.x_first:row.x_end, row.y_first:row.y_end].sum() == pytest.approx(total, abs=1e-6)
     out = _dprelease("query", str(rel), "--rect", "3", "12", "5", "20", "--json")
     assert out.returncode == 0, out.stderr
@@ -304,6 +305,46 @@ def test_smoothing_keeps_every_leaf_total_and_an_even_map_even():
     np.testing.assert_allclose(np.bincount(part.leaf.ravel(), weights=out.ravel()), x, rtol=1e-9, atol=1e-9)
     even = part.sizes() * 3.0
     np.testing.assert_allclose(ag.smooth(even, part), np.full((32, 32), 3.0), rtol=1e-9)
+
+
+def test_leaf_sides_round_to_the_nearest_side_and_up_at_a_peak():
+    """AG's root sqrt(N' eps / 5) to the nearest integer where a coarse cell is like its neighbours, up where it is
+    above twice their mean; at least one leaf."""
+    eps = 0.5
+    at = lambda root: root ** 2 * 5 / eps           # the count whose root is `root`
+    flat = np.full((8, 8), at(2.3))
+    assert (ag.leaf_sides(flat, eps) == 2).all()
+    peak = flat.copy()
+    peak[3, 4] = at(4.2)                            # 3.3 times its neighbours: rounded up
+    sides = ag.leaf_sides(peak, eps).reshape(8, 8)
+    assert sides[3, 4] == 5 and (np.delete(sides.ravel(), 3 * 8 + 4) == 2).all()
+    corner = np.zeros((8, 8))
+    corner[0, 0] = at(1.2)                          # alone at the grid's corner: a peak of its three neighbours
+    assert ag.leaf_sides(corner, eps).reshape(8, 8)[0, 0] == 2 and (ag.leaf_sides(-flat, eps) == 1).all()
+
+
+def test_even_leaves_are_flattened_and_uneven_ones_kept():
+    """dpalgos.adaptive_grid.flatten_even: on an even map under the leaves' noise the coarse cells of 16 leaves get
+    their even share (their leaves' error falls to the coarse total's) in most cells and keep their totals; a
+    concentrated coarse cell (one hot leaf, 6 noise deviations) is kept in at least 97 % of draws; cells of fewer
+    leaves are left alone."""
+    rng = np.random.default_rng(4)
+    part = ag.partition(64, 8, np.r_[np.full(48, 4), np.full(16, 2)])
+    truth = part.sizes() * 2.0
+    var = 50.0
+    noisy = truth + rng.laplace(0, np.sqrt(var / 2), part.size)
+    out = ag.flatten_even(noisy, part, var)
+    np.testing.assert_allclose(np.bincount(part.parent, weights=out), np.bincount(part.parent, weights=noisy))
+    big = part.parent < 48
+    flattened = np.bincount(part.parent[big], weights=(out != noisy)[big]) > 0
+    assert flattened.mean() > 0.6
+    assert np.mean((out - truth)[big] ** 2) < 0.5 * np.mean((noisy - truth)[big] ** 2)
+    assert (out[~big] == noisy[~big]).all()
+    hot = truth.copy()
+    hot[np.flatnonzero(part.parent == 0)[5]] += 6 * np.sqrt(var)
+    kept = [(ag.flatten_even(noisy, part, var) == noisy)[part.parent == 0].all()
+            for noisy in hot + rng.laplace(0, np.sqrt(var / 2), (200, part.size))]
+    assert np.mean(kept) >= 0.97            # here 0.995 at the margin of 1 deviation, 0.95 at 3
 
 
 def test_adaptive_grid_is_refused_on_three_axes_and_with_consistency_in_one_line():

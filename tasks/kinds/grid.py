@@ -373,8 +373,9 @@ def as_strategy(spec, strategy: str):
 
 def adaptive_estimates(spec, draw: AdaptiveDraw, plan: Plan, signed_only: bool = False):
     """(non-negative counts, signed estimate, diagnostics) per cell. Dense: as the workload's default strategy.
-    Adaptive: the leaves' generalised least squares over both levels (signed), each shared among its cells by
-    `adaptive_grid.smooth`; counts: that estimate cut at zero."""
+    Adaptive: the leaves' generalised least squares over both levels (signed), flattened where even
+    (`adaptive_grid.flatten_even`), each shared among its cells by `adaptive_grid.smooth`; counts: that estimate
+    cut at zero."""
     if draw.branch == "dense":
         default = as_strategy(spec, STRATEGY_FOR_WORKLOAD[spec.release.workload])
         if signed_only:
@@ -383,12 +384,13 @@ def adaptive_estimates(spec, draw: AdaptiveDraw, plan: Plan, signed_only: bool =
         return count, estimate, {**info, "branch": "dense: the whole grid by the workload's default strategy"}
     var = {name: 2.0 * plan[name].scale ** 2 for name in ("coarse", "leaves")}
     x = ag.leaves_gls(draw.strategy, draw.answers, var["coarse"], draw.leaves, var["leaves"], draw.partition)
-    estimate = ag.smooth(x, draw.partition)
+    estimate = ag.smooth(ag.flatten_even(x, draw.partition, var["leaves"]), draw.partition)
     return np.maximum(estimate, 0.0), estimate, {
         "branch": "adaptive", "method": "adaptive grid (Qardaji et al. AG, HDMM's Kronecker strategy on the coarse "
-                                        "level): leaves by generalised least squares over both levels, each shared "
-                                        "among its cells as its neighbours lean (dpalgos.adaptive_grid.smooth); "
-                                        "counts: the estimate cut at zero",
+                                        "level): leaves by generalised least squares over both levels, even where "
+                                        "their noise explains their spread (dpalgos.adaptive_grid.flatten_even), "
+                                        "each shared among its cells as its neighbours lean "
+                                        "(dpalgos.adaptive_grid.smooth); counts: the estimate cut at zero",
         "coarse_side": draw.strategy.shape[0], "leaves": draw.partition.size}
 
 

@@ -14,12 +14,15 @@ A peer answers both from its own estimated grid, signed, as it publishes it. The
 peers' (`rectangles`: six sizes after Qardaji et al., random positions), the same for every method.
 
     python tests/benchmarks/spatial_peers.py [--data grid.npy | points.csv] [--reps 10] [--rects 2000]
+    python tests/benchmarks/spatial_peers.py --seeds 0-7     # the corpus regenerated eight times, pooled
 
 Without --data: the corpus (`_spatial_peers.datasets`: the shipped check-ins and generated uniform, clustered,
 very sparse, road-like and taxi-like grids). A CSV holds points x,y (header), binned on 256 x 256 cells over
 their --bounds (default: the points' range; a benchmark's choice, a release's bounds are public inputs).
 Prints `RESULT data=... eps=... workload=... ours=... best_peer=... ours_over_best=...` per cell and
-`RESULT workload=... geo_mean=... worst=...` per workload.
+`RESULT release=... workload=... geo_mean=... worst=...` per workload. With --seeds, every seed regenerates the
+generated maps and redraws every noise (the check-ins stay): the lines above per seed (with `seed=`), then the same
+summary over all of them (`seeds=`).
 """
 
 from __future__ import annotations
@@ -104,15 +107,43 @@ def main(argv=None) -> None:
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--rects", type=int, default=2000)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--seeds", help="several seeds, pooled: a range FIRST-LAST or a comma-separated list")
     args = ap.parse_args(argv)
-    data = load(args.data, args.bounds) if args.data else peers.datasets(seed=args.seed)
+    seeds = _seeds(args.seeds) if args.seeds else [args.seed]
+    pooled = {}
+    for seed in seeds:
+        data = load(args.data, args.bounds) if args.data else peers.datasets(seed=seed)
+        ratios = run(data, args.reps, args.rects, seed)
+        label = f"seed={seed} " if args.seeds else ""
+        for key, r in ratios.items():
+            pooled.setdefault(key, []).extend(r)
+            _summary(label, key, r)
+    if len(seeds) > 1:
+        for key, r in pooled.items():
+            _summary(f"seeds={args.seeds} ", key, r)
+
+
+def _seeds(text: str) -> list[int]:
+    if "-" in text:
+        first, last = (int(t) for t in text.split("-"))
+        return list(range(first, last + 1))
+    return [int(t) for t in text.split(",")]
+
+
+def _summary(label: str, key, r) -> None:
+    print(f"RESULT {label}release={key[0]} workload={key[1]} geo_mean={math.exp(np.mean(np.log(r))):.3g} "
+          f"worst={max(r):.3g}", flush=True)
+
+
+def run(data: dict, reps: int, n_rects: int, seed: int) -> dict:
+    """Per (our release, workload): its ratios to the best peer over the data and epsilons."""
     ratios = {(name, workload): [] for name in OURS for workload in ("rectangles", "unit")}
     for d, (name, grid) in enumerate(data.items()):
-        rects = peers.rectangles(grid.shape, args.rects, np.random.default_rng([args.seed, 99]))
+        rects = peers.rectangles(grid.shape, n_rects, np.random.default_rng([seed, 99]))
         print(f"# {name}: {grid.shape}, {grid.sum():.4g} points, {np.mean(grid == 0):.1%} empty cells", flush=True)
         for eps in peers.EPSILONS:
             t0 = time.perf_counter()
-            table = score(grid, eps, args.reps, rects, args.seed + 1000 * d)
+            table = score(grid, eps, reps, rects, seed + 1000 * d)
             for j, workload in enumerate(("rectangles", "unit")):
                 best = min((k for k in table if k not in OURS), key=lambda k: table[k][j])
                 for ours_name in OURS:
@@ -123,10 +154,7 @@ def main(argv=None) -> None:
                 print(f"RESULT data={name} eps={eps:g} workload={workload} {mine} best_peer={best} {others}",
                       flush=True)
             print(f"# {name} eps={eps:g}: {time.perf_counter() - t0:.0f} s", flush=True)
-    for (ours_name, workload), r in ratios.items():
-        print(f"RESULT release={ours_name} workload={workload} geo_mean={math.exp(np.mean(np.log(r))):.3g} "
-              f"worst={max(r):.3g}", flush=True)
-
+    return ratios
 
 if __name__ == "__main__":
     main()
