@@ -6,7 +6,7 @@ import inspect
 import numpy as np
 import pytest
 
-from dpalgos import dpkmeans, leekifer, metrics
+from dpalgos import domain, dpkmeans, leekifer, metrics
 from dpalgos.noise import ExactNoise, Measure, NoiseSource, SeededNoise
 from tasks.experiments.kmeans import kmeans_spec, release_points, scaled
 from tasks.kinds import kmeans as kmeans_kind
@@ -57,8 +57,8 @@ def test_the_gate_reads_the_released_trajectory_only():
     for field in ("initial_centroids", "noisy_counts", "noisy_sums", "centroids"):
         assert np.array_equal(getattr(a, field), getattr(b, field)), field
     assert leekifer.refinement_expected_to_help(a) == leekifer.refinement_expected_to_help(b)
-    ca, _ = kmeans_kind.released_centroids(spec, a, 5)
-    cb, _ = kmeans_kind.released_centroids(spec, b, 5)
+    ca, _, _ = kmeans_kind.released_centroids(spec, a, 5)
+    cb, _, _ = kmeans_kind.released_centroids(spec, b, 5)
     assert np.array_equal(ca, cb)
     # ... while the data differ: the same exact statistics would have given other measurements
     fresh = _measured(uniform, spec, SeededNoise(11)).trajectory
@@ -165,7 +165,7 @@ def test_refined_where_it_clearly_helps():
         measured = _measured(X, spec, SeededNoise(seed), public_seed=seed)
         traj = measured.trajectory
         assert leekifer.refinement_expected_to_help(traj)
-        C, refined = kmeans_kind.released_centroids(spec, traj, kmeans_kind.trajectory_seed(traj, measured.seeding))
+        C, refined, _ = kmeans_kind.released_centroids(spec, traj, kmeans_kind.trajectory_seed(traj, measured.seeding))
         assert refined is not None
         released.append(metrics.wcss(B, C))
         last.append(metrics.wcss(B, traj.final_centroids))
@@ -189,9 +189,49 @@ def test_the_last_iterate_where_the_refinement_hurts(shared_data):
         measured = kmeans_kind.measure_trajectory(spec, stats, measure, np.random.default_rng(seed))
         traj = measured.trajectory
         seed_pp = kmeans_kind.trajectory_seed(traj, measured.seeding)
-        C, r = kmeans_kind.released_centroids(spec, traj, seed_pp)
+        C, r, _ = kmeans_kind.released_centroids(spec, traj, seed_pp)
         kept += r is None
         released.append(metrics.wcss(B, C))
         refined.append(metrics.wcss(B, kmeans_kind._refine(traj, spec.release, seed_pp).centroids))
     assert kept >= 2
     assert np.mean(released) < np.mean(refined)
+
+
+def _overlapping(seed=42):
+    """Three overlapping clusters (the gate benchmark's shape): records spread across the boundaries."""
+    rng = np.random.default_rng(seed)
+    centres = np.array([[40.0, 45.0], [55.0, 50.0], [48.0, 62.0]])
+    return np.clip(centres[np.repeat(np.arange(3), 2000)] + 9.0 * rng.standard_normal((6000, 2)), 0.0, 100.0)
+
+
+def _runs(X, eps, seeds):
+    """Per run where the trajectory's rule (`refinement_expected_to_help`) refines: (released WCSS, refinement's WCSS,
+    misfit, whether the refinement was released), the release of the kind's default spec, bounds [0, 100]."""
+    bounds = (np.zeros(2), np.full(2, 100.0))
+    spec = kmeans_spec(3, 2, eps, bounds=bounds)
+    stats = dpkmeans.array_stats(release_points(X, spec, bounds))
+    B = domain.scale_to_unit_box(X, *bounds)[0]
+    out = []
+    for seed in seeds:
+        measure = Measure(kmeans_kind.KIND.bind(spec).plan, SeededNoise(seed))
+        measured = kmeans_kind.measure_trajectory(spec, stats, measure, np.random.default_rng(seed))
+        traj, pp = measured.trajectory, kmeans_kind.trajectory_seed(measured.trajectory, measured.seeding)
+        if not leekifer.refinement_expected_to_help(traj):
+            continue
+        C, released, fit = kmeans_kind.released_centroids(spec, traj, pp)
+        refinement = kmeans_kind._refine(traj, spec.release, pp)
+        assert fit == leekifer.misfit(refinement, traj)
+        out.append((metrics.wcss(B, C), metrics.wcss(B, refinement.centroids), fit, released is not None))
+    return np.array(out, dtype=float)
+
+
+def test_a_refinement_that_does_not_fit_the_measurements_is_not_released():
+    """Overlapping clusters at epsilon 1: precise centroids, yet no simulated dataset of clumps explains how the
+    clusters' statistics moved (misfit above 2 in most runs); the release is then the last iterate, and over the
+    runs its WCSS is below the refinement's. Separated blobs at epsilon 0.5 (as precise): the chain's dataset fits
+    (misfit below 2) and the refinement is released in every run."""
+    runs = _runs(_overlapping(), 1.0, range(8))
+    assert len(runs) >= 4 and (runs[:, 2] > leekifer.MISFIT).mean() >= 0.6 and (runs[:, 3] == 0).mean() >= 0.6
+    assert runs[:, 0].mean() < runs[:, 1].mean()
+    blob = _runs(blobs(6000, seed=8), 0.5, range(4))
+    assert len(blob) == 4 and (blob[:, 2] <= leekifer.MISFIT).all() and blob[:, 3].all()

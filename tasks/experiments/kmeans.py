@@ -1,8 +1,9 @@
 """DP k-means experiments: Lee & Kifer Figure 1 (WCSS vs epsilon of DPKM, DPKM + consistency and
 DPKM + consistency + MCMC, T = 5), and what the `kmeans` kind releases (the refinement only where
-`leekifer.refinement_expected_to_help` says so). Every trajectory is the kind's own measurement
-(`tasks.kinds.kmeans.measure_trajectory` on the points as its prepare writes them, its plan's noise simulated) and
-`released` its own postprocessing (`tasks.kinds.kmeans.released_centroids`): what a release would publish.
+`leekifer.refinement_expected_to_help` and `leekifer.refinement_fits` say so). Every trajectory is the kind's own
+measurement (`tasks.kinds.kmeans.measure_trajectory` on the points as its prepare writes them, its plan's noise
+simulated) and `released` its own postprocessing (`tasks.kinds.kmeans.released_centroids`): what a release would
+publish.
 
 Points are scaled to [-1, 1] with the data's min/max as (stand-in) public bounds, then projected onto the
 release's domain (default: `domain.default_domain` of the dimension). Every figure is reported twice:

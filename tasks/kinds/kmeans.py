@@ -283,16 +283,20 @@ def measure_trajectory(spec, stats, measure, public_rng: np.random.Generator, lo
 
 
 def released_centroids(spec, traj: dpkmeans.Trajectory, seed: int, log=None
-                       ) -> tuple[np.ndarray, leekifer.Refinement | None]:
+                       ) -> tuple[np.ndarray, leekifer.Refinement | None, float | None]:
     """The centroids a release publishes (centroids.parquet) from its trajectory: Lee & Kifer's refinement with
-    the spec's settings where configured and expected to help (`_refines`), else the last noisy iterate; and the
-    refinement (None when not released). `seed` is the postprocessing's randomness: `postprocessing_seed` of the
-    measurements (`trajectory_seed` of an in-memory trajectory)."""
+    the spec's settings where configured, expected to help (`_refines`) and fitting the measurements
+    (`leekifer.refinement_fits`), else the last noisy iterate; the refinement (None when not released); and the
+    refinement's `leekifer.misfit` where it ran (else None). `seed` is the postprocessing's randomness:
+    `postprocessing_seed` of the measurements (`trajectory_seed` of an in-memory trajectory)."""
     p = spec.release
     if not _refines(traj, p):
-        return traj.final_centroids, None
+        return traj.final_centroids, None, None
     refined = _refine(traj, p, seed, log)
-    return refined.centroids, refined
+    fit = leekifer.misfit(refined, traj)
+    if not leekifer.refinement_fits(refined, traj):
+        return traj.final_centroids, None, fit
+    return refined.centroids, refined, fit
 
 
 class KMeansKind(ReleaseKind):
@@ -409,11 +413,12 @@ class KMeansKind(ReleaseKind):
     def postprocess(self, measurements, staging, internal, log):
         """The released centroids (normalised space; original units too for the box domain): Lee & Kifer's
         refinement of the trajectory (consistency, MCMC) when configured and expected to help
-        (`leekifer.refinement_expected_to_help`, from the noisy trajectory alone), else the last noisy iterate,
+        (`leekifer.refinement_expected_to_help`, from the noisy trajectory alone) and fitting the measurements
+        (`leekifer.refinement_fits`), else the last noisy iterate,
         which is also released as dpkm_centroids.parquet. Chain diagnostics go to `internal`."""
         traj = self.trajectory(measurements)
         p = self.spec.release
-        C, refined = released_centroids(self.spec, traj, postprocessing_seed(measurements), log)
+        C, refined, fit = released_centroids(self.spec, traj, postprocessing_seed(measurements), log)
         use_refined = refined is not None
         files = [CENTROIDS, DPKM_CENTROIDS, REFINEMENT]
         self._write_centroids(C, staging / CENTROIDS)
@@ -426,7 +431,10 @@ class KMeansKind(ReleaseKind):
         if p.postprocess:
             info["centroid_noise"] = leekifer.centroid_noise(traj)
             info["reassigned_fraction"] = leekifer.reassigned_fraction(traj).tolist()
-            info["refinement_expected_to_help"] = use_refined
+            info["refinement_expected_to_help"] = leekifer.refinement_expected_to_help(traj)
+            if fit is not None:  # the refinement ran: whether its simulated dataset fits the measurements
+                info["refinement_misfit"] = None if np.isnan(fit) else fit
+                info["refinement_fits"] = use_refined
         if refined is not None:
             info.update(_refinement_info(refined, p))
             if refined.steps:
@@ -489,14 +497,13 @@ class KMeansKind(ReleaseKind):
         or the refinement where the replicate's noise says it helps); a refined replicate's clusters are matched to
         the released ones (their labels are arbitrary)."""
         traj = read_trajectory(measurements, plan["counts"].scale, plan["sums"].scale)[0]
-        p, cols = self.spec.release, tuple(self.spec.dataset.columns)
+        cols = tuple(self.spec.dataset.columns)
         released = pq.read_table(staging / CENTROIDS).to_pandas()[list(cols)].to_numpy()
-        released_refined = _refines(traj, p)
+        released_refined = not np.array_equal(released, traj.final_centroids)
 
         def rerun(noisy, rng):
             t = _replicate_trajectory(traj, noisy["counts"], noisy["sums"])
-            refined = _refine(t, p, int(rng.integers(2 ** 32))) if _refines(t, p) else None
-            C = t.final_centroids if refined is None else refined.centroids
+            C, refined, _ = released_centroids(self.spec, t, int(rng.integers(2 ** 32)))
             C = matched(released, C) if refined is not None or released_refined else C
             out = {CENTROIDS: C, DPKM_CENTROIDS: t.final_centroids}
             if traj.domain == "box":

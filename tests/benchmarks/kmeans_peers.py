@@ -4,17 +4,17 @@
 scaled points' one mean, non-private).
 
 `ours` is what the `kmeans` kind releases, computed by the kind's own code (`tasks.kinds.kmeans.measure_trajectory`
-and `released_centroids`, its spec at these settings): DP k-means (T rounds, the first seeding as the kind's default,
-the default domain of the dimension or --domain), then Lee & Kifer's refinement where
-`leekifer.refinement_expected_to_help` says so, its MCMC seeded as the release seeds it. Noise is simulated (seeded
-numpy through the kind's plan, as every benchmark; the privacy facts are the plan's). diffprivlib gets the
-same scaled points with bounds [-1, 1] and the same epsilon (its own iteration count and budget split); it runs in
-its own venv (diffprivlib 0.6.6 with scikit-learn 1.6.1: 0.6.6 fails to import with scikit-learn 1.9 and runs
-with 1.6-1.8, measured), created on first use in the benchmarks' cache folder (tests/benchmarks/_peer_venv.py;
---peer-python names another interpreter), the points and centroids exchanged through temporary .npy files. A .npy --data
-is a 2-D check-in histogram (Gowalla-like points are sampled from it). Lines (`dpkm`: DP k-means' last iterate
-of the same runs; `ours_minus_dpkm`: the refinement's paired effect and its standard error, which must not be
-positive beyond noise):
+and `released_centroids`, its spec at these settings): DP k-means (T rounds, the first seeding as the kind's
+default, the default domain of the dimension or --domain), then Lee & Kifer's refinement where
+`leekifer.refinement_expected_to_help` and `refinement_fits` say so, its MCMC seeded as the release seeds it. Noise
+is simulated (seeded numpy through the kind's plan, as every benchmark; the privacy facts are the plan's).
+diffprivlib gets the same scaled points with bounds [-1, 1] and the same epsilon (its own iteration count and budget
+split); it runs in its own venv (diffprivlib 0.6.6 with scikit-learn 1.6.1: 0.6.6 fails to import with scikit-learn
+1.9 and runs with 1.6-1.8, measured), created on first use in the benchmarks' cache folder
+(tests/benchmarks/_peer_venv.py; --peer-python names another interpreter), the points and centroids exchanged
+through temporary .npy files. A .npy --data is a 2-D check-in histogram (Gowalla-like points are sampled from it).
+Lines (`dpkm`: DP k-means' last iterate of the same runs; `ours_minus_dpkm`: the refinement's paired effect and its
+standard error, which must not be positive beyond noise):
     RESULT eps=<e> ours=<r> diffprivlib=<r> single_centroid=<r> dpkm=<r> ours_minus_dpkm=<d> se=<s>
 
     python tests/benchmarks/kmeans_peers.py --data ../shared/data/kmeans/s1.txt --k 15 --runs 10
