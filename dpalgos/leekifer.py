@@ -674,11 +674,12 @@ def refine(traj: Trajectory, *, consistency: bool = True, mcmc: bool = True, ste
 
 
 def misfit(refinement: Refinement, traj: Trajectory) -> float:
-    """How far the refinement's best simulated dataset is from the statistics it was fitted to, in units of their
-    noise: the mean over the T K (d + 1) counts and sum coordinates of |target - the dataset's value| / the value's
-    noise scale (-best_loglik / (T K (d + 1)): the chain's log-likelihood is minus that sum). The true records sit
-    about 1 from the noisy measurements (the mean of |Laplace(b)| / b), a dataset the chain fitted to that noise
-    below it. Reads the refinement's output and public scales only; NaN without a chain."""
+    """How far the refinement's best simulated dataset is from the statistics it was fitted to (the consistent
+    statistics where consistency is configured, else the noisy measurements), in units of their noise: the mean over
+    the T K (d + 1) counts and sum coordinates of |target - the dataset's value| / the value's noise scale
+    (-best_loglik / (T K (d + 1)): the chain's log-likelihood is minus that sum). The true records sit about 1 from
+    the noisy measurements (the mean of |Laplace(b)| / b), a dataset the chain fitted to that noise below it. Reads
+    the refinement's output and public scales only; NaN without a chain."""
     T, K, d = traj.noisy_sums.shape
     return -refinement.best_loglik / (T * K * (d + 1)) if refinement.steps else float("nan")
 
