@@ -107,9 +107,9 @@ def main(argv=None) -> None:
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--rects", type=int, default=2000)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--seeds", help="several seeds, pooled: a range FIRST-LAST or a comma-separated list")
+    ap.add_argument("--seeds", type=_seeds, help="several seeds, pooled: a range FIRST-LAST or a comma-separated list")
     args = ap.parse_args(argv)
-    seeds = _seeds(args.seeds) if args.seeds else [args.seed]
+    seeds = args.seeds or [args.seed]
     pooled = {}
     for seed in seeds:
         data = load(args.data, args.bounds) if args.data else peers.datasets(seed=seed)
@@ -120,14 +120,22 @@ def main(argv=None) -> None:
             _summary(label, key, r)
     if len(seeds) > 1:
         for key, r in pooled.items():
-            _summary(f"seeds={args.seeds} ", key, r)
+            _summary(f"seeds={seeds[0]}-{seeds[-1]} " if seeds == list(range(seeds[0], seeds[-1] + 1))
+                     else f"seeds={','.join(map(str, seeds))} ", key, r)
 
 
 def _seeds(text: str) -> list[int]:
-    if "-" in text:
-        first, last = (int(t) for t in text.split("-"))
-        return list(range(first, last + 1))
-    return [int(t) for t in text.split(",")]
+    try:
+        if "-" in text:
+            first, last = (int(t) for t in text.split("-"))
+            seeds = list(range(first, last + 1))
+        else:
+            seeds = [int(t) for t in text.split(",")]
+    except ValueError:
+        seeds = []
+    if not seeds or min(seeds) < 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: a range FIRST-LAST or a comma-separated list of seeds >= 0")
+    return seeds
 
 
 def _summary(label: str, key, r) -> None:
