@@ -1,5 +1,6 @@
-"""The refinement gate (`leekifer.refinement_expected_to_help`): a function of the released trajectory and public
-scales only, and its rule on cases where the refinement clearly helps or hurts."""
+"""The refinement gate (`leekifer.refinement_released`, `refinement_expected_to_help`, `refinement_fits`): a function
+of the released trajectory, the refinement's output and public scales only, and its rule on cases where the
+refinement clearly helps or hurts."""
 
 import inspect
 
@@ -93,6 +94,29 @@ def test_the_rule_on_constructed_trajectories():
     assert leekifer.refinement_expected_to_help(_trajectory(jump, noise_scale=b))
     # one iteration: nothing to compare, refined
     assert leekifer.refinement_expected_to_help(_trajectory(settled[:1], noise_scale=b))
+
+
+def test_the_release_rule_in_its_order():
+    """`refinement_released`: without a chain the trajectory decides; a refinement that does not fit precise
+    centroids' measurements is not released; the trajectory's reasons for the last iterate hold only where the
+    misfit confirms them (a settled trajectory read as moving on one run's noise, with a dataset that fits, is
+    refined)."""
+    b = 2.0
+    settled = np.full((4, 3), 4000.0) + np.array([[3, -2, 1], [-4, 0, 2], [1, 3, -3], [0, -1, 2]])
+    moving = np.array([[3400.0, 4600, 4000], [4000, 4000, 4000], [4600, 3400, 4000], [5200, 2800, 4000]])
+    calm, busy = _trajectory(settled, noise_scale=b), _trajectory(moving, noise_scale=b)
+    assert leekifer.centroid_noise(calm) <= leekifer.FIT_FROM_NOISE
+    assert leekifer.refinement_expected_to_help(calm) and not leekifer.refinement_expected_to_help(busy)
+    assert not leekifer.refinement_released(float("nan"), busy)
+    assert leekifer.refinement_released(float("nan"), calm)
+    # the true records score about 1; the data the trajectory's rules were made for 1.6 and above
+    assert not leekifer.refinement_released(2.5, calm)
+    assert leekifer.refinement_released(1.7, calm)
+    assert leekifer.refinement_released(1.0, busy)
+    assert not leekifer.refinement_released(1.7, busy)
+    noisy = _trajectory(moving, noise_scale=b, spread=0.001)
+    assert leekifer.centroid_noise(noisy) > leekifer.FIT_FROM_NOISE
+    assert leekifer.refinement_released(8.0, noisy)
 
 
 def _moving(shift, *, noise_scale, counts=4000.0, T=4, K=3, rng=None):

@@ -285,16 +285,17 @@ def measure_trajectory(spec, stats, measure, public_rng: np.random.Generator, lo
 def released_centroids(spec, traj: dpkmeans.Trajectory, seed: int, log=None
                        ) -> tuple[np.ndarray, leekifer.Refinement | None, float | None]:
     """The centroids a release publishes (centroids.parquet) from its trajectory: Lee & Kifer's refinement with
-    the spec's settings where configured, expected to help (`_refines`) and fitting the measurements
-    (`leekifer.refinement_fits`), else the last noisy iterate; the refinement (None when not released); and the
-    refinement's `leekifer.misfit` where it ran (else None). `seed` is the postprocessing's randomness:
-    `postprocessing_seed` of the measurements (`trajectory_seed` of an in-memory trajectory)."""
+    the spec's settings where configured and `leekifer.refinement_released` says so (from the noisy trajectory and
+    the refinement's fit to the measurements), else the last noisy iterate; the refinement (None when not released);
+    and the refinement's `leekifer.misfit` where it ran (else None; NaN without a chain). `seed` is the
+    postprocessing's randomness: `postprocessing_seed` of the measurements (`trajectory_seed` of an in-memory
+    trajectory)."""
     p = spec.release
-    if not _refines(traj, p):
+    if not p.postprocess:
         return traj.final_centroids, None, None
     refined = _refine(traj, p, seed, log)
     fit = leekifer.misfit(refined, traj)
-    if not leekifer.refinement_fits(refined, traj):
+    if not leekifer.refinement_released(fit, traj):
         return traj.final_centroids, None, fit
     return refined.centroids, refined, fit
 
@@ -412,10 +413,9 @@ class KMeansKind(ReleaseKind):
 
     def postprocess(self, measurements, staging, internal, log):
         """The released centroids (normalised space; original units too for the box domain): Lee & Kifer's
-        refinement of the trajectory (consistency, MCMC) when configured and expected to help
-        (`leekifer.refinement_expected_to_help`, from the noisy trajectory alone) and fitting the measurements
-        (`leekifer.refinement_fits`), else the last noisy iterate,
-        which is also released as dpkm_centroids.parquet. Chain diagnostics go to `internal`."""
+        refinement of the trajectory (consistency, MCMC) when configured and `leekifer.refinement_released` says
+        so, else the last noisy iterate, which is also released as dpkm_centroids.parquet. Chain diagnostics go to
+        `internal`."""
         traj = self.trajectory(measurements)
         p = self.spec.release
         C, refined, fit = released_centroids(self.spec, traj, postprocessing_seed(measurements), log)
@@ -432,9 +432,8 @@ class KMeansKind(ReleaseKind):
             info["centroid_noise"] = leekifer.centroid_noise(traj)
             info["reassigned_fraction"] = leekifer.reassigned_fraction(traj).tolist()
             info["refinement_expected_to_help"] = leekifer.refinement_expected_to_help(traj)
-            if fit is not None:  # the refinement ran: whether its simulated dataset fits the measurements
+            if fit is not None:  # the refinement ran: how far its simulated dataset is from the measurements
                 info["refinement_misfit"] = None if np.isnan(fit) else fit
-                info["refinement_fits"] = use_refined
         if refined is not None:
             info.update(_refinement_info(refined, p))
             if refined.steps:
@@ -473,7 +472,8 @@ class KMeansKind(ReleaseKind):
 
     def replicate_seconds(self, measurements=None):
         """The refinement's chain dominates, when it runs: its length from the noisy counts when the measurements
-        are known (and the refinement is then expected only if the release itself used it)."""
+        are known. With MCMC configured every replicate runs the refinement (its misfit is part of the rule);
+        without, only where the trajectory calls for it."""
         p = self.spec.release
         rounds = SECONDS_PER_REPLICATE_ROUND * p.iterations
         if not p.postprocess:
@@ -481,7 +481,7 @@ class KMeansKind(ReleaseKind):
         size = None
         if measurements is not None:
             traj = self.trajectory(measurements)
-            if not _refines(traj, p):
+            if "mcmc" not in p.postprocess and not leekifer.refinement_expected_to_help(traj):
                 return SECONDS_UNREFINED + rounds
             size = int(np.rint(np.maximum(traj.noisy_counts[-1], 0.0)).sum())
         seconds = SECONDS_UNREFINED + rounds
@@ -541,7 +541,7 @@ class KMeansKind(ReleaseKind):
                                   f"{records} records in {p.k} equal clusters of {n:.4g}, coordinates of the domain's "
                                   f"mean square {c2:.3g}"))
         return rows + [Predicted("refined centroid (Lee & Kifer)", None, None, "not predicted: depends on the data",
-                                 "released where the noisy trajectory says it helps")]
+                                 "released where the noisy trajectory and the refinement's fit to it say so")]
 
     def evaluate(self, run, prepared, log):
         """WCSS of the released centroids and of every DP iteration on the points scaled to [-1, 1] with the
@@ -652,12 +652,6 @@ def _chain_steps(p, size: int | None = None) -> int:
 
 def _chain_seconds(p, size: int | None = None) -> float:
     return SECONDS_PER_REFINEMENT + SECONDS_PER_STEP * _chain_steps(p, size)
-
-
-def _refines(traj: dpkmeans.Trajectory, p) -> bool:
-    """Whether the release is Lee & Kifer's refinement: configured, and expected to help (`leekifer`, from the
-    noisy trajectory alone)."""
-    return bool(p.postprocess) and leekifer.refinement_expected_to_help(traj)
 
 
 def _refine(traj: dpkmeans.Trajectory, p, seed: int, log=None) -> leekifer.Refinement:

@@ -15,6 +15,7 @@ is the records written. Reference sets skip with their reason when ../shared/dat
 
 from __future__ import annotations
 
+import argparse
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -356,3 +357,18 @@ def corpus(shape: str, names: list[str] | None = None) -> list[Dataset]:
     named ones."""
     sets = [d for d in CORPORA[shape]() if d.available()]
     return [d for d in sets if names is None or d.name in names]
+
+
+def seed_list(text: str) -> list[int]:
+    """A command line's noise seeds (argparse type): a range FIRST-LAST or a comma-separated list of seeds >= 0."""
+    try:
+        if "-" in text:
+            first, last = (int(t) for t in text.split("-"))
+            seeds = list(range(first, last + 1))
+        else:
+            seeds = [int(t) for t in text.split(",")]
+    except ValueError:
+        seeds = []
+    if not seeds or min(seeds) < 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: a range FIRST-LAST or a comma-separated list of seeds >= 0")
+    return seeds

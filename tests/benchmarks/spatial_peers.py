@@ -38,6 +38,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _spatial_peers as peers  # noqa: E402
+from _corpus import seed_list  # noqa: E402
 
 from dpalgos.noise import simulated  # noqa: E402
 from tasks.kinds import grid as G  # noqa: E402
@@ -107,7 +108,8 @@ def main(argv=None) -> None:
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--rects", type=int, default=2000)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--seeds", type=_seeds, help="several seeds, pooled: a range FIRST-LAST or a comma-separated list")
+    ap.add_argument("--seeds", type=seed_list,
+                    help="several seeds, pooled: a range FIRST-LAST or a comma-separated list")
     args = ap.parse_args(argv)
     seeds = args.seeds or [args.seed]
     pooled = {}
@@ -122,20 +124,6 @@ def main(argv=None) -> None:
         for key, r in pooled.items():
             _summary(f"seeds={seeds[0]}-{seeds[-1]} " if seeds == list(range(seeds[0], seeds[-1] + 1))
                      else f"seeds={','.join(map(str, seeds))} ", key, r)
-
-
-def _seeds(text: str) -> list[int]:
-    try:
-        if "-" in text:
-            first, last = (int(t) for t in text.split("-"))
-            seeds = list(range(first, last + 1))
-        else:
-            seeds = [int(t) for t in text.split(",")]
-    except ValueError:
-        seeds = []
-    if not seeds or min(seeds) < 0:
-        raise argparse.ArgumentTypeError(f"{text!r}: a range FIRST-LAST or a comma-separated list of seeds >= 0")
-    return seeds
 
 
 def _summary(label: str, key, r) -> None:
