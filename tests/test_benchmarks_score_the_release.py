@@ -100,7 +100,7 @@ def kmeans_spec(tmp_path: Path, X: np.ndarray, **release) -> dict:
 
 def test_kmeans_peers_scores_the_kmeans_release(tmp_path):
     """`ours` of kmeans_peers.py: the kind's default release (its domain of d, seeding for T >= 2, the refinement
-    where the trajectory says it helps, the MCMC seeded from the measurements) and its dpkm_centroids."""
+    where `leekifer.refinement_released` says so, the MCMC seeded from the measurements) and its dpkm_centroids."""
     from tests.benchmarks.kmeans_peers import ours
 
     X = blobs(400, 1)

@@ -50,6 +50,9 @@ def test_the_gate_reads_the_released_trajectory_only():
     released centroids: neither the gate nor the release's postprocessing takes the data."""
     assert set(inspect.signature(leekifer.refinement_expected_to_help).parameters) == {"traj"}
     assert set(inspect.signature(kmeans_kind.released_centroids).parameters) == {"spec", "traj", "seed", "log"}
+    for rule in (leekifer.refinement_released, leekifer.refinement_fits):
+        assert set(inspect.signature(rule).parameters) == {"fit", "traj"}
+    assert set(inspect.signature(leekifer.misfit).parameters) == {"refinement", "traj"}
     spec = kmeans_spec(3, 2, 0.5)
     recorded = Recording(11)
     a = _measured(blobs(600, 1), spec, recorded).trajectory
@@ -58,9 +61,9 @@ def test_the_gate_reads_the_released_trajectory_only():
     for field in ("initial_centroids", "noisy_counts", "noisy_sums", "centroids"):
         assert np.array_equal(getattr(a, field), getattr(b, field)), field
     assert leekifer.refinement_expected_to_help(a) == leekifer.refinement_expected_to_help(b)
-    ca, _, _ = kmeans_kind.released_centroids(spec, a, 5)
-    cb, _, _ = kmeans_kind.released_centroids(spec, b, 5)
-    assert np.array_equal(ca, cb)
+    ca, _, fit_a = kmeans_kind.released_centroids(spec, a, 5)
+    cb, _, fit_b = kmeans_kind.released_centroids(spec, b, 5)
+    assert np.array_equal(ca, cb) and fit_a == fit_b and np.isfinite(fit_a)
     # ... while the data differ: the same exact statistics would have given other measurements
     fresh = _measured(uniform, spec, SeededNoise(11)).trajectory
     assert not np.array_equal(fresh.noisy_counts, a.noisy_counts)
@@ -117,6 +120,12 @@ def test_the_release_rule_in_its_order():
     noisy = _trajectory(moving, noise_scale=b, spread=0.001)
     assert leekifer.centroid_noise(noisy) > leekifer.FIT_FROM_NOISE
     assert leekifer.refinement_released(8.0, noisy)
+    # consistency alone: no chain, no misfit; the refinement is computed only where the trajectory calls for it
+    spec = kmeans_spec(3, 2, 1.0, iterations=4, postprocess=["consistency"])
+    C, refined, fit = kmeans_kind.released_centroids(spec, busy, 0)
+    assert refined is None and fit is None and np.array_equal(C, busy.final_centroids)
+    C, refined, fit = kmeans_kind.released_centroids(spec, calm, 0)
+    assert refined is not None and np.isnan(fit) and np.array_equal(C, refined.centroids)
 
 
 def _moving(shift, *, noise_scale, counts=4000.0, T=4, K=3, rng=None):
@@ -199,8 +208,8 @@ def test_refined_where_it_clearly_helps():
 @pytest.mark.slow  # UCI Adult, 48,842 records: about 20 s on the loaded 2-core machine
 def test_the_last_iterate_where_the_refinement_hurts(shared_data):
     """UCI Adult (K = 5) at epsilon 2: in half of these runs records still cross cluster boundaries at each of
-    the last steps with precise centroids; there the gate keeps the last iterate, and the release's WCSS is below
-    the refinement's."""
+    the last steps with precise centroids and the refinement's dataset does not fit (misfit above CONFIRM_MISFIT);
+    there the gate keeps the last iterate, and the release's WCSS is below the refinement's."""
     from tests.benchmarks._data import load_numeric_csv
 
     X = load_numeric_csv(shared_data / "kmeans" / "adult_numeric.csv")

@@ -176,15 +176,19 @@ def test_the_postprocessing_seed_is_the_measurements_values_not_the_published_fi
 @pytest.mark.slow  # one release of 3,000 points with the refinement: about a minute on the loaded 2-core machine
 def test_the_published_refinement_is_reproduced_from_the_measurements(tmp_path, csv_data):
     """A rerun of the postprocessing on the published measurements, with the published refinement's parameters
-    (here the defaults of `leekifer.refine`), reproduces the published refinement exactly."""
+    (here the defaults of `leekifer.refine`), reproduces the published refinement exactly, and its misfit the
+    published one that decided it."""
     s = _run({**spec_dict(tmp_path, csv_data), "release_id": "blobs-refined"})
     release = Path(s["release_dir"])
     spec = parse_spec({**spec_dict(tmp_path, csv_data), "release_id": "blobs-refined"})
-    assert json.loads((release / "refinement.json").read_text())["released"] == "Lee & Kifer §3.2-3.3"
+    info = json.loads((release / "refinement.json").read_text())
+    assert info["released"] == "Lee & Kifer §3.2-3.3"
     traj = kind_of(spec).trajectory(release / "measurements")
-    expected = leekifer.refine(traj, seed=postprocessing_seed(release / "measurements")).centroids
+    rerun = leekifer.refine(traj, seed=postprocessing_seed(release / "measurements"))
     cents = pq.read_table(release / "centroids.parquet").to_pandas()[["x", "y"]].to_numpy()
-    assert np.array_equal(cents, expected)
+    assert np.array_equal(cents, rerun.centroids)
+    assert info["refinement_misfit"] == leekifer.misfit(rerun, traj)
+    assert leekifer.refinement_released(info["refinement_misfit"], traj)
 
 
 def test_rerun_of_a_published_release_changes_nothing(tmp_path, csv_data, count_dp_runs):

@@ -1,6 +1,6 @@
 """DP k-means experiments: Lee & Kifer Figure 1 (WCSS vs epsilon of DPKM, DPKM + consistency and
 DPKM + consistency + MCMC, T = 5), and what the `kmeans` kind releases (the refinement only where
-`leekifer.refinement_expected_to_help` and `leekifer.refinement_fits` say so). Every trajectory is the kind's own
+`leekifer.refinement_released` says so). Every trajectory is the kind's own
 measurement (`tasks.kinds.kmeans.measure_trajectory` on the points as its prepare writes them, its plan's noise
 simulated) and `released` its own postprocessing (`tasks.kinds.kmeans.released_centroids`): what a release would
 publish.
@@ -55,7 +55,8 @@ def kmeans_spec(k: int, d: int, epsilon: float, *, iterations: int = 5, domain_n
                 bounds: tuple[np.ndarray, np.ndarray] | None = None):
     """The `kmeans` release spec of an experiment: columns c0..c{d-1} with public `bounds` (default [-1, 1], the
     scaled points), the kind's defaults for everything not given (domain: `domain.default_domain`; seeding: the
-    kind's rule of T, or oversampled / none; postprocess: consistency and MCMC where expected to help)."""
+    kind's rule of T, or oversampled / none; postprocess: consistency and MCMC where `leekifer.refinement_released`
+    says so)."""
     from tasks.params import MAX_EPSILON
     from tasks.spec import parse_spec
 

@@ -64,8 +64,8 @@ class KMeansParams(ReleaseBase, UncertaintyParams):
                                 "none, the default when it is set); default: Su et al.'s shrinking sphere packing")
     postprocess: list[Literal["consistency", "mcmc"]] = Field(
         ["consistency", "mcmc"], description="Lee & Kifer postprocessing of the trajectory: consistency (§3.2) "
-                                            "and MCMC refinement (§3.3), released when the noisy trajectory says it "
-                                            "is expected to help; [] releases the last noisy iterate")
+                                            "and MCMC refinement (§3.3), released where the noisy trajectory and "
+                                            "the refinement's fit to it say so; [] releases the last noisy iterate")
     mcmc_steps: int | None = Field(None, ge=1, description="chain length; default max(30000, 30 x dataset size)")
     mcmc_temperature: float = Field(1.0 / 64, gt=0, description="the chain targets pi^(1/temperature)")
     mcmc_delta: tuple[float, float] = Field((0.001, 0.01), description="range of the proposal variances")
@@ -291,8 +291,8 @@ def released_centroids(spec, traj: dpkmeans.Trajectory, seed: int, log=None
     postprocessing's randomness: `postprocessing_seed` of the measurements (`trajectory_seed` of an in-memory
     trajectory)."""
     p = spec.release
-    if not p.postprocess:
-        return traj.final_centroids, None, None
+    if not p.postprocess or ("mcmc" not in p.postprocess and not leekifer.refinement_expected_to_help(traj)):
+        return traj.final_centroids, None, None  # no chain: the trajectory alone decides (refinement_released)
     refined = _refine(traj, p, seed, log)
     fit = leekifer.misfit(refined, traj)
     if not leekifer.refinement_released(fit, traj):
@@ -308,7 +308,7 @@ class KMeansKind(ReleaseKind):
     summary = ("DP k-means, Algorithm 1 of Lee & Kifer (Laplace on cluster counts and sums, T iterations, data scaled "
                "to [-1, 1] and projected onto the unit L1 ball, the box or the unit L2 ball), then Lee & Kifer's "
                "refinement of the whole noisy trajectory (consistency by ADMM, MCMC over simulated datasets, k-means "
-               "on the best) where the noisy trajectory says it helps")
+               "on the best) where the noisy trajectory and the refinement's fit to it say it helps")
 
     bootstraps = True
 
@@ -493,9 +493,9 @@ class KMeansKind(ReleaseKind):
 
     def bootstrap(self, measurements, staging, plan):
         """Around the noisy statistics of the trajectory (counts clipped at zero), its assignment centroids kept:
-        the replicates condition on the path the release took. Each reruns the release's rule (the last iterate,
-        or the refinement where the replicate's noise says it helps); a refined replicate's clusters are matched to
-        the released ones (their labels are arbitrary)."""
+        the replicates condition on the path the release took. Each reruns the release's rule
+        (`leekifer.refinement_released` on the replicate's trajectory and refinement); a refined replicate's clusters
+        are matched to the released ones (their labels are arbitrary)."""
         traj = read_trajectory(measurements, plan["counts"].scale, plan["sums"].scale)[0]
         cols = tuple(self.spec.dataset.columns)
         released = pq.read_table(staging / CENTROIDS).to_pandas()[list(cols)].to_numpy()

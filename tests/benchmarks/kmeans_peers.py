@@ -6,7 +6,7 @@ scaled points' one mean, non-private).
 `ours` is what the `kmeans` kind releases, computed by the kind's own code (`tasks.kinds.kmeans.measure_trajectory`
 and `released_centroids`, its spec at these settings): DP k-means (T rounds, the first seeding as the kind's
 default, the default domain of the dimension or --domain), then Lee & Kifer's refinement where
-`leekifer.refinement_expected_to_help` and `refinement_fits` say so, its MCMC seeded as the release seeds it. Noise
+`leekifer.refinement_released` says so, its MCMC seeded as the release seeds it. Noise
 is simulated (seeded numpy through the kind's plan, as every benchmark; the privacy facts are the plan's).
 diffprivlib gets the same scaled points with bounds [-1, 1] and the same epsilon (its own iteration count and budget
 split); it runs in its own venv (diffprivlib 0.6.6 with scikit-learn 1.6.1: 0.6.6 fails to import with scikit-learn
