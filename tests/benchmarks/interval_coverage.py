@@ -337,9 +337,9 @@ class OdMarginals(Od):
 
 
 class KMeans(Case):
-    """The default domain (the unit L2 ball) and postprocessing (Lee & Kifer's refinement where the noisy trajectory
-    says it helps); T = 5 (the first round a seeding). The truth is the means of the clusters the last iteration's
-    assignment defines, in the normalised, projected space the centroids are released in."""
+    """The default domain (the unit L2 ball) and postprocessing (Lee & Kifer's refinement where
+    `leekifer.refinement_released` says so); T = 5 (the first round a seeding). The truth is the means of the clusters
+    the last iteration's assignment defines, in the normalised, projected space the centroids are released in."""
     kind, shape, base, product = "kmeans", "points", {"iterations": 5, "epsilon": 1.0}, "centroids.parquet"
 
     def columns(self, sim) -> list[str]:
