@@ -291,8 +291,8 @@ def released_centroids(spec, traj: dpkmeans.Trajectory, seed: int, log=None
     postprocessing's randomness: `postprocessing_seed` of the measurements (`trajectory_seed` of an in-memory
     trajectory)."""
     p = spec.release
-    if not p.postprocess or ("mcmc" not in p.postprocess and not leekifer.refinement_expected_to_help(traj)):
-        return traj.final_centroids, None, None  # no chain: the trajectory alone decides (refinement_released)
+    if not _refinement_runs(traj, p):
+        return traj.final_centroids, None, None
     refined = _refine(traj, p, seed, log)
     fit = leekifer.misfit(refined, traj)
     if not leekifer.refinement_released(fit, traj):
@@ -481,7 +481,7 @@ class KMeansKind(ReleaseKind):
         size = None
         if measurements is not None:
             traj = self.trajectory(measurements)
-            if "mcmc" not in p.postprocess and not leekifer.refinement_expected_to_help(traj):
+            if not _refinement_runs(traj, p):
                 return SECONDS_UNREFINED + rounds
             size = int(np.rint(np.maximum(traj.noisy_counts[-1], 0.0)).sum())
         seconds = SECONDS_UNREFINED + rounds
@@ -652,6 +652,13 @@ def _chain_steps(p, size: int | None = None) -> int:
 
 def _chain_seconds(p, size: int | None = None) -> float:
     return SECONDS_PER_REFINEMENT + SECONDS_PER_STEP * _chain_steps(p, size)
+
+
+def _refinement_runs(traj: dpkmeans.Trajectory, p) -> bool:
+    """Whether a release (or a replicate) computes Lee & Kifer's refinement: configured, and with MCMC always (its
+    misfit is part of `leekifer.refinement_released`), with consistency alone only where the trajectory calls for it
+    (without a chain the trajectory alone decides)."""
+    return bool(p.postprocess) and ("mcmc" in p.postprocess or leekifer.refinement_expected_to_help(traj))
 
 
 def _refine(traj: dpkmeans.Trajectory, p, seed: int, log=None) -> leekifer.Refinement:

@@ -125,13 +125,23 @@ def main() -> None:
                     "of --seed alone): a range FIRST-LAST or a comma-separated list")
     ap.add_argument("--save", default=None, help="folder for per-cell .npz of trajectories and scores (one seed)")
     args = ap.parse_args()
-    epsilons = [float(e) for e in args.eps.split(",")]
+    try:
+        epsilons = [float(e) for e in args.eps.split(",")]
+    except ValueError:
+        epsilons = []
+    if not epsilons or min(epsilons) <= 0:
+        ap.error(f"--eps {args.eps}: a comma-separated list of epsilons > 0")
     seeds = args.seeds or [args.seed]
     if args.save and len(seeds) > 1:
         ap.error("--save takes one seed")
+    if args.runs < 2:
+        ap.error(f"--runs {args.runs}: at least 2 (a cell's standard error needs two runs)")
+    sets = datasets(args.data.split(",") if args.data else None)
+    if not sets:
+        ap.error(f"--data {args.data}: no such data set (names: {', '.join(s.name for s in datasets(None))})")
     rngs = [np.random.default_rng(seed) for seed in seeds]
     pooled, per_seed = [], []
-    for ds in datasets(args.data.split(",") if args.data else None):
+    for ds in sets:
         X = np.asarray(ds.make(), dtype=np.float64)
         for eps in epsilons:
             t0 = time.perf_counter()
